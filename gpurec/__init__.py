@@ -1,0 +1,41 @@
+"""gpurec: which GPU runs your PyTorch network fastest or with the least energy.
+
+Nothing heavy happens at import: torch, pandas and xgboost load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+__all__ = ["extract_operations", "load_dataset", "load_predictor", "recommend", "__version__"]
+
+
+def extract_operations(model: Any, input_shape: Any, mode: str = "inference") -> Any:
+    """Operations a forward (and, in training, backward) of ``model`` executes; see gpurec.ops."""
+    from gpurec.ops import extract_operations as _extract
+
+    return _extract(model, input_shape, mode=mode)
+
+
+def load_dataset(gpu: str | None = None, **kwargs: Any) -> Any:
+    """The shipped per-operation measurements as a pandas DataFrame; see gpurec.dataset."""
+    from gpurec.dataset import load_dataset as _load
+
+    return _load(gpu=gpu, **kwargs)
+
+
+def load_predictor(path: Any = None) -> Any:
+    """The shipped predictors (``models/``) or those at ``path``; see gpurec.model."""
+    from gpurec.model import load_predictor as _load
+
+    return _load(path)
+
+
+def recommend(model: Any, input_shape: Any = None, mode: str = "inference", objective: str = "energy",
+              gpus: Any = None, **kwargs: Any) -> Any:
+    """Rank GPUs for ``model``; see gpurec.recommend."""
+    from gpurec.recommend import recommend as _recommend
+
+    return _recommend(model, input_shape, mode=mode, objective=objective, gpus=gpus, **kwargs)

@@ -1,0 +1,144 @@
+"""Linear regression of measurement-loop energy on access count (Eq. 5.4 of the seed).
+
+E_MEM = #accesses x eps + dE: the slope is the energy of one 32-byte sector access
+(``pj_per_sector``), the intercept the per-launch offset (``offset_mj``).  The lower bound for
+a level is the smallest eps over the thread/block configurations whose fit is good enough
+(the seed's saturation plateau).  Pure numpy.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+MJ_TO_PJ = 1e9
+R2_MIN = 0.9
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    slope: float
+    intercept: float
+    r2: float
+    n: int
+    slope_stderr: float
+
+
+def linear_fit(x: Iterable[float], y: Iterable[float]) -> LinearFit:
+    """Ordinary least squares y = slope*x + intercept, with r2 and the slope's standard error."""
+    xa, ya = np.asarray(list(x), dtype=float), np.asarray(list(y), dtype=float)
+    ok = np.isfinite(xa) & np.isfinite(ya)
+    xa, ya = xa[ok], ya[ok]
+    n = int(xa.size)
+    if n < 2 or np.ptp(xa) == 0:
+        return LinearFit(math.nan, math.nan, math.nan, n, math.nan)
+    A = np.column_stack([xa, np.ones_like(xa)])
+    (slope, intercept), *_ = np.linalg.lstsq(A, ya, rcond=None)
+    resid = ya - (slope * xa + intercept)
+    ss_res = float(resid @ resid)
+    ss_tot = float(((ya - ya.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
+    sxx = float(((xa - xa.mean()) ** 2).sum())
+    stderr = math.sqrt(ss_res / (n - 2) / sxx) if n > 2 and sxx > 0 else math.nan
+    return LinearFit(float(slope), float(intercept), float(r2), n, stderr)
+
+
+def _groups(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    g: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if not r.get("warmup_only"):
+            g.setdefault(r["config_id"], []).append(r)
+    return g
+
+
+def fit_config(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Fit one configuration's full-run rows (meas_energy_mj vs sectors_per_launch)."""
+    f = linear_fit([r["sectors_per_launch"] for r in rows], [r["meas_energy_mj"] for r in rows])
+    r0 = rows[0]
+    out: dict[str, Any] = {
+        "config_id": r0["config_id"],
+        "level": r0["level"],
+        "threads": r0["threads"],
+        "blocks": r0["blocks"],
+        "array_bytes": r0["array_bytes"],
+        "div": bool(r0["div"]),
+        "pj_per_sector": f.slope * MJ_TO_PJ,
+        "pj_per_sector_stderr": f.slope_stderr * MJ_TO_PJ,
+        "offset_mj": f.intercept,
+        "r2": f.r2,
+        "n_rows": f.n,
+        "n_points": len({r["iters"] for r in rows}),
+    }
+    if r0["level"] == "shared":
+        fw = linear_fit([r["wavefronts_per_launch"] for r in rows], [r["meas_energy_mj"] for r in rows])
+        out["pj_per_wavefront"] = fw.slope * MJ_TO_PJ
+    divs = [r["div_warp_insts_per_launch"] for r in rows if r.get("div_warp_insts_per_launch")]
+    if divs:
+        out["sectors_per_div_inst"] = statistics.fmean(
+            r["sectors_per_launch"] / r["div_warp_insts_per_launch"] for r in rows if r["div_warp_insts_per_launch"]
+        )
+    return out
+
+
+def fit_all(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One fit per configuration (warm-up-only rows are already subtracted, so skipped here)."""
+    return [fit_config(rs) for rs in _groups(rows).values()]
+
+
+def _good(f: dict[str, Any], r2_min: float) -> bool:
+    return (
+        not f["div"] and math.isfinite(f["pj_per_sector"]) and f["pj_per_sector"] > 0
+        and math.isfinite(f["r2"]) and f["r2"] >= r2_min
+    )
+
+
+def lower_bounds(fits: list[dict[str, Any]], levels: Iterable[str], r2_min: float = R2_MIN) -> dict[str, dict[str, Any]]:
+    """Per level: the smallest positive eps among LOAD fits with r2 >= r2_min.
+
+    If no fit passes r2_min, the best-r2 positive fit is used (its r2 tells the reader).
+    Levels without any usable fit get nulls.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for level in levels:
+        cands = [f for f in fits if f["level"] == level and _good(f, r2_min)]
+        if not cands:
+            cands = sorted(
+                (f for f in fits if f["level"] == level and _good(f, -math.inf)), key=lambda f: -f["r2"]
+            )[:1]
+        if cands:
+            best = min(cands, key=lambda f: f["pj_per_sector"])
+            out[level] = {
+                "pj_per_sector": best["pj_per_sector"],
+                "offset_mj": best["offset_mj"],
+                "r2": best["r2"],
+                "threads_per_block": best["threads"],
+            }
+        else:
+            out[level] = {"pj_per_sector": None, "offset_mj": None, "r2": None, "threads_per_block": None}
+    return out
+
+
+def div_energy(fits: list[dict[str, Any]]) -> dict[str, Any]:
+    """Energy of one warp-level div.u64 from LOAD+DIV minus LOAD fits of the same shape.
+
+    nJ per DIV = (eps_div - eps_load) [pJ/sector] x sectors per warp DIV instruction / 1000.
+    Returns per-level values and their median (``div_nj``); the seed reports ~2 nJ on A100.
+    """
+    load = {(f["level"], f["threads"], f["blocks"], f["array_bytes"]): f for f in fits if not f["div"]}
+    per_level: dict[str, float] = {}
+    for f in fits:
+        if not f["div"]:
+            continue
+        base = load.get((f["level"], f["threads"], f["blocks"], f["array_bytes"]))
+        if base is None or "sectors_per_div_inst" not in f:
+            continue
+        nj = (f["pj_per_sector"] - base["pj_per_sector"]) * f["sectors_per_div_inst"] / 1000.0
+        if math.isfinite(nj):
+            per_level[f"{f['level']}-t{f['threads']}"] = nj
+    vals = list(per_level.values())
+    return {"div_nj": statistics.median(vals) if vals else None, "per_config": per_level}

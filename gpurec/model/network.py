@@ -1,0 +1,254 @@
+"""Whole-network estimates: sum of per-operation predictions plus a learned correction.
+
+Summing per-operation times misses what happens between operations in a real network
+(launch gaps on the host, allocator, kernels overlapping, caches warmed by the previous
+layer). The correction is deliberately small and physical, and fitted on *out-of-fold*
+network sums (leave-one-family-out), so it learns the error of unseen networks rather than
+of ones the per-operation model has memorised:
+
+* time:  t_net = scale * sum_t_op + intercept_ms + per_op_ms * n_ops + per_small_op_ms * n_small_ops
+* power: p_net = p_ops * (scale + small_time_fraction * f_small + log_time * log(sum_t_op / 1 ms))
+
+where p_ops is the energy-weighted mean power of the operations (sum E_op / sum t_op) and
+f_small the share of time in operations predicted shorter than ``small_op_ms``. The power
+form is relative so it carries over to GPUs with other TDPs; the log-time term is the "long,
+heavy runs" term (clocks and board power settle differently over long steps).
+
+Each term's benefit is measured (second-level leave-one-family-out) and reported; the
+variant with the lowest cross-validated error is the one kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+TIME_TERMS: tuple[str, ...] = ("scale", "intercept_ms", "per_op_ms", "per_small_op_ms")
+TIME_IDENTITY = {"scale": 1.0, "intercept_ms": 0.0, "per_op_ms": 0.0, "per_small_op_ms": 0.0}
+TIME_VARIANTS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "scale": ("scale",),
+    "scale+intercept": ("scale", "intercept_ms"),
+    "scale+intercept+n_ops": ("scale", "intercept_ms", "per_op_ms"),
+    "full": TIME_TERMS,
+}
+POWER_TERMS: tuple[str, ...] = ("scale", "small_time_fraction", "log_time")
+POWER_IDENTITY = {"scale": 1.0, "small_time_fraction": 0.0, "log_time": 0.0}
+POWER_VARIANTS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "scale": ("scale",),
+    "scale+small_fraction": ("scale", "small_time_fraction"),
+    "full": POWER_TERMS,
+}
+
+
+@dataclass
+class NetworkSums:
+    """Per-network aggregates of per-operation predictions (arrays, one entry per network)."""
+
+    sum_time_ms: np.ndarray
+    sum_energy_mj: np.ndarray
+    n_ops: np.ndarray
+    n_small: np.ndarray
+    small_time_ms: np.ndarray
+
+    @property
+    def power_ops_w(self) -> np.ndarray:
+        return self.sum_energy_mj / np.maximum(self.sum_time_ms, 1e-12)
+
+    @property
+    def small_fraction(self) -> np.ndarray:
+        return self.small_time_ms / np.maximum(self.sum_time_ms, 1e-12)
+
+    def take(self, idx: Any) -> NetworkSums:
+        return NetworkSums(self.sum_time_ms[idx], self.sum_energy_mj[idx], self.n_ops[idx], self.n_small[idx],
+                           self.small_time_ms[idx])
+
+
+def aggregate(time_ms: np.ndarray, power_w: np.ndarray, offsets: np.ndarray, small_op_ms: float) -> NetworkSums:
+    """Segment sums over ``offsets`` (len = networks + 1) of per-op predictions."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    n = len(offsets) - 1
+    if n <= 0:
+        z = np.zeros(0)
+        return NetworkSums(z, z, z, z, z)
+    small = time_ms < small_op_ms
+    cs = lambda a: np.concatenate([[0.0], np.cumsum(a, dtype=np.float64)])  # noqa: E731
+    t, e, s, st = cs(time_ms), cs(time_ms * power_w), cs(small.astype(np.float64)), cs(np.where(small, time_ms, 0.0))
+    lo, hi = offsets[:-1], offsets[1:]
+    return NetworkSums(t[hi] - t[lo], e[hi] - e[lo], (hi - lo).astype(np.float64), s[hi] - s[lo], st[hi] - st[lo])
+
+
+def _time_design(s: NetworkSums) -> np.ndarray:
+    return np.stack([s.sum_time_ms, np.ones_like(s.sum_time_ms), s.n_ops, s.n_small], axis=1)
+
+
+def _power_design(s: NetworkSums) -> np.ndarray:
+    p = s.power_ops_w
+    return np.stack([p, p * s.small_fraction, p * np.log(np.maximum(s.sum_time_ms, 1e-6))], axis=1)
+
+
+def _fit_relative(D: np.ndarray, y: np.ndarray, terms: Sequence[str], all_terms: Sequence[str],
+                  identity: dict[str, float], ridge: float) -> dict[str, float]:
+    """Least *absolute* relative error (what MAPE measures), shrunk toward the identity.
+
+    Solved by iteratively reweighted least squares. Absolute rather than squared error because
+    out-of-fold sums contain a few networks whose operations the model extrapolates badly;
+    squared error would let those few set the coefficients for everyone.
+    """
+    coef = dict(identity)
+    if not terms or len(y) == 0:
+        return coef
+    theta0 = np.array([identity[t] for t in all_terms])
+    free = [all_terms.index(t) for t in terms]
+    fixed = [i for i in range(len(all_terms)) if i not in free]
+    A = D / y[:, None]
+    b = np.ones(len(y)) - A[:, fixed] @ theta0[fixed] if fixed else np.ones(len(y))
+    Af = A[:, free]
+    scale = np.sqrt(np.mean(Af**2, axis=0)) + 1e-12
+    reg = np.sqrt(ridge) * np.diag(scale)
+    b_reg = reg @ theta0[free]
+    w = np.ones(len(y))
+    sol = theta0[free].copy()
+    for _ in range(50):
+        sw = np.sqrt(w)[:, None]
+        A_aug = np.vstack([Af * sw, reg])
+        b_aug = np.concatenate([b * sw[:, 0], b_reg])
+        new, *_ = np.linalg.lstsq(A_aug, b_aug, rcond=None)
+        done = np.allclose(new, sol, rtol=1e-6, atol=1e-9)
+        sol = new
+        if done:
+            break
+        w = 1.0 / np.maximum(np.abs(Af @ sol - b), 1e-3)
+        w = w / w.mean()
+    for j, i in enumerate(free):
+        coef[all_terms[i]] = float(sol[j])
+    return coef
+
+
+def fit_time(s: NetworkSums, measured_ms: np.ndarray, variant: str, ridge: float = 0.1) -> dict[str, float]:
+    return _fit_relative(_time_design(s), measured_ms, TIME_VARIANTS[variant], TIME_TERMS, TIME_IDENTITY, ridge)
+
+
+def fit_power(s: NetworkSums, measured_w: np.ndarray, variant: str, ridge: float = 0.1) -> dict[str, float]:
+    return _fit_relative(_power_design(s), measured_w, POWER_VARIANTS[variant], POWER_TERMS, POWER_IDENTITY, ridge)
+
+
+def apply_time(s: NetworkSums, coef: dict[str, float]) -> np.ndarray:
+    D = _time_design(s)
+    out = D @ np.array([coef.get(t, TIME_IDENTITY[t]) for t in TIME_TERMS])
+    # A correction must never make a network faster than a tenth of its op sum.
+    return np.maximum(out, 0.1 * s.sum_time_ms)
+
+
+def apply_power(s: NetworkSums, coef: dict[str, float]) -> np.ndarray:
+    D = _power_design(s)
+    out = D @ np.array([coef.get(t, POWER_IDENTITY[t]) for t in POWER_TERMS])
+    return np.clip(out, 0.3 * s.power_ops_w, 3.0 * s.power_ops_w)
+
+
+@dataclass
+class Correction:
+    """Chosen variants and coefficients per (gpu, mode), with ('*', mode) pooled fallbacks."""
+
+    time_variant: str
+    power_variant: str
+    time_coef: dict[str, dict[str, float]]  # "gpu|mode" -> coef
+    power_coef: dict[str, dict[str, float]]
+    n_rows: dict[str, int]
+
+    def lookup(self, gpu: str, mode: str) -> tuple[dict[str, float], dict[str, float], str]:
+        for key in (f"{gpu}|{mode}", f"*|{mode}"):
+            if key in self.time_coef:
+                return self.time_coef[key], self.power_coef[key], key
+        return dict(TIME_IDENTITY), dict(POWER_IDENTITY), "identity"
+
+    def apply(self, s: NetworkSums, gpu: str, mode: str) -> tuple[np.ndarray, np.ndarray, str]:
+        tc, pc, key = self.lookup(gpu, mode)
+        return apply_time(s, tc), apply_power(s, pc), key
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"time_variant": self.time_variant, "power_variant": self.power_variant,
+                "time_coef": self.time_coef, "power_coef": self.power_coef, "n_rows": self.n_rows,
+                "time_terms": list(TIME_TERMS), "power_terms": list(POWER_TERMS)}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Correction:
+        return Correction(d["time_variant"], d["power_variant"], d["time_coef"], d["power_coef"], d.get("n_rows", {}))
+
+    @staticmethod
+    def identity() -> Correction:
+        return Correction("none", "none", {}, {}, {})
+
+
+def fit_correction(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, time_ms: np.ndarray, power_w: np.ndarray,
+                   time_variant: str, power_variant: str, min_rows_gpu: int = 8, min_rows_pooled: int = 3,
+                   ridge: float = 0.1) -> Correction:
+    """Per GPU+mode where there are enough networks, pooled per mode otherwise."""
+    tc: dict[str, dict[str, float]] = {}
+    pc: dict[str, dict[str, float]] = {}
+    n_rows: dict[str, int] = {}
+    gpus, modes = np.asarray(gpus), np.asarray(modes)
+    for mode in sorted(set(modes.tolist())):
+        sel = modes == mode
+        if sel.sum() >= min_rows_pooled:
+            key = f"*|{mode}"
+            tc[key] = fit_time(s.take(sel), time_ms[sel], time_variant, ridge)
+            pc[key] = fit_power(s.take(sel), power_w[sel], power_variant, ridge)
+            n_rows[key] = int(sel.sum())
+        for gpu in sorted(set(gpus[sel].tolist())):
+            g = sel & (gpus == gpu)
+            if g.sum() >= min_rows_gpu:
+                key = f"{gpu}|{mode}"
+                tc[key] = fit_time(s.take(g), time_ms[g], time_variant, ridge)
+                pc[key] = fit_power(s.take(g), power_w[g], power_variant, ridge)
+                n_rows[key] = int(g.sum())
+    return Correction(time_variant, power_variant, tc, pc, n_rows)
+
+
+def ape(pred: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Absolute percentage errors."""
+    return np.abs(np.asarray(pred, dtype=np.float64) / np.asarray(measured, dtype=np.float64) - 1.0) * 100.0
+
+
+def correction_cv(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, groups: np.ndarray, time_ms: np.ndarray,
+                  power_w: np.ndarray, min_rows_gpu: int = 8, min_rows_pooled: int = 3,
+                  ridge: float = 0.1) -> dict[str, Any]:
+    """Second-level leave-one-group-out: MAPE of every variant, and the out-of-fold corrected values."""
+    groups = np.asarray(groups)
+    uniq = sorted(set(groups.tolist()))
+    res: dict[str, Any] = {"time": {}, "power": {}, "energy": {}, "n_networks": int(len(time_ms)),
+                           "n_groups": len(uniq)}
+    oof_t = {v: np.full(len(time_ms), np.nan) for v in TIME_VARIANTS}
+    oof_p = {v: np.full(len(time_ms), np.nan) for v in POWER_VARIANTS}
+    if len(uniq) < 2:
+        return res
+    for g in uniq:
+        test = groups == g
+        train = ~test
+        for v in TIME_VARIANTS:
+            c = fit_correction(s.take(train), gpus[train], modes[train], time_ms[train], power_w[train], v, "none",
+                               min_rows_gpu, min_rows_pooled, ridge)
+            for i in np.flatnonzero(test):
+                oof_t[v][i] = c.apply(s.take([i]), str(gpus[i]), str(modes[i]))[0][0]
+        for v in POWER_VARIANTS:
+            c = fit_correction(s.take(train), gpus[train], modes[train], time_ms[train], power_w[train], "none", v,
+                               min_rows_gpu, min_rows_pooled, ridge)
+            for i in np.flatnonzero(test):
+                oof_p[v][i] = c.apply(s.take([i]), str(gpus[i]), str(modes[i]))[1][0]
+    energy = time_ms * power_w
+    for v in TIME_VARIANTS:
+        res["time"][v] = float(np.mean(ape(oof_t[v], time_ms)))
+    for v in POWER_VARIANTS:
+        res["power"][v] = float(np.mean(ape(oof_p[v], power_w)))
+    best_t = min(TIME_VARIANTS, key=lambda v: (round(res["time"][v], 6), list(TIME_VARIANTS).index(v)))
+    best_p = min(POWER_VARIANTS, key=lambda v: (round(res["power"][v], 6), list(POWER_VARIANTS).index(v)))
+    res["energy"]["none"] = float(np.mean(ape(oof_t["none"] * oof_p["none"], energy)))
+    res["energy"]["chosen"] = float(np.mean(ape(oof_t[best_t] * oof_p[best_p], energy)))
+    res["chosen"] = {"time": best_t, "power": best_p}
+    res["oof_time_ms"] = oof_t[best_t]
+    res["oof_power_w"] = oof_p[best_p]
+    return res

@@ -1,0 +1,488 @@
+"""Turn a torchvision name or any ``nn.Module`` plus an input shape into operations.
+
+An *operation* is one layer type with its settings applied to one input shape and dtype.
+We trace with ``torch.fx`` (leaf modules stay whole, so operation identity is at module /
+function level, never ATen decompositions), then interpret the graph on the ``meta``
+device: shapes propagate without allocating activations, and a dispatch mode attributes
+FlopCounterMode's matmul/convolution/attention counts to the node that issued them.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import operator
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from gpurec.ops.operation import ActRef, Operation, ParamRef, canonical_value
+
+MODES = ("inference", "training")
+
+# Graph nodes that are pure Python bookkeeping (no kernel, no data movement).
+_DROP_FUNCTIONS = {
+    getattr,
+    torch._assert,
+    torch.Tensor.size,
+    torch.Tensor.dim,
+}
+_DROP_METHODS = {"size", "dim", "numel", "__len__"}
+_EVAL_NOOPS: tuple[type, ...] = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+
+
+class ExtractionError(ValueError):
+    """The model could not be turned into operations (bad name, bad input, untraceable)."""
+
+
+class UnknownModel(ExtractionError):
+    """Model name not in torchvision's classification models."""
+
+
+def classification_models() -> list[str]:
+    """The torchvision classification model names (80 in torchvision 0.26-0.29)."""
+    import torchvision.models as tvm
+
+    return sorted(tvm.list_models(module=tvm))
+
+
+def _leaf_types() -> tuple[type, ...]:
+    types: list[type] = []
+    try:
+        from torchvision.ops import StochasticDepth
+
+        types.append(StochasticDepth)
+    except Exception:  # pragma: no cover - older torchvision
+        pass
+    return tuple(types)
+
+
+class _Tracer(torch.fx.Tracer):
+    """torch.nn modules (and StochasticDepth) are leaves; everything else is traced through."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        if isinstance(m, _leaf_types()):
+            return True
+        if isinstance(m, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+            return False
+        return type(m).__module__.startswith("torch.nn")
+
+
+@functools.lru_cache(maxsize=64)
+def _build_torchvision_meta(name: str) -> nn.Module:
+    import torchvision.models as tvm
+
+    kwargs: dict[str, Any] = {"weights": None}
+    if name in ("googlenet", "inception_v3"):
+        kwargs["init_weights"] = False
+    try:
+        with torch.device("meta"):
+            model = tvm.get_model(name, **kwargs)
+    except Exception:
+        # RegNets (and anything else that initialises with data-dependent ops) cannot be
+        # built under the meta device: build on CPU, then move.
+        model = tvm.get_model(name, **kwargs).to("meta")
+    return model
+
+
+def resolve_model(model: str | nn.Module) -> tuple[str, nn.Module]:
+    """Return (display name, a meta-device copy of the module)."""
+    if isinstance(model, nn.Module):
+        name = type(model).__name__
+        try:
+            meta = copy.deepcopy(model).to("meta")
+        except Exception:
+            meta = model
+        return name, meta
+    if not isinstance(model, str):
+        raise ExtractionError(f"model must be a torchvision model name or an nn.Module, not {type(model).__name__}")
+    name = _check_name(model)
+    return name, copy.deepcopy(_build_torchvision_meta(name))
+
+
+def _check_name(model: str) -> str:
+    names = _model_names()
+    if model not in names:
+        near = difflib.get_close_matches(model, names, n=3, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(near)}?" if near else ""
+        raise UnknownModel(f"Unknown model '{model}'.{hint} Run `gpurec ops --list-models` for all {len(names)} names.")
+    return model
+
+
+@functools.lru_cache(maxsize=1)
+def _model_names() -> tuple[str, ...]:
+    return tuple(classification_models())
+
+
+@functools.lru_cache(maxsize=64)
+def _trace_torchvision(name: str, training: bool) -> torch.fx.GraphModule:
+    root = copy.deepcopy(_build_torchvision_meta(name))
+    root.train(training)
+    return _trace(root)
+
+
+def _trace(root: nn.Module) -> torch.fx.GraphModule:
+    tracer = _Tracer()
+    try:
+        graph = tracer.trace(root)
+    except Exception as exc:
+        raise ExtractionError(f"torch.fx could not trace {type(root).__name__}: {exc}") from exc
+    return torch.fx.GraphModule(tracer.root, graph, type(root).__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# Interpretation on meta with per-node FLOP attribution
+# --------------------------------------------------------------------------------------------
+
+
+class _NodeFlops(TorchDispatchMode):
+    """Adds FlopCounterMode's formula counts of every ATen call to ``self.current``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.utils.flop_counter import flop_registry
+
+        self.registry = flop_registry
+        self.current = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        if packet in self.registry:
+            self.current += int(self.registry[packet](*args, **kwargs, out_val=out))
+        return out
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(s) for s in t.shape)
+
+
+def _function_kind(node: torch.fx.Node) -> str:
+    target = node.target
+    if node.op == "call_method":
+        return str(target)
+    if target in (operator.add, operator.iadd):
+        return "add"
+    if target in (operator.mul, operator.imul):
+        return "mul"
+    if target in (operator.sub, operator.isub):
+        return "sub"
+    if target in (operator.truediv, operator.itruediv):
+        return "div"
+    if target is operator.getitem:
+        return "getitem"
+    if target is operator.matmul:
+        return "matmul"
+    name = getattr(target, "__name__", str(target))
+    return name
+
+
+def _module_settings(m: nn.Module) -> dict[str, Any]:
+    """Constructor-like settings: public attributes of simple types, plus parameter shapes."""
+    settings: dict[str, Any] = {}
+    for key, value in sorted(vars(m).items()):
+        if key.startswith("_") or key in ("training",):
+            continue
+        if isinstance(value, (bool, int, float, str, type(None))) or (
+            isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float, str)) for v in value)
+        ):
+            settings[key] = canonical_value(value)
+    settings["param_shapes"] = {n: list(p.shape) for n, p in sorted(m.named_parameters(recurse=True))}
+    return settings
+
+
+def _flops_elementwise(kind: str, in_numel: int, out_numel: int, settings: dict[str, Any], training: bool) -> int:
+    """Our own per-element counts for operations FlopCounterMode counts as zero."""
+    k = kind.lower()
+    if k.startswith("batchnorm"):
+        return (8 if training else 2) * out_numel
+    if k in ("layernorm", "layer_norm", "groupnorm", "group_norm", "localresponsenorm"):
+        return 8 * out_numel
+    if k in ("softmax", "log_softmax", "_softmax"):
+        return 5 * out_numel
+    if k in ("gelu",):
+        return 8 * out_numel
+    if k in ("silu", "sigmoid", "hardsigmoid", "hardswish", "tanh", "mish"):
+        return 4 * out_numel
+    if k in ("relu", "relu6", "relu_", "add", "iadd", "mul", "sub", "div", "hardtanh", "dropout", "stochasticdepth"):
+        return out_numel
+    if "pool" in k:
+        if "adaptive" in k or k in ("mean",):
+            return in_numel
+        ks = settings.get("kernel_size", 1)
+        ks_n = 1
+        for v in ks if isinstance(ks, list) else [ks]:
+            ks_n *= int(v)
+        return ks_n * out_numel
+    if k in ("mean", "sum"):
+        return in_numel
+    return 0
+
+
+def _backward_flops(op_matmul_flops: int, has_params: bool, input_requires_grad: bool, elementwise: int) -> int:
+    """Analytic backward count: grad-input and grad-weight each cost about one forward."""
+    mm = op_matmul_flops * ((1 if has_params else 0) + (1 if input_requires_grad else 0))
+    return mm + (2 * elementwise if (has_params or input_requires_grad) else 0)
+
+
+def _normalise_input_shape(input_shape: Sequence[int] | int) -> tuple[int, ...]:
+    if isinstance(input_shape, int):
+        raise ExtractionError("input_shape must be a shape such as (32, 3, 224, 224), not a single number")
+    shape = tuple(int(s) for s in input_shape)
+    if len(shape) < 2:
+        raise ExtractionError(f"input_shape {shape} needs at least a batch and a feature dimension")
+    if shape[0] < 1:
+        raise ExtractionError(f"batch size must be at least 1, got {shape[0]}")
+    if any(s < 1 for s in shape):
+        raise ExtractionError(f"every dimension of input_shape must be positive, got {shape}")
+    return shape
+
+
+def extract_operations(
+    model: str | nn.Module,
+    input_shape: Sequence[int],
+    mode: str = "inference",
+    dtype: torch.dtype = torch.float32,
+    keep_sources: bool = True,
+) -> list[Operation]:
+    """Every operation the forward of ``model`` executes on ``input_shape``, in order.
+
+    ``mode='training'`` keeps train-only work (dropout, auxiliary classifiers, BatchNorm in
+    train mode) and marks which inputs require grad.  With ``keep_sources`` each operation
+    holds the module / function it came from so it can be materialised and benchmarked.
+    """
+    if mode not in MODES:
+        raise ExtractionError(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
+    shape = _normalise_input_shape(input_shape)
+    training = mode == "training"
+    if isinstance(model, str):
+        name = _check_name(model)
+        gm = _trace_torchvision(name, training)
+    else:
+        name, meta = resolve_model(model)
+        meta.train(training)
+        gm = _trace(meta)
+    ops = _interpret(gm, shape, dtype, training, keep_sources)
+    for op in ops:
+        op.model = name
+    return ops
+
+
+def _interpret(gm: torch.fx.GraphModule, shape: tuple[int, ...], dtype: torch.dtype, training: bool,
+               keep_sources: bool) -> list[Operation]:
+    env: dict[str, Any] = {}
+    grad: dict[str, bool] = {}  # does the node's value require grad in training?
+    ops: list[Operation] = []
+    counter = _NodeFlops()
+    modules = dict(gm.named_modules())
+    placeholders_seen = 0
+
+    def load(a: Any) -> Any:
+        return tree_map(lambda n: env[n.name] if isinstance(n, torch.fx.Node) else n, a)
+
+    def is_view_or_bookkeeping(node: torch.fx.Node, args: Any) -> bool:
+        if node.op == "call_function" and node.target in _DROP_FUNCTIONS:
+            return True
+        if node.op == "call_method" and node.target in _DROP_METHODS:
+            return True
+        if node.op == "call_function" and isinstance(node.target, type) and issubclass(node.target, tuple):
+            return True  # namedtuple outputs (GoogLeNetOutputs, InceptionOutputs) only pack tensors
+        if node.op == "call_function" and node.target is operator.getitem:
+            # indexing a tuple/list (e.g. MHA's (out, weights)) is Python, not a kernel
+            return not _is_tensor(args[0])
+        return False
+
+    with counter:
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                if placeholders_seen == 0:
+                    env[node.name] = torch.empty(shape, dtype=dtype, device="meta")
+                else:
+                    env[node.name] = node.args[0] if node.args else None
+                grad[node.name] = False  # the first layer's input needs no gradient
+                placeholders_seen += 1
+                continue
+            if node.op == "get_attr":
+                value = operator.attrgetter(node.target)(gm)
+                env[node.name] = value
+                grad[node.name] = training and isinstance(value, nn.Parameter) and value.requires_grad
+                continue
+            if node.op == "output":
+                break
+            args, kwargs = load(node.args), load(node.kwargs)
+            in_nodes = [n for n in node.all_input_nodes]
+            in_grad = any(grad.get(n.name, False) for n in in_nodes)
+            if is_view_or_bookkeeping(node, args):
+                counter.current = 0
+                env[node.name] = _run_node(gm, modules, node, args, kwargs)
+                grad[node.name] = in_grad
+                continue
+            counter.current = 0
+            out = _run_node(gm, modules, node, args, kwargs)
+            env[node.name] = out
+            mm_flops = counter.current
+            has_params = False
+            if node.op == "call_module":
+                mod = modules[node.target]
+                if isinstance(mod, nn.Identity) or (not training and isinstance(mod, _EVAL_NOOPS + _leaf_types())):
+                    grad[node.name] = in_grad  # no-ops: Identity always, dropout-likes in eval
+                    continue
+                has_params = any(p.requires_grad for p in mod.parameters())
+                kind = type(mod).__name__
+                settings = _module_settings(mod)
+            else:
+                kind = _function_kind(node)
+                settings = {}
+            # Split the arguments into activation inputs, parameters and constants.
+            act_nodes: list[str] = []
+            act_values: list[torch.Tensor] = []
+
+            def template(a: Any) -> Any:
+                nonlocal has_params
+                if isinstance(a, torch.fx.Node):
+                    value = env[a.name]
+                    if a.op == "get_attr" and _is_tensor(value):
+                        if isinstance(value, nn.Parameter) and value.requires_grad:
+                            has_params = True
+                        return ParamRef(tuple(_shape(value)), str(value.dtype).replace("torch.", ""),
+                                        bool(training and isinstance(value, nn.Parameter)))
+                    if _is_tensor(value):
+                        if a.name not in act_nodes:
+                            act_nodes.append(a.name)
+                            act_values.append(value)
+                        return ActRef(act_nodes.index(a.name))
+                    return value
+                return a
+
+            arg_template = tree_map(template, node.args)
+            kwarg_template = tree_map(template, dict(node.kwargs))
+            out_tensors = [t for t in tree_flatten(out)[0] if _is_tensor(t)]
+            if not out_tensors:
+                grad[node.name] = in_grad
+                continue
+            requires_grad = [bool(training and grad.get(n, False)) for n in act_nodes]
+            grad[node.name] = bool(training and (has_params or any(requires_grad)))
+            in_numel = sum(t.numel() for t in act_values)
+            out_numel = sum(t.numel() for t in out_tensors)
+            elem_size = torch.empty((), dtype=dtype).element_size()
+            param_numel = 0
+            if node.op == "call_module":
+                param_numel = sum(p.numel() for p in modules[node.target].parameters())
+            else:
+                param_numel = sum(int(torch.Size(p.shape).numel()) for p in tree_flatten((arg_template, kwarg_template))[0]
+                                  if isinstance(p, ParamRef))
+            settings = dict(settings)
+            settings["args"] = _strip_acts(arg_template)
+            settings["kwargs"] = _strip_acts(kwarg_template)
+            elementwise = _flops_elementwise(kind, in_numel, out_numel, settings, training)
+            op = Operation(
+                kind=kind,
+                category=node.op.replace("call_", ""),
+                settings=settings,
+                input_shapes=[list(_shape(t)) for t in act_values],
+                input_requires_grad=requires_grad,
+                output_shapes=[list(_shape(t)) for t in out_tensors],
+                dtype=str(dtype).replace("torch.", ""),
+                mode="training" if training else "inference",
+                params=int(param_numel),
+                flops=int(mm_flops),
+                flops_elementwise=int(elementwise),
+                flops_bwd=(_backward_flops(int(mm_flops), has_params, any(requires_grad), elementwise)
+                           if training else 0),
+                bytes_read=int((in_numel + param_numel) * elem_size),
+                bytes_written=int(out_numel * elem_size),
+                name=str(node.target) if node.op == "call_module" else node.name,
+            )
+            if keep_sources:
+                if node.op == "call_module":
+                    op.source = ("module", modules[node.target], arg_template, kwarg_template)
+                else:
+                    op.source = (node.op.replace("call_", ""), node.target, arg_template, kwarg_template)
+            ops.append(op)
+    return ops
+
+
+def _strip_acts(template: Any) -> Any:
+    """JSON-able form of an argument template (activations as "$i", params as shapes)."""
+    def conv(x: Any) -> Any:
+        if isinstance(x, ActRef):
+            return f"${x.index}"
+        if isinstance(x, ParamRef):
+            return {"param": list(x.shape), "dtype": x.dtype}
+        return canonical_value(x)
+
+    out = tree_map(conv, template)
+    if isinstance(out, tuple):
+        out = list(out)
+    return out
+
+
+def _run_node(gm: torch.fx.GraphModule, modules: dict[str, nn.Module], node: torch.fx.Node, args: Any,
+              kwargs: Any) -> Any:
+    if node.op == "call_module":
+        return modules[node.target](*args, **kwargs)
+    if node.op == "call_function":
+        return node.target(*args, **kwargs)
+    if node.op == "call_method":
+        self_obj, *rest = args
+        return getattr(self_obj, node.target)(*rest, **kwargs)
+    raise ExtractionError(f"unexpected fx node {node.op}")
+
+
+def network_totals(ops: Sequence[Operation]) -> dict[str, float]:
+    """Network-level totals of the analytic features."""
+    return {
+        "operations": len(ops),
+        "distinct_operations": len({op.signature for op in ops}),
+        "flops": sum(op.flops for op in ops),
+        "flops_elementwise": sum(op.flops_elementwise for op in ops),
+        "flops_bwd": sum(op.flops_bwd for op in ops),
+        "bytes_read": sum(op.bytes_read for op in ops),
+        "bytes_written": sum(op.bytes_written for op in ops),
+        "params": sum(op.params for op in ops),
+    }
+
+
+def reference_flops(model: str | nn.Module, input_shape: Sequence[int], mode: str = "inference") -> int:
+    """FlopCounterMode's forward count for the same forward, on meta (the coverage reference)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    _, meta = resolve_model(model)
+    meta.train(mode == "training")
+    x = torch.empty(_normalise_input_shape(input_shape), device="meta")
+    with FlopCounterMode(display=False) as fc:
+        meta(x)
+    return int(fc.get_total_flops())
+
+
+def unique_operations(ops_lists: Sequence[Sequence[Operation]]) -> dict[str, Operation]:
+    """First operation of each signature across several extractions (deduplication)."""
+    seen: dict[str, Operation] = {}
+    for ops in ops_lists:
+        for op in ops:
+            seen.setdefault(op.signature, op)
+    return seen
+
+
+def time_extraction(model: str, input_shape: Sequence[int], mode: str = "inference",
+                    repeat: int = 3) -> float:
+    """Best-of wall seconds to extract (used by the benchmark script)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        extract_operations(model, input_shape, mode=mode, keep_sources=False)
+        best = min(best, time.perf_counter() - t0)
+    return best
+

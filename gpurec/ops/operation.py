@@ -1,0 +1,146 @@
+"""The operation record, its stable signature and its analytic features.
+
+The signature is a hash of a canonical JSON form (kind, settings, input shapes, dtype,
+which inputs require grad), so identical operations in different models, and on the GPU
+machine's torch and this one's, get the same key.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+SIGNATURE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ActRef:
+    """Placeholder for the i-th activation input of an operation."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class ParamRef:
+    """Placeholder for a parameter/buffer tensor passed to a function (not a module)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    trainable: bool
+
+
+def canonical_value(value: Any) -> Any:
+    """A JSON-able, torch-version-independent form of a setting or constant argument."""
+    if isinstance(value, (ActRef, ParamRef)):
+        return value
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return float(repr(value)) if math.isfinite(value) else str(value)
+    if isinstance(value, (tuple, list)):
+        return [canonical_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): canonical_value(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, slice):
+        return {"slice": [canonical_value(value.start), canonical_value(value.stop), canonical_value(value.step)]}
+    if value is Ellipsis:
+        return "..."
+    if isinstance(value, enum.Enum):
+        return str(value.name)
+    module = type(value).__module__
+    if module.startswith("torch"):
+        text = str(value)
+        if type(value).__name__ == "Size":
+            return [int(v) for v in value]
+        if type(value).__name__ == "device":
+            return "device"  # where the tensor lives is not part of the operation
+        return text.replace("torch.", "")
+    if callable(value):
+        return getattr(value, "__qualname__", getattr(value, "__name__", repr(value)))
+    return repr(value)
+
+
+@dataclass(eq=False)
+class Operation:
+    """One layer type + settings applied to one input shape and dtype, in one mode."""
+
+    kind: str
+    category: str  # "module", "function" or "method"
+    settings: dict[str, Any]
+    input_shapes: list[list[int]]
+    input_requires_grad: list[bool]
+    output_shapes: list[list[int]]
+    dtype: str
+    mode: str
+    params: int
+    flops: int  # forward, FlopCounterMode-compatible (2 x MAC of matmul/conv/attention)
+    flops_elementwise: int  # forward, our own count for what FlopCounterMode counts as zero
+    flops_bwd: int
+    bytes_read: int
+    bytes_written: int
+    name: str = ""  # where it sits in the model (module path or fx node name)
+    model: str = ""
+    source: Any = field(default=None, repr=False)
+
+    # -- identity ---------------------------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        return {
+            "v": SIGNATURE_VERSION,
+            "kind": self.kind,
+            "category": self.category,
+            "settings": self.settings,
+            "input_shapes": self.input_shapes,
+            "input_requires_grad": self.input_requires_grad,
+            "dtype": self.dtype,
+        }
+
+    @property
+    def signature(self) -> str:
+        cached = self.__dict__.get("_signature")
+        if cached is None:
+            cached = signature_of(self.identity())
+            self.__dict__["_signature"] = cached
+        return cached
+
+    # -- features ---------------------------------------------------------------------------
+    @property
+    def flops_total(self) -> int:
+        return self.flops + self.flops_elementwise
+
+    def features(self) -> dict[str, float]:
+        from gpurec.ops.features import operation_features
+
+        return operation_features(self)
+
+    def to_record(self) -> dict[str, Any]:
+        """Flat dict for tables and JSON (settings serialised)."""
+        rec = {
+            "op_signature": self.signature,
+            "op_kind": self.kind,
+            "category": self.category,
+            "mode": self.mode,
+            "name": self.name,
+            "model": self.model,
+            "input_shapes": json.dumps(self.input_shapes),
+            "output_shapes": json.dumps(self.output_shapes),
+            "input_requires_grad": json.dumps(self.input_requires_grad),
+            "dtype": self.dtype,
+            "settings": json.dumps(self.settings, sort_keys=True),
+        }
+        rec.update(self.features())
+        return rec
+
+    def materialize(self, device: Any = "cpu", instances: int = 1, seed: int = 0) -> Any:
+        """A runnable benchmark unit; see :mod:`gpurec.ops.units`."""
+        from gpurec.ops.units import materialize
+
+        return materialize(self, device=device, instances=instances, seed=seed)
+
+
+def signature_of(identity: dict[str, Any]) -> str:
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]

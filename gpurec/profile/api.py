@@ -1,0 +1,283 @@
+"""profile_network: one stable iteration of a network, traced and counted, then combined.
+
+The parent process never touches CUDA: the trace and the ncu run each happen in a fresh
+``python -m gpurec.profile.worker`` child (same model, inputs and iteration index), and
+this module only merges their files. ``analyze`` does the offline half alone, from paths,
+so recorded runs (and test fixtures) can be re-analysed on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gpurec.profile import ncu_io
+from gpurec.profile.matching import MatchResult, match_kernels, normalize_kernel_name
+from gpurec.profile.metrics import frame_records, group_metrics, iteration_metrics, json_safe, merge_kernels
+from gpurec.profile.trace import load_trace
+
+MODES = ("inference", "training")
+TRACE_FILE = "trace.json.gz"
+META_FILE = "worker_trace.json"
+NCU_CSV = "ncu.csv"
+
+
+class ProfileError(RuntimeError):
+    """The network could not be run or traced (the worker log is named in the message)."""
+
+
+@dataclass
+class ProfileResult:
+    """Everything one profile produced: run facts, Table 4.1 metrics, groups and kernels."""
+
+    meta: dict[str, Any]
+    iteration: dict[str, float]
+    layer_types: pd.DataFrame
+    phases: pd.DataFrame
+    kernels: pd.DataFrame
+    matching: dict[str, Any] = field(default_factory=dict)
+    ncu_metrics: list[str] = field(default_factory=list)
+    ncu_error: str | None = None
+    files: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """Strict-JSON dict (NaN -> null) of the whole result."""
+        kernels = self.kernels.drop(columns=[c for c in ("cat",) if c in self.kernels.columns])
+        return json_safe({
+            "meta": self.meta,
+            "iteration": self.iteration,
+            "layer_types": frame_records(self.layer_types),
+            "phases": frame_records(self.phases),
+            "kernels": frame_records(kernels),
+            "matching": self.matching,
+            "ncu_metrics": self.ncu_metrics,
+            "ncu_error": self.ncu_error,
+            "files": self.files,
+        })
+
+
+def _kernel_brief(df: pd.DataFrame, idx: int, extra: dict[str, Any]) -> dict[str, Any]:
+    r = df.iloc[idx]
+    return json_safe({"index": int(idx), "name": str(r.get("name", "")),
+                      "short_name": normalize_kernel_name(str(r.get("name", ""))),
+                      "grid": r.get("grid"), "block": r.get("block"), **extra})
+
+
+def _matching_summary(trace_k: pd.DataFrame, ncu_k: pd.DataFrame, match: MatchResult) -> dict[str, Any]:
+    scores = [s for _, _, s in match.pairs]
+    return {
+        "n_trace": len(trace_k),
+        "n_ncu": len(ncu_k),
+        "n_matched": match.n_matched,
+        "mean_score": sum(scores) / len(scores) if scores else None,
+        "n_exact_name": int(sum(
+            normalize_kernel_name(str(trace_k.iloc[i]["name"])) == normalize_kernel_name(str(ncu_k.iloc[j]["name"]))
+            for i, j, _ in match.pairs)),
+        "unmatched_trace": [
+            _kernel_brief(trace_k, i, {"layer": str(trace_k.iloc[i].get("layer", "")),
+                                       "time_ms": float(trace_k.iloc[i]["dur_us"]) / 1e3})
+            for i in match.unmatched_trace],
+        "unmatched_ncu": [_kernel_brief(ncu_k, j, {"ncu_id": int(ncu_k.iloc[j]["ncu_id"])})
+                          for j in match.unmatched_ncu],
+    }
+
+
+def analyze(
+    trace_path: str | Path,
+    ncu_csv: str | Path | None = None,
+    meta: dict[str, Any] | str | Path | None = None,
+    batch_size: int | None = None,
+    bubble_min_us: float = 2.0,
+) -> ProfileResult:
+    """Combine a worker trace (and optionally an ncu raw CSV) into a ProfileResult.
+
+    ``meta`` is the worker's ``worker_trace.json`` (dict or path); ``batch_size`` overrides it.
+    """
+    if isinstance(meta, (str, Path)):
+        meta = json.loads(Path(meta).read_text())
+    meta = dict(meta or {})
+    if batch_size is not None:
+        meta["batch_size"] = batch_size
+    bs = int(meta.get("batch_size") or 0)
+    trace = load_trace(trace_path)
+    ncu_df = ncu_io.parse_ncu_csv(Path(ncu_csv)) if ncu_csv is not None else None
+    ncu_error = None
+    if ncu_df is not None and ncu_df.empty:
+        ncu_error, ncu_df = "ncu report holds no kernels", None
+    match = match_kernels(trace.kernels, ncu_df) if ncu_df is not None else None
+    kernels = merge_kernels(trace, ncu_df, match)
+    it = iteration_metrics(trace, kernels, ncu_df, bs, meta.get("untraced_iteration_ms"), bubble_min_us)
+    return ProfileResult(
+        meta=meta,
+        iteration=it,
+        layer_types=group_metrics(kernels, "layer_type"),
+        phases=group_metrics(kernels, "phase"),
+        kernels=kernels,
+        matching=_matching_summary(trace.kernels, ncu_df, match) if match is not None and ncu_df is not None else {},
+        ncu_metrics=[c for c in (ncu_df.columns if ncu_df is not None else []) if "__" in c],
+        ncu_error=ncu_error,
+    )
+
+
+def _worker_env() -> dict[str, str]:
+    """Child environment with this gpurec importable (the repo may not be installed)."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _worker_cmd(model_name: str, model_file: str | None, batch_size: int, resolution: int, mode: str,
+                precision: str, device: str, out_dir: Path, phase: str) -> list[str]:
+    cmd = [sys.executable, "-m", "gpurec.profile.worker", "--model", model_name,
+           "--batch-size", str(batch_size), "--resolution", str(resolution), "--mode", mode,
+           "--precision", precision, "--device", device, "--phase", phase, "--out-dir", str(out_dir)]
+    if model_file:
+        cmd += ["--model-file", model_file]
+    return cmd
+
+
+def _tail(path: Path, n: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def collect_counters(
+    ncu_path: str, target_cmd: list[str], out: Path, timeout_s: float, env: dict[str, str] | None = None
+) -> tuple[Path | None, list[str], str | None]:
+    """Run target_cmd under ncu and export the raw CSV: (csv path or None, metrics, error or None).
+
+    Tensor-core metrics this GPU lacks are left out up front; if ncu still rejects a metric,
+    one retry runs with the core metrics only. Errors are returned, not raised.
+    """
+    metrics = ncu_io.select_metrics(ncu_io.query_available_metrics(ncu_path))
+    attempts = [metrics]
+    if list(metrics) != list(ncu_io.CORE_METRICS):
+        attempts.append(list(ncu_io.CORE_METRICS))
+    error: str | None = None
+    for n_try, mset in enumerate(attempts):
+        try:
+            report = ncu_io.run_ncu_profile(ncu_path, mset, out / "ncu", target_cmd, out / "ncu.log",
+                                            timeout_s, env=env)
+            return ncu_io.export_raw_csv(ncu_path, report, out / NCU_CSV), list(mset), None
+        except (ncu_io.NcuError, OSError, subprocess.SubprocessError) as exc:
+            error = str(exc)
+            body = _tail(out / "ncu.log", 20000).lower().split("\n", 1)[-1]  # minus the command line
+            metric_problem = "metric" in body and any(
+                w in body for w in ("not found", "failed to find", "invalid", "unknown", "not available",
+                                    "not supported"))
+            if "timed out" in error or not metric_problem or n_try == len(attempts) - 1:
+                break
+    return None, [], error
+
+
+def profile_network(
+    model: Any,
+    batch_size: int,
+    resolution: int = 224,
+    mode: str = "inference",
+    out_dir: Path | str | None = None,
+    gpu_index: int = 0,
+    ncu: bool = True,
+    *,
+    precision: str = "fp32",
+    device: str | None = None,
+    trace_timeout_s: float = 600.0,
+    ncu_timeout_s: float = 1200.0,
+    plots: bool = True,
+    max_warmup_iters: int = 40,
+    max_warmup_s: float = 20.0,
+) -> ProfileResult:
+    """Profile one stable iteration of ``model`` (torchvision name or nn.Module).
+
+    Writes into ``out_dir`` (a temp folder if None): trace.json.gz, worker_trace.json,
+    ncu.csv and ncu.log (with ncu), result.json, table.txt and the plots. Raises NcuNotFound
+    before any work when ncu=True and Nsight Compute is missing; a failing ncu run after a
+    good trace is reported in ``result.ncu_error`` instead of raising.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    dev = device or f"cuda:{gpu_index}"
+    if ncu and not dev.startswith("cuda"):
+        raise ValueError("hardware counters need a CUDA device: pass ncu=False for a CPU dry run")
+    ncu_path = ncu_io.find_ncu() if ncu else None
+    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="gpurec_profile_"))
+    out.mkdir(parents=True, exist_ok=True)
+
+    model_file = None
+    if isinstance(model, str):
+        model_name = model
+    else:
+        import torch
+
+        model_name = type(model).__name__
+        model_file = str(out / "model.pt")
+        try:
+            torch.save(model, model_file)
+        except Exception as exc:  # noqa: BLE001
+            raise ProfileError(
+                f"could not pickle {model_name} for the profiling child process ({exc}); define the "
+                "module class in an importable file (not __main__ or a notebook)") from exc
+    env = _worker_env()
+
+    trace_log = out / "worker_trace.log"
+    cmd = _worker_cmd(model_name, model_file, batch_size, resolution, mode, precision, dev, out, "trace")
+    cmd += ["--max-warmup-iters", str(max_warmup_iters), "--max-warmup-s", str(max_warmup_s)]
+    try:
+        rc = ncu_io.run_process_group(cmd, trace_log, trace_timeout_s, env=env)
+    except subprocess.TimeoutExpired as exc:
+        raise ProfileError(f"trace worker timed out after {trace_timeout_s:.0f} s; log: {trace_log}") from exc
+    if rc != 0 or not (out / TRACE_FILE).is_file():
+        raise ProfileError(f"trace worker failed (exit {rc}); log: {trace_log}\n{_tail(trace_log)}")
+    meta = json.loads((out / META_FILE).read_text())
+
+    ncu_error: str | None = None
+    ncu_csv: Path | None = None
+    metrics: list[str] = []
+    if ncu_path is not None:
+        ncu_cmd = _worker_cmd(model_name, model_file, batch_size, resolution, mode, precision, dev, out, "ncu")
+        ncu_cmd += ["--warmup-iters", str(meta["profiled_iteration"])]
+        ncu_csv, metrics, ncu_error = collect_counters(ncu_path, ncu_cmd, out, ncu_timeout_s, env)
+
+    try:
+        result = analyze(out / TRACE_FILE, ncu_csv, meta)
+    except Exception as exc:  # noqa: BLE001 - keep the trace metrics if the ncu side breaks
+        if ncu_csv is None:
+            raise
+        result = analyze(out / TRACE_FILE, None, meta)
+        ncu_error = f"could not combine {ncu_csv} with the trace: {exc!r}"
+    if ncu_error and not result.ncu_error:
+        result.ncu_error = ncu_error.splitlines()[0] + f" (see {out / 'ncu.log'})"
+    result.ncu_metrics = metrics if ncu_csv is not None else []
+    result.files = {k: str(out / v) for k, v in
+                    [("trace", TRACE_FILE), ("meta", META_FILE), ("ncu_csv", NCU_CSV), ("ncu_log", "ncu.log")]
+                    if (out / v).is_file()}
+    write_outputs(result, out, plots=plots)
+    return result
+
+
+def write_outputs(result: ProfileResult, out_dir: Path | str, plots: bool = True) -> None:
+    """result.json, table.txt and (optionally) the PNG plots into out_dir."""
+    from gpurec.profile.report import render_table, save_plots
+
+    out = Path(out_dir)
+    if plots:
+        try:
+            result.files.update(save_plots(result, out))
+        except Exception as exc:  # noqa: BLE001 - plots must never lose the numbers
+            result.meta["plot_error"] = repr(exc)
+    result.files["result"] = str(out / "result.json")
+    result.files["table"] = str(out / "table.txt")
+    (out / "table.txt").write_text(render_table(result))
+    (out / "result.json").write_text(json.dumps(result.to_json(), indent=1))

@@ -1,0 +1,361 @@
+"""gpurec.model: training on a small fixture, persistence checks and the prediction API contract."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FIXTURE = Path(__file__).parent / "fixtures" / "model"
+H100 = "NVIDIA H100 80GB HBM3"
+QUICK = dict(tune_trials=2, max_rounds=30, default_rounds=30, early_stopping_rounds=5, n_folds=3, tune_folds=2,
+             forest_trees=20, min_rows_per_mode=20)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    from gpurec.model import train
+
+    out = tmp_path_factory.mktemp("models")
+    report = train(FIXTURE, out, log=lambda s: None, **QUICK)
+    return out, report
+
+
+@pytest.fixture(scope="module")
+def predictor(trained: tuple[Path, dict]):
+    from gpurec.model import load_predictor
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fresh model on the same data must load without warnings
+        return load_predictor(trained[0], data_root=FIXTURE, check_data=True)
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def test_family_names() -> None:
+    from gpurec.model.evaluate import family, row_families
+
+    assert family("resnet50") == "resnet"
+    assert family("wide_resnet50_2") == "wide"
+    assert family("vit_b_16") == "vit"
+    assert family("efficientnet_b0") == "efficientnet"
+    assert row_families("vgg11:b1:r224", '["vgg11:b1:r224", "resnet18:b8:r224"]') == {"vgg", "resnet"}
+
+
+def test_grouped_folds_never_split_a_group() -> None:
+    from gpurec.model.evaluate import grouped_folds
+
+    groups = np.array(list("aabbbcdddeeffg"))
+    folds = grouped_folds(groups, 3, seed=1)
+    seen = np.concatenate([te for _, te in folds])
+    assert sorted(seen.tolist()) == list(range(len(groups)))
+    for tr, te in folds:
+        assert not set(groups[tr]) & set(groups[te])
+
+
+def test_correction_recovers_known_terms() -> None:
+    from gpurec.model.network import NetworkSums, apply_time, fit_time
+
+    rng = np.random.default_rng(0)
+    s_t = rng.uniform(1, 50, 40)
+    n = rng.integers(20, 300, 40).astype(float)
+    sums = NetworkSums(s_t, s_t * 200, n, n / 2, s_t / 10)
+    measured = 0.8 * s_t + 0.5 + 0.01 * n
+    coef = fit_time(sums, measured, "scale+intercept+n_ops", ridge=1e-6)
+    assert coef["scale"] == pytest.approx(0.8, rel=1e-3)
+    assert coef["per_op_ms"] == pytest.approx(0.01, rel=1e-2)
+    assert np.allclose(apply_time(sums, coef), measured, rtol=1e-3)
+
+
+def test_package_imports_lazily() -> None:
+    code = ("import sys, gpurec, gpurec.model; "
+            "bad = [m for m in ('xgboost', 'sklearn', 'optuna', 'torch') if m in sys.modules]; "
+            "assert not bad, bad; from gpurec.model import train; assert callable(train)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent,
+                   env={"PYTHONPATH": str(Path(__file__).parent.parent), "PATH": "/usr/bin:/bin"})
+
+
+# -- training and persistence -------------------------------------------------------------------
+
+
+def test_training_report_and_files(trained: tuple[Path, dict]) -> None:
+    out, report = trained
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["gpus_measured"]) == {H100, "NVIDIA A100-SXM4-80GB"}
+    # boosters in XGBoost's format, never pickles
+    files = sorted(p.name for p in out.iterdir())
+    assert all(f.endswith((".ubj", ".json", ".parquet")) for f in files), files
+    assert {"time", "power"} <= set(manifest["boosters"])
+    assert manifest["routes"]["time"]["training"] == "training"  # enough rows: its own booster
+    assert manifest["routes"]["time"]["inference"] == "all"  # too few: pooled with mode as a feature
+    for key in ("feature_names", "kind_categories", "training_data", "versions", "cv", "network_correction"):
+        assert manifest[key]
+    assert len(manifest["training_data"]["sha256"]) == 64
+    assert {"xgboost", "sklearn", "torch", "gpurec"} <= set(manifest["versions"])
+    # all three validations, with baselines beside XGBoost
+    for kind in ("xgboost", "random_forest", "roofline_linear"):
+        assert report["grouped_kfold"][kind]["overall"]["n"] == report["rows"]["operations"]
+        assert "per_op" in report["leave_one_family_out"][kind]
+    assert report["leave_one_gpu_out"]["available"] is True
+    assert "network_corrected" in report["leave_one_family_out"]["xgboost"]
+    assert set(report["network_correction"]["mape_by_variant"]["time"]) >= {"none", "scale", "full"}
+    assert report["test_set"]["available"] and report["test_set"]["archs"] == ["mnasnet0_5"]
+    # the test architecture never reaches training
+    assert report["dropped_rows"]["test-architecture set (never trained on)"] == 0
+
+
+def test_one_gpu_reports_leave_one_gpu_out_unavailable(tmp_path: Path) -> None:
+    from gpurec.model import train
+
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copytree(FIXTURE / "h100", data / "h100")
+    report = train(data, tmp_path / "m", log=lambda s: None, baselines=False,
+                   **{**QUICK, "tune_trials": 0, "cache_dir": str(tmp_path / "cache")})
+    assert report["leave_one_gpu_out"]["available"] is False
+    assert "one GPU measured" in report["leave_one_gpu_out"]["reason"]
+
+
+def test_roundtrip_matches_training_path(trained: tuple[Path, dict], predictor) -> None:
+    """The saved and reloaded model reproduces the test-set estimate computed during training."""
+    _, report = trained
+    rec = next(r for r in report["test_set"]["records"] if r["gpu"] == H100)
+    est = predictor.predict("mnasnet0_5", (8, 3, 224, 224), mode=rec["mode"], gpu=H100)
+    assert est.time_ms == pytest.approx(rec["pred_time_ms"], rel=1e-4)
+    assert est.power_w == pytest.approx(rec["pred_power_w"], rel=1e-4)
+    assert est.op_sum_time_ms == pytest.approx(rec["sum_time_ms"], rel=1e-4)
+
+
+def test_tampered_schema_or_features_refused(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    from gpurec.model import IncompatibleModel, load_predictor
+
+    for change in ("schema", "feature", "booster"):
+        d = _copy(trained[0], tmp_path / change)
+        m = json.loads((d / "manifest.json").read_text())
+        if change == "schema":
+            m["schema_version"] = 999
+        elif change == "feature":
+            m["feature_names"] = [*m["feature_names"][:-1], "no_such_feature"]
+        else:
+            name = m["boosters"]["time"]["training"]
+            (d / name).write_bytes((d / name).read_bytes()[:-10] + b"0123456789")
+        (d / "manifest.json").write_text(json.dumps(m))
+        with pytest.raises(IncompatibleModel):
+            load_predictor(d, check_data=False)
+    d = _copy(trained[0], tmp_path / "op_feature")
+    m = json.loads((d / "manifest.json").read_text())
+    m["feature_config"]["op_features"] = [*m["feature_config"]["op_features"], "gone_feature"]
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(IncompatibleModel, match="cannot compute"):
+        load_predictor(d, check_data=False)
+
+
+def test_version_and_data_differences_warn(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    from gpurec.model import ModelWarning, load_predictor
+
+    d = _copy(trained[0], tmp_path / "versions")
+    m = json.loads((d / "manifest.json").read_text())
+    m["versions"]["xgboost"] = "0.0.1"
+    m["training_data"]["sha256"] = "0" * 64
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.warns(ModelWarning) as rec:
+        p = load_predictor(d, data_root=FIXTURE, check_data=True)
+    text = " ".join(str(w.message) for w in rec)
+    assert "xgboost" in text and "data" in text
+    assert p.predict("alexnet", (1, 3, 224, 224), gpu="H100").time_ms > 0
+
+
+def test_missing_model_dir_says_how_to_train(tmp_path: Path) -> None:
+    from gpurec.model import load_predictor
+
+    with pytest.raises(FileNotFoundError, match="gpurec.model.train"):
+        load_predictor(tmp_path / "nowhere")
+
+
+# -- the API contract ---------------------------------------------------------------------------
+
+
+def test_predict_contract(predictor) -> None:
+    est = predictor.predict("squeezenet1_0", input_shape=(1, 3, 224, 224), mode="inference", gpu="H100")
+    assert est.measured_gpu is True and est.gpu == H100
+    assert est.time_ms > 0 and est.power_w > 0
+    assert est.energy_mj == pytest.approx(est.time_ms * est.power_w)
+    assert est.low.time_ms <= est.time_ms <= est.high.time_ms
+    assert est.low.energy_mj <= est.energy_mj <= est.high.energy_mj
+    assert est.time_low_ms == est.low.time_ms and est.energy_high_mj == est.high.energy_mj
+    per_op = est.per_op
+    assert len(per_op) == est.n_ops > 10
+    for col in ("name", "kind", "time_ms", "power_w", "energy_mj", "time_share", "energy_share", "flops_share",
+                "covered", "uncovered_reason"):
+        assert col in per_op
+    assert per_op["time_share"].sum() == pytest.approx(1.0)
+    assert per_op["time_ms"].sum() == pytest.approx(est.op_sum_time_ms)
+    assert 0.0 <= est.coverage <= 1.0
+    assert str(est).startswith("squeezenet1_0")
+
+
+def test_gpus_and_extrapolation(predictor) -> None:
+    gpus = {g.nvml_name: g for g in predictor.gpus}
+    assert gpus[H100].measured and gpus["NVIDIA A100-SXM4-80GB"].measured
+    assert not gpus["NVIDIA L4"].measured
+    assert len(gpus) >= 10
+    a = predictor.predict("alexnet", (1, 3, 224, 224), mode="training", gpu="L4")
+    b = predictor.predict("alexnet", (1, 3, 224, 224), mode="training", gpu="nvidia h100 80gb hbm3")
+    assert a.measured_gpu is False and b.measured_gpu is True
+    # extrapolated estimates carry a wider band
+    assert a.high.time_ms / a.time_ms > b.high.time_ms / b.time_ms
+
+
+def test_unknown_gpu_lists_choices(predictor) -> None:
+    from gpurec.catalog import UnknownGPU
+
+    with pytest.raises(UnknownGPU, match="Valid choices") as info:
+        predictor.predict("alexnet", (1, 3, 224, 224), gpu="Voodoo5")
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(ValueError, match="mode"):
+        predictor.predict("alexnet", (1, 3, 224, 224), mode="serving")
+
+
+def test_nn_module_and_uncovered_kind(predictor) -> None:
+    """A module with an operation kind absent from training: predicted, flagged, never dropped."""
+    from torch import nn
+
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.Tanh(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    assert "Tanh" not in predictor.builder.kinds
+    est = predictor.predict(net, (1, 3, 32, 32), mode="inference", gpu="H100")
+    assert est.model == "Sequential"
+    unc = est.uncovered
+    assert "Tanh" in set(unc["kind"])
+    row = unc[unc["kind"] == "Tanh"].iloc[0]
+    assert "not in training data" in row["uncovered_reason"]
+    assert 0 < row["flops_share"] < 1
+    flagged = est.per_op[~est.per_op["covered"]]
+    assert set(flagged["kind"]) == set(unc["kind"])
+    assert len(est.per_op) == est.n_ops  # uncovered operations still counted
+    assert est.coverage < 1.0
+    # a second, structurally identical instance hits the operation cache
+    n = len(predictor._cache)
+    again = predictor.predict(type(net)(*[type(m)(**_kw(m)) for m in net]), (1, 3, 32, 32), gpu="H100")
+    assert len(predictor._cache) == n and again.time_ms == pytest.approx(est.time_ms)
+
+
+def _kw(m):  # rebuild a layer of the Sequential above with the same settings
+    from torch import nn
+
+    if isinstance(m, nn.Conv2d):
+        return {"in_channels": m.in_channels, "out_channels": m.out_channels, "kernel_size": m.kernel_size,
+                "padding": m.padding}
+    if isinstance(m, nn.Linear):
+        return {"in_features": m.in_features, "out_features": m.out_features}
+    if isinstance(m, nn.AdaptiveAvgPool2d):
+        return {"output_size": m.output_size}
+    return {}
+
+
+def test_predict_many_matches_single(predictor) -> None:
+    cands = [("alexnet", (1, 3, 224, 224)), ("squeezenet1_0", (2, 3, 224, 224)), "alexnet"]
+    many = predictor.predict_many(cands, mode="training", gpu="A100-80GB")
+    assert len(many) == 3
+    single = predictor.predict("squeezenet1_0", (2, 3, 224, 224), mode="training", gpu="A100-80GB")
+    assert many[1].time_ms == pytest.approx(single.time_ms, rel=1e-6)
+    assert many[1].energy_mj == pytest.approx(single.energy_mj, rel=1e-6)
+    assert many[0].time_ms == pytest.approx(many[2].time_ms)  # default shape is (1, 3, 224, 224)
+
+
+def test_train_and_predict_share_features(predictor) -> None:
+    """A measured row's feature row equals the one prediction builds for the same operation."""
+    import pandas as pd
+
+    from gpurec.model.features import OpBlock, SetExtractor, hardware_matrix, operations_of_rows
+    from gpurec.ops import extract_operations
+
+    df = pd.read_parquet(FIXTURE / "h100" / "operations.parquet").iloc[:5]
+    rows = operations_of_rows(df, SetExtractor())
+    a = predictor.builder.build(rows.block, hardware_matrix(df["gpu"].tolist())).X
+    r = df.iloc[0]
+    from gpurec.collect.plan import ModelInputSet
+
+    s = ModelInputSet.parse(r["set_key"])
+    op = next(o for o in extract_operations(s.arch, s.input_shape, mode=r["mode"]) if o.signature == r["op_signature"])
+    b = predictor.builder.build(OpBlock.from_operations([op], r["mode"]), hardware_matrix([H100])).X
+    assert np.array_equal(a[0], b[0])
+
+
+def test_measured_operations_replace_predictions(trained: tuple[Path, dict]) -> None:
+    """On a measured GPU, an operation measured (in any model) takes its measured values."""
+    import pandas as pd
+
+    from gpurec.model import load_predictor
+
+    ops = pd.read_parquet(FIXTURE / "h100" / "operations.parquet")
+    row = ops[(ops["set_key"] == "googlenet:b1:r224") & (ops["mode"] == "training")].iloc[0]
+    with_lookup = load_predictor(trained[0], check_data=False)
+    models_only = load_predictor(trained[0], check_data=False, use_measured=False)
+    a = with_lookup.predict("googlenet", (1, 3, 224, 224), mode="training", gpu="H100")
+    b = models_only.predict("googlenet", (1, 3, 224, 224), mode="training", gpu="H100")
+    hit = a.per_op[a.per_op["signature"] == row["op_signature"]]
+    assert len(hit) >= 1 and (hit["source"] == "measured").all()
+    assert hit["time_ms"].iloc[0] == pytest.approx(row["time_ms"])
+    assert hit["power_w"].iloc[0] == pytest.approx(row["power_w"])
+    assert a.measured_share > 0 and b.measured_share == 0
+    assert (b.per_op["source"] == "model").all()
+    # measurements are per GPU: an unmeasured GPU gets predictions only
+    c = with_lookup.predict("googlenet", (1, 3, 224, 224), mode="training", gpu="L4")
+    assert c.measured_share == 0
+
+
+def test_optional_extra_columns(tmp_path: Path) -> None:
+    """Measured extra columns (e.g. ncu utilisations) are used when configured and present; unknown at predict."""
+    import pandas as pd
+
+    from gpurec.model import load_predictor, train
+    from gpurec.model.features import FeatureConfig
+    from gpurec.model.train import TrainConfig
+
+    data = tmp_path / "data" / "h100"
+    data.mkdir(parents=True)
+    ops = pd.read_parquet(FIXTURE / "h100" / "operations.parquet")
+    ops["smsp_inst_util"] = np.linspace(0.1, 0.9, len(ops))
+    ops.to_parquet(data / "operations.parquet", index=False)
+    shutil.copy(FIXTURE / "h100" / "networks.parquet", data / "networks.parquet")
+    cfg = TrainConfig(feature=FeatureConfig(extra_columns=("smsp_*_util", "tc_*_util")))
+    train(data.parent, tmp_path / "m", config=cfg, log=lambda s: None, baselines=False,
+          **{**QUICK, "tune_trials": 0})
+    m = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    assert m["extra_columns"] == ["smsp_inst_util"]  # tc_*_util absent: skipped, not an error
+    assert m["feature_names"][-1] == "extra:smsp_inst_util"
+    est = load_predictor(tmp_path / "m", check_data=False).predict("alexnet", (1, 3, 224, 224), gpu="H100")
+    assert np.isfinite(est.time_ms)
+
+
+def test_gpu_with_network_rows_only(tmp_path: Path) -> None:
+    """A GPU measured only as whole networks: cross-GPU validation and a GPU-specific network correction."""
+    from gpurec.model import load_predictor, train
+
+    data = tmp_path / "data"
+    shutil.copytree(FIXTURE / "h100", data / "h100")
+    (data / "a100").mkdir()
+    shutil.copy(FIXTURE / "a100_synthetic" / "networks.parquet", data / "a100" / "networks.parquet")
+    report = train(data, tmp_path / "m", log=lambda s: None, baselines=False, min_networks_gpu=3,
+                   **{**QUICK, "tune_trials": 0})
+    logo = report["leave_one_gpu_out"]
+    a100 = "NVIDIA A100-SXM4-80GB"
+    assert logo["available"] and "network_train_archs_corrected" in logo["gpus"][a100]["xgboost"]
+    p = load_predictor(tmp_path / "m", check_data=False)
+    entry = next(g for g in p.gpus if g.nvml_name == a100)
+    assert entry.networks_measured and not entry.measured
+    est = p.predict("googlenet", (1, 3, 224, 224), mode="training", gpu=a100)
+    assert est.correction == f"{a100}|training" and not est.measured_gpu

@@ -1,0 +1,414 @@
+"""CPU tests of gpurec.profile: trace attribution, ncu CSV parsing, kernel matching,
+Table 4.1 arithmetic, missing ncu, and a CPU dry run of the worker.
+
+Fixtures: tests/fixtures/profile/synthetic/ (hand-made, exact numbers; regenerate with
+make_synthetic.py) and, when present, tests/fixtures/profile/real/ (from the device run;
+checked for invariants only). Each fixture folder holds trace.json[.gz], meta.json and
+optionally ncu.csv.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from gpurec.profile import (
+    NcuNotFound,
+    analyze,
+    ncu_io,
+    parse_ncu_csv,
+    profile_network,
+    render_table,
+    save_plots,
+)
+from gpurec.profile.matching import align, match_kernels, normalize_kernel_name
+from gpurec.profile.trace import load_trace
+from gpurec.profile.worker import first_stable_iteration
+
+FIX = Path(__file__).parent / "fixtures" / "profile"
+SYN = FIX / "synthetic"
+
+
+def _fixture_files(folder: Path) -> tuple[Path, Path | None, Path | None]:
+    trace = next(p for p in (folder / "trace.json.gz", folder / "trace.json") if p.is_file())
+    ncu = folder / "ncu.csv"
+    meta = next((p for p in (folder / "meta.json", folder / "worker_trace.json") if p.is_file()), None)
+    return trace, (ncu if ncu.is_file() else None), meta
+
+
+FIXTURE_DIRS = [SYN] + ([FIX / "real"] if (FIX / "real").is_dir() else [])
+
+
+@pytest.fixture(scope="module")
+def syn():
+    trace, ncu, meta = _fixture_files(SYN)
+    return analyze(trace, ncu, meta)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def test_parse_ncu_csv_units_separators_and_order():
+    df = parse_ncu_csv(SYN / "ncu.csv")
+    assert list(df["ncu_id"]) == list(range(10))
+    first = df.iloc[0]
+    assert first["name"].startswith("void cudnn::conv_fwd")
+    assert first["grid"] == (64, 1, 1) and first["block"] == (128, 1, 1)
+    assert first["gpu__time_duration.sum"] == pytest.approx(110_000.0)  # usecond -> ns
+    assert first["smsp__cycles_elapsed.sum"] == 400_000.0  # "400,000"
+    assert first["launch__grid_size"] == 64
+    assert "device__attribute_display_name" not in df.columns
+    # also accepts the text itself
+    assert len(parse_ncu_csv((SYN / "ncu.csv").read_text())) == 10
+
+
+def test_parse_query_metrics_and_select():
+    text = (
+        "Device NVIDIA H100 (GH100)\n-------- ------\nMetric Name   Metric Description\n"
+        "smsp__cycles_elapsed   # of cycles elapsed\nsm__pipe_tensor_op_hmma_cycles_active  # cycles\n"
+        "gpu__time_duration   duration\n"
+    )
+    names = ncu_io.parse_query_metrics(text)
+    assert names == {"smsp__cycles_elapsed", "sm__pipe_tensor_op_hmma_cycles_active", "gpu__time_duration"}
+    chosen = ncu_io.select_metrics(names)
+    assert "smsp__cycles_elapsed.sum" in chosen and "smsp__cycles_elapsed.avg" in chosen
+    assert "sm__pipe_tensor_op_hmma_cycles_active.sum" in chosen
+    assert "sm__pipe_tensor_op_gmma_cycles_active.sum" not in chosen
+    assert "launch__grid_size" in chosen and "smsp__inst_issued.sum" in chosen  # core: always kept
+    assert ncu_io.select_metrics(None) == list(ncu_io.FALLBACK_METRICS)
+
+
+def test_ncu_command_never_locks_clocks():
+    cmd = ncu_io.ncu_profile_command("ncu", ["a.sum"], Path("/tmp/r"), ["python", "-m", "x"])
+    assert cmd[cmd.index("--clock-control") + 1] == "none"
+    assert cmd[cmd.index("--profile-from-start") + 1] == "off"
+    assert cmd[-3:] == ["python", "-m", "x"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "norm"),
+    [
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+         "at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)",
+         "at::native::vectorized_elementwise_kernel"),
+        ("at::native::vectorized_elementwise_kernel<4, F, A>(int, F, A)", "at::native::vectorized_elementwise_kernel"),
+        ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, float const*, int)",
+         "at::native::anon::cunn_SoftMaxForward"),
+        ("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", "nvjet_tst_64x8_64x16_4x1_v_bz_TNT"),
+        ("void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, false, true, "
+         "(cudnnKernelDataType_t)0>(cudnn::engines_precompiled::nchw2nhwc_params_t<float>, float const*, float*)",
+         "cudnn::engines_precompiled::nchwToNhwcKernel"),
+    ],
+)
+def test_normalize_kernel_name(raw, norm):
+    assert normalize_kernel_name(raw) == norm
+
+
+# ----------------------------------------------------------------------------- trace
+
+
+def test_trace_window_and_attribution():
+    t = load_trace(SYN / "trace.json")
+    k = t.kernels
+    assert t.iteration_name == "gpurec_iter#8"
+    assert t.total_time_ms == pytest.approx(1.0)
+    assert len(k) == 10  # the kernel launched before the iteration range is excluded
+    got = list(zip(k["layer"], k["layer_type"], k["phase"], k["op"], strict=True))
+    assert got == [
+        ("conv1", "Conv2d", "forward", "aten::conv2d"),
+        ("conv1", "Conv2d", "forward", "aten::conv2d"),  # launched through cuLaunchKernelEx
+        ("relu", "ReLU", "forward", "aten::relu"),
+        ("fc", "Linear", "forward", "aten::linear"),
+        ("loss", "CrossEntropyLoss", "forward", "aten::cross_entropy_loss"),
+        ("(unattributed)", "aten::ones_like", "other", "aten::ones_like"),
+        ("fc", "Linear", "backward", "AddmmBackward0"),  # autograd thread, via sequence number
+        ("conv1", "Conv2d", "backward", "ConvolutionBackward0"),
+        ("conv1", "Conv2d", "backward", "ConvolutionBackward0"),
+        ("optimizer", "Optimizer(SGD)", "optimizer", "aten::_foreach_add_"),
+    ]
+    assert len(t.gpu_events) == 11  # plus the memset
+
+
+def test_kernel_without_launch_event_uses_external_id():
+    from gpurec.profile.trace import extract, load_trace_events
+
+    data = load_trace_events(SYN / "trace.json")
+    ev = data["traceEvents"]
+    ev[:] = [e for e in ev if not (e.get("cat") == "cuda_driver" and e["args"].get("correlation") == 4)]
+    for e in ev:
+        if e.get("cat") == "kernel" and e["args"].get("correlation") == 4:
+            e["args"]["External id"] = 77
+        if e.get("name") == "aten::addmm":
+            e["args"]["External id"] = 77
+    k = extract(data).kernels
+    row = k[k["correlation"] == 4].iloc[0]
+    assert (row["layer"], row["phase"], row["op"]) == ("fc", "forward", "aten::linear")
+
+
+def test_unit_prefixes_scale_to_base_units():
+    assert ncu_io._unit_scale("usecond") == 1e3
+    assert ncu_io._unit_scale("msecond") == 1e6
+    assert ncu_io._unit_scale("Kcycle") == 1e3
+    assert ncu_io._unit_scale("Minst") == 1e6
+    assert ncu_io._unit_scale("cycle") == 1.0
+
+
+# ----------------------------------------------------------------------------- matching
+
+
+def test_matching_reports_missing_and_extra_kernels():
+    t = load_trace(SYN / "trace.json")
+    n = parse_ncu_csv(SYN / "ncu.csv")
+    m = match_kernels(t.kernels, n)
+    assert [(i, j) for i, j, _ in m.pairs] == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (6, 5), (7, 7), (8, 8),
+                                               (9, 9)]
+    assert m.unmatched_trace == [5]  # the grad-seed fill kernel ncu did not report
+    assert m.unmatched_ncu == [6]  # the extra reduce kernel
+
+
+def test_matching_tolerates_namespace_differences():
+    t = load_trace(SYN / "trace.json")
+    n = parse_ncu_csv(SYN / "ncu.csv")
+    n["name"] = [normalize_kernel_name(x).rsplit("::", 1)[-1] for x in n["name"]]  # function names only
+    m = match_kernels(t.kernels, n)
+    assert len(m.pairs) == 9 and m.unmatched_trace == [5] and m.unmatched_ncu == [6]
+
+
+def test_alignment_keeps_order_with_repeated_kernels():
+    import numpy as np
+
+    # trace: A B A B A ; ncu: A B B A (trace #2 missing in ncu) -> 4 order-preserving pairs
+    trace = ["A", "B", "A", "B", "A"]
+    ncu = ["A", "B", "B", "A"]
+    score = np.array([[1.0 if t == c else -np.inf for c in ncu] for t in trace])
+    pairs = [(i, j) for i, j, _ in align(score)]
+    assert len(pairs) == 4
+    assert all(p[0] < q[0] and p[1] < q[1] for p, q in zip(pairs, pairs[1:], strict=False))
+    assert all(trace[i] == ncu[j] for i, j in pairs)
+    assert align(np.zeros((0, 3))) == []
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def test_iteration_metrics_table_4_1(syn):
+    it = syn.iteration
+    assert it["total_time_ms"] == pytest.approx(1.0)
+    assert it["gpu_kernel_time_ms"] == pytest.approx(0.777)
+    assert it["gpu_busy_time_ms"] == pytest.approx(0.782)
+    assert it["gpu_utilization"] == pytest.approx(0.782)
+    assert it["throughput_samples_per_s"] == pytest.approx(4000.0)
+    assert it["untraced_throughput_samples_per_s"] == pytest.approx(4 / 0.0009)
+    # framework overhead = GPU idle inside the iteration = leading + bubbles + short gaps + trailing
+    assert it["framework_overhead_ms"] == pytest.approx(0.218)
+    assert it["leading_idle_ms"] == pytest.approx(0.045)
+    assert it["trailing_idle_ms"] == pytest.approx(0.040)
+    assert it["bubble_count"] == 7
+    assert it["bubble_time_ms"] == pytest.approx(0.130)
+    assert it["small_gap_time_ms"] == pytest.approx(0.003)
+    # counters: sums over all ncu kernels (the report covers the whole iteration)
+    assert it["smsp_cycles_elapsed"] == 3_124_000
+    assert it["smsp_cycles_active"] == 2_620_000
+    assert it["smsp_issue_cycles"] == 788_000
+    assert it["sm_cycles_elapsed"] == 781_000
+    assert it["tc_active_cycles"] == 270_000  # hmma + gmma pipes
+    assert it["tc_issue"] == 41_000
+    assert it["smsp_active_util"] == pytest.approx(2_620_000 / 3_124_000)
+    assert it["smsp_issue_util"] == pytest.approx(788_000 / 3_124_000)
+    assert it["tc_active_util"] == pytest.approx(270_000 / 781_000)
+    assert it["tc_issue_util"] == pytest.approx(41_000 / 3_124_000)
+    assert it["tc_issue_over_smsp_issue"] == pytest.approx(41_000 / 788_000)
+    assert it["smsp_active_util_of_iteration"] == pytest.approx(2_620_000 / 3_124_000 * 0.777)
+    assert it["n_kernels_ncu"] == 10 and it["n_kernels_trace"] == 10
+
+
+def test_layer_type_and_kernel_metrics(syn):
+    lt = syn.layer_types.set_index("layer_type")
+    conv = lt.loc["Conv2d"]
+    assert conv["n_kernels"] == 4
+    assert conv["time_ms"] == pytest.approx(0.51)
+    assert conv["smsp_active_util"] == pytest.approx(1_760_000 / 2_040_000)
+    assert conv["tc_active_util"] == pytest.approx(180_000 / 510_000)
+    assert conv["tc_issue_util"] == pytest.approx(27_000 / 2_040_000)
+    assert lt.loc["aten::ones_like", "counter_time_share"] == 0.0  # unmatched: time but no counters
+    k = syn.kernels
+    xmma = k[k["name"].str.startswith("sm90_xmma")].iloc[0]
+    assert xmma["smsp_issue_util"] == pytest.approx(0.25)
+    assert xmma["tc_active_util"] == pytest.approx(0.6)
+    assert xmma["tc_issue_util"] == pytest.approx(0.02)
+    assert xmma["sm_clock_mhz"] == pytest.approx(2000 / 210_000 * 1e3)
+    extra = k[k["source"] == "ncu"]
+    assert len(extra) == 1 and extra.iloc[0]["time_ms"] == pytest.approx(0.005)
+    phases = syn.phases.set_index("phase")
+    assert phases.loc["backward", "n_kernels"] == 3
+
+
+def test_first_stable_iteration():
+    assert first_stable_iteration([10, 5, 4, 4, 4, 4, 4.05]) == 5
+    assert first_stable_iteration([10, 8, 6, 4, 4, 4.5, 4, 4, 4], window=5, tol=0.02) == 7
+    assert first_stable_iteration([10, 5, 4]) is None
+
+
+def test_table_json_and_plots(syn, tmp_path):
+    text = render_table(syn)
+    for needle in ("Total execution time", "GPU utilization", "SMSP issue slot utilization",
+                   "TC issue slot utilization", "unmatched_trace", "unmatched_ncu", "Conv2d"):
+        assert needle in text
+    data = json.loads(json.dumps(syn.to_json(), allow_nan=False))
+    assert data["matching"]["n_matched"] == 9
+    assert len(data["matching"]["unmatched_trace"]) == 1 and len(data["matching"]["unmatched_ncu"]) == 1
+    assert data["iteration"]["gpu_utilization"] == pytest.approx(0.782)
+    files = save_plots(syn, tmp_path)
+    assert set(files) == {"utilization_levels", "tc_issue_cdf", "layer_types"}
+    assert all(Path(p).stat().st_size > 1000 for p in files.values())
+
+
+def test_trace_only_analysis_has_no_counters():
+    trace, _, meta = _fixture_files(SYN)
+    r = analyze(trace, None, meta)
+    assert r.matching == {} and "smsp_cycles_elapsed" not in r.iteration
+    assert "not collected" in render_table(r)
+
+
+@pytest.mark.parametrize("folder", FIXTURE_DIRS, ids=lambda p: p.name)
+def test_fixture_invariants(folder):
+    """Holds for synthetic and for real device fixtures dropped into fixtures/profile/real/."""
+    trace, ncu, meta = _fixture_files(folder)
+    r = analyze(trace, ncu, meta)
+    it = r.iteration
+    assert it["total_time_ms"] > 0 and len(r.kernels) > 0
+    assert 0 < it["gpu_utilization"] <= 1.0 + 1e-9
+    assert it["framework_overhead_ms"] >= -1e-9
+    attributed = r.kernels[r.kernels["layer"] != "(unattributed)"]["time_ms"].sum()
+    assert attributed >= 0.9 * r.kernels["time_ms"].sum()
+    if ncu is not None:
+        mt = r.matching
+        assert mt["n_matched"] >= 0.9 * min(mt["n_trace"], mt["n_ncu"])
+        for u in ("smsp_active_util", "smsp_issue_util", "tc_active_util", "tc_issue_util"):
+            assert math.isnan(it[u]) or 0.0 <= it[u] <= 1.0 + 1e-6
+        assert it["smsp_issue_util"] <= it["smsp_active_util"] + 1e-9
+        assert it["smsp_active_util_of_iteration"] <= it["gpu_kernel_utilization"] + 1e-9
+
+
+# ----------------------------------------------------------------------------- missing ncu / processes
+
+
+def test_missing_ncu_raises_clear_error(monkeypatch, tmp_path):
+    monkeypatch.delenv("NCU", raising=False)
+    monkeypatch.delenv("GPUREC_NCU", raising=False)
+    monkeypatch.setattr(ncu_io.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(ncu_io.glob, "glob", lambda _pattern: [])
+    with pytest.raises(NcuNotFound) as err:
+        ncu_io.find_ncu()
+    assert "ncu=False" in str(err.value) and "PATH" in str(err.value)
+    t0 = time.perf_counter()
+    with pytest.raises(NcuNotFound):
+        profile_network("resnet18", 2, mode="inference", out_dir=tmp_path / "p", ncu=True)
+    assert time.perf_counter() - t0 < 5  # fails before running anything
+    assert not (tmp_path / "p").exists()
+
+
+def test_ncu_on_cpu_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="ncu=False"):
+        profile_network("resnet18", 2, device="cpu", ncu=True, out_dir=tmp_path)
+
+
+def test_process_group_killed_on_timeout(tmp_path):
+    with pytest.raises(subprocess.TimeoutExpired):
+        ncu_io.run_process_group(["sleep", "30"], tmp_path / "log.txt", timeout_s=0.5)
+    assert (tmp_path / "log.txt").read_text().startswith("$ sleep 30")
+
+
+def test_cpu_dry_run_of_worker(tmp_path):
+    """The full pipeline without a GPU: worker child traces one CPU iteration."""
+    r = profile_network("resnet18", 2, resolution=32, mode="training", out_dir=tmp_path, ncu=False,
+                        device="cpu", trace_timeout_s=300)
+    assert r.meta["device_name"] == "cpu" and r.meta["profiled_iteration"] >= 2
+    assert r.iteration["total_time_ms"] > 0
+    assert (tmp_path / "trace.json.gz").is_file() and (tmp_path / "result.json").is_file()
+    events = json.loads(__import__("gzip").open(tmp_path / "trace.json.gz", "rt").read())["traceEvents"]
+    names = {e["name"] for e in events if e.get("cat") == "user_annotation"}
+    assert "module::conv1::Conv2d" in names and "module::loss::CrossEntropyLoss" in names
+    assert any(n.startswith("Optimizer.step#") for n in names)
+    assert any(n.startswith("gpurec_iter#") for n in names)
+
+
+FAKE_NCU = r'''
+import os, subprocess, sys
+argv = sys.argv[1:]
+if "--query-metrics" in argv:
+    print("Device Fake (GH100)\nMetric Name   Metric Description")
+    for m in ("smsp__cycles_elapsed", "smsp__cycles_active", "smsp__inst_issued", "sm__cycles_elapsed",
+              "sm__cycles_active", "gpu__time_duration", "sm__pipe_tensor_op_hmma_cycles_active",
+              "smsp__inst_executed_pipe_tensor_op_hmma"):
+        print(f"{m}   # a counter")
+    sys.exit(0)
+if "--import" in argv:
+    sys.stdout.write(open(os.environ["FAKE_NCU_CSV"]).read())
+    sys.exit(0)
+metrics = argv[argv.index("--metrics") + 1]
+if os.environ.get("FAKE_NCU_FAIL"):
+    print("==ERROR== the application crashed")
+    sys.exit(3)
+if os.environ.get("FAKE_NCU_REJECT") and "tensor_op" in metrics:
+    print("==ERROR== Failed to find metric sm__pipe_tensor_op_hmma_cycles_active")
+    sys.exit(1)
+i = argv.index("--export")
+open(argv[i + 1] + ".ncu-rep", "wb").write(b"fake")
+sys.exit(subprocess.call(argv[i + 2:]))
+'''
+
+
+@pytest.fixture
+def fake_ncu(tmp_path, monkeypatch):
+    import sys
+
+    exe = tmp_path / "bin" / "ncu"
+    exe.parent.mkdir()
+    exe.write_text(f"#!{sys.executable}\n" + FAKE_NCU)
+    exe.chmod(0o755)
+    monkeypatch.setenv("FAKE_NCU_CSV", str(SYN / "ncu.csv"))
+    monkeypatch.setenv("NCU", str(exe))
+    return str(exe)
+
+
+def test_collect_counters_with_fake_ncu(fake_ncu, tmp_path):
+    import sys
+
+    from gpurec.profile.api import collect_counters
+
+    assert ncu_io.find_ncu() == fake_ncu
+    out = tmp_path / "run"
+    out.mkdir()
+    csv_path, metrics, err = collect_counters(fake_ncu, [sys.executable, "-c", "print('target ran')"], out, 60)
+    assert err is None and csv_path is not None and len(parse_ncu_csv(csv_path)) == 10
+    assert "sm__pipe_tensor_op_hmma_cycles_active.sum" in metrics
+    assert "sm__pipe_tensor_op_gmma_cycles_active.sum" not in metrics  # not listed for this GPU
+    log = (out / "ncu.log").read_text()
+    assert "target ran" in log and "--clock-control none" in log
+
+
+def test_collect_counters_retries_without_rejected_metrics(fake_ncu, tmp_path, monkeypatch):
+    import sys
+
+    from gpurec.profile.api import collect_counters
+
+    monkeypatch.setenv("FAKE_NCU_REJECT", "1")
+    csv_path, metrics, err = collect_counters(fake_ncu, [sys.executable, "-c", "pass"], tmp_path, 60)
+    assert err is None and csv_path is not None
+    assert metrics == list(ncu_io.CORE_METRICS)
+
+
+def test_collect_counters_reports_failure(fake_ncu, tmp_path, monkeypatch):
+    import sys
+
+    from gpurec.profile.api import collect_counters
+
+    monkeypatch.setenv("FAKE_NCU_FAIL", "1")
+    csv_path, metrics, err = collect_counters(fake_ncu, [sys.executable, "-c", "pass"], tmp_path, 60)
+    assert csv_path is None and metrics == [] and "exited with 3" in err
