@@ -42,9 +42,10 @@ IDENTITY_COLUMNS = (
     "Block Size", "Grid Size", "Device", "CC",
 )
 # Non-base units that --print-units base should not produce, converted anyway (to the first unit).
+# ncu 2025 writes times as "ns" (older versions "nsecond"); both are kept as reported.
 _UNIT_SCALE = {
     "nsecond": ("nsecond", 1.0), "usecond": ("nsecond", 1e3), "msecond": ("nsecond", 1e6),
-    "second": ("nsecond", 1e9), "byte": ("byte", 1.0), "Kbyte": ("byte", 1e3), "Mbyte": ("byte", 1e6),
+    "second": ("nsecond", 1e9), "ns": ("ns", 1.0), "us": ("ns", 1e3), "ms": ("ns", 1e6), "s": ("ns", 1e9), "byte": ("byte", 1.0), "Kbyte": ("byte", 1e3), "Mbyte": ("byte", 1e6),
     "Gbyte": ("byte", 1e9), "Tbyte": ("byte", 1e12), "KB": ("byte", 1e3), "MB": ("byte", 1e6),
     "GB": ("byte", 1e9), "hz": ("hz", 1.0), "Khz": ("hz", 1e3), "Mhz": ("hz", 1e6), "Ghz": ("hz", 1e9),
     "cycle/nsecond": ("cycle/nsecond", 1.0), "cycle/usecond": ("cycle/nsecond", 1e-3),
@@ -161,6 +162,10 @@ def run_ncu(
 def _read_text(path_or_text: str | Path) -> str:
     if isinstance(path_or_text, Path) or ("\n" not in str(path_or_text) and Path(str(path_or_text)).is_file()):
         raw = Path(path_or_text).read_bytes()
+        if raw.startswith(b"\x1f\x8b"):  # gzip (e.g. ncu_raw_chunk0.csv.gz)
+            import gzip
+
+            raw = gzip.decompress(raw)
         if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
             return raw.decode("utf-16")
         return raw.decode("utf-8-sig", errors="replace")
@@ -250,40 +255,53 @@ def parse_ncu_csv(path_or_text: str | Path) -> pd.DataFrame:
     elif rows and "ID" in header and rows[0][header.index("ID")] == "":
         units = {h: u for h, u in zip(header, rows[0], strict=True) if u}
         rows = rows[1:]
-    df = pd.DataFrame(rows, columns=header, dtype=object)
+    # Columns are built in a dict and joined once: inserting hundreds of metric columns one by
+    # one (a real raw page has ~300) fragments the frame and floods the log with warnings.
+    cols: dict[str, Any] = {h: [r[j] for r in rows] for j, h in enumerate(header)}
+    n = len(rows)
     out_units: dict[str, str] = {}
+    numeric: set[str] = set()
     for col in header:
         if "__" not in col:
             continue
-        vals = [_to_number(v) if isinstance(v, str) else None for v in df[col]]
-        nonempty = [v for v in df[col] if isinstance(v, str) and v.strip() not in ("", "n/a", "N/A")]
-        if nonempty and all(v is None for v in vals):
+        raw_vals = cols[col]
+        vals = [_to_number(v) for v in raw_vals]
+        if any(v.strip() not in ("", "n/a", "N/A") for v in raw_vals) and all(v is None for v in vals):
             continue  # a string-valued metric (e.g. a device attribute name): keep as text
         unit = units.get(col, "")
         base_unit, scale = _UNIT_SCALE.get(unit, (unit, 1.0))
-        df[col] = pd.Series([v * scale if v is not None else float("nan") for v in vals], index=df.index,
-                            dtype="float64")
+        cols[col] = [v * scale if v is not None else float("nan") for v in vals]
+        numeric.add(col)
         if base_unit:
             out_units[col] = base_unit
-    if "ID" in df:
-        df["id"] = pd.to_numeric(df["ID"], errors="coerce").astype("Int64")
-    if "Kernel Name" in df:
-        df["kernel_name"] = df["Kernel Name"].astype(str)
+    index = pd.RangeIndex(n)
+    frame: dict[str, Any] = {
+        col: pd.Series(cols[col], index=index, dtype="float64" if col in numeric else object, name=col)
+        for col in header
+    }
+    extra: dict[str, Any] = {}
+    if "ID" in frame:
+        extra["id"] = pd.to_numeric(frame["ID"], errors="coerce").astype("Int64")
+    if "Kernel Name" in frame:
+        extra["kernel_name"] = frame["Kernel Name"].astype(str)
     for src, prefix in (("Block Size", "block"), ("Grid Size", "grid")):
-        if src in df:
-            dims = [_dims(v) if isinstance(v, str) else None for v in df[src]]
+        if src in frame:
+            dims = [_dims(v) if isinstance(v, str) else None for v in cols[src]]
             for j, axis in enumerate("xyz"):
-                df[f"{prefix}_{axis}"] = pd.array([d[j] if d else None for d in dims], dtype="Int64")
-    if "block_x" in df:
-        df["threads_per_block"] = df["block_x"] * df["block_y"] * df["block_z"]
-    if "grid_x" in df:
-        df["grid_blocks"] = df["grid_x"] * df["grid_y"] * df["grid_z"]
+                extra[f"{prefix}_{axis}"] = pd.array([d[j] if d else None for d in dims], dtype="Int64")
+    if "block_x" in extra:
+        extra["threads_per_block"] = extra["block_x"] * extra["block_y"] * extra["block_z"]
+    if "grid_x" in extra:
+        extra["grid_blocks"] = extra["grid_x"] * extra["grid_y"] * extra["grid_z"]
     nvtx_cols = [c for c in header if "push/pop_range" in c.lower() or c.lower().startswith("nvtx")]
     nvtx_cols += [c for c in header if "start/stop_range" in c.lower() and c not in nvtx_cols]
     if nvtx_cols:
-        stacks = [_nvtx_stack(v if isinstance(v, str) else "") for v in df[nvtx_cols[0]]]
-        df["nvtx_range"] = [s[-1] if s else None for s in stacks]
-        df["nvtx_stack"] = [" / ".join(s) if s else None for s in stacks]
+        stacks = [_nvtx_stack(v if isinstance(v, str) else "") for v in cols[nvtx_cols[0]]]
+        extra["nvtx_range"] = pd.Series([s[-1] if s else None for s in stacks], dtype=object)
+        extra["nvtx_stack"] = pd.Series([" / ".join(s) if s else None for s in stacks], dtype=object)
+    for k, v in extra.items():
+        frame.setdefault(k, pd.Series(v, index=index, name=k))
+    df = pd.concat(list(frame.values()), axis=1) if frame else pd.DataFrame(index=index)
     df.attrs["units"] = out_units
     df.attrs["nvtx_columns"] = nvtx_cols
     return df

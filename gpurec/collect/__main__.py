@@ -24,6 +24,7 @@ from gpurec.collect.plan import (
 from gpurec.collect.runner import CollectConfig, launch_devices, run_worker
 from gpurec.collect.measure import WindowConfig
 from gpurec.dataset.store import atomic_write_json
+from gpurec.device.clocks import parse_clock_list
 
 
 def _csv(text: str) -> list[str]:
@@ -48,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", default=None, help="i/n (also honours RANK/WORLD_SIZE and Slurm arrays)")
     p.add_argument("--devices", default=None, help="one worker per local GPU, e.g. 0,1,2,3")
     p.add_argument("--plan-only", action="store_true")
+    p.add_argument("--sm-clocks", default=None, help="lock the SM clock at each value in turn (owned GPUs only)")
+    p.add_argument("--i-own-this-gpu", action="store_true", help="confirm clock locking is allowed here")
     p.add_argument("--device", default="cuda:0", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -87,7 +90,24 @@ def main(argv: list[str] | None = None) -> int:
         max_instances=args.max_instances, time_budget_s=args.time_budget_s, repeat_every=args.repeat_every,
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    run_worker(mine, args.out, cfg, shard_name=f"{index}of{count}", device=args.device)
+    clocks = parse_clock_list(args.sm_clocks)
+    if not clocks:
+        run_worker(mine, args.out, cfg, shard_name=f"{index}of{count}", device=args.device)
+        return 0
+    return clock_sweep(mine, args, cfg, clocks, f"{index}of{count}")
+
+
+def clock_sweep(items: list[WorkItem], args: argparse.Namespace, cfg: CollectConfig, clocks: list[int],
+                shard_name: str) -> int:
+    """Measure ``items`` once per locked SM clock, into ``out/sm<MHz>/``; always restores."""
+    from gpurec.collect.runner import _match_nvml_index
+    from gpurec.device import open_gpu
+    from gpurec.device.clocks import locked_sm_clock
+
+    gpu = open_gpu(_match_nvml_index(0) if args.device.startswith("cuda") else 0)
+    for mhz in clocks:
+        with locked_sm_clock(gpu, mhz, owned=args.i_own_this_gpu):
+            run_worker(items, args.out / f"sm{mhz}", cfg, shard_name=shard_name, device=args.device)
     return 0
 
 

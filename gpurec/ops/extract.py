@@ -274,7 +274,12 @@ def extract_operations(
         name, meta = resolve_model(model)
         meta.train(training)
         gm = _trace(meta)
-    ops = _interpret(gm, shape, dtype, training, keep_sources)
+    try:
+        ops = _interpret(gm, shape, dtype, training, keep_sources)
+    except ExtractionError:
+        raise
+    except Exception as exc:  # shape errors surface here: the model cannot take this input
+        raise ExtractionError(f"{name} cannot take input shape {list(shape)}: {str(exc).splitlines()[0][:200]}") from exc
     for op in ops:
         op.model = name
     return ops

@@ -118,7 +118,8 @@ class Operation:
 
     def to_record(self) -> dict[str, Any]:
         """Flat dict for tables and JSON (settings serialised)."""
-        rec = {
+        rec: dict[str, Any] = dict(self.features())
+        rec.update({
             "op_signature": self.signature,
             "op_kind": self.kind,
             "category": self.category,
@@ -129,9 +130,8 @@ class Operation:
             "output_shapes": json.dumps(self.output_shapes),
             "input_requires_grad": json.dumps(self.input_requires_grad),
             "dtype": self.dtype,
-            "settings": json.dumps(self.settings, sort_keys=True),
-        }
-        rec.update(self.features())
+            "settings": json.dumps(self.settings, sort_keys=True, default=str),
+        })
         return rec
 
     def materialize(self, device: Any = "cpu", instances: int = 1, seed: int = 0) -> Any:

@@ -1,0 +1,144 @@
+"""Check predictions on the GPU at hand: measure a whole network with the collection method
+and compare it with (a) the prediction and (b) the sum of its measured operations."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_LOG = Path("datasets") / "validation" / "validation_log.jsonl"
+
+
+def sum_of_measured_ops(model: str, input_shape: tuple[int, ...], mode: str, gpu: str,
+                        root: Path | None = None) -> dict[str, Any]:
+    """Sum of per-operation measurements (with multiplicity) for one network on one GPU."""
+    from gpurec.dataset import load_dataset
+    from gpurec.ops import extract_operations
+
+    ops = extract_operations(model, input_shape, mode=mode, keep_sources=False)
+    try:
+        df = load_dataset(gpu=gpu, root=root)
+    except FileNotFoundError:
+        return {"ops": len(ops), "covered_ops": 0, "coverage": 0.0}
+    df = df[df["mode"] == mode].drop_duplicates("op_signature").set_index("op_signature")
+    t = e = 0.0
+    covered = 0
+    for op in ops:
+        if op.signature in df.index:
+            covered += 1
+            t += float(df.at[op.signature, "time_ms"])
+            e += float(df.at[op.signature, "energy_mj"])
+    out: dict[str, Any] = {"ops": len(ops), "covered_ops": covered, "coverage": covered / max(1, len(ops))}
+    if covered == len(ops):
+        out.update({"sum_time_ms": t, "sum_energy_mj": e})
+    return out
+
+
+def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_index: int = 0,
+                    min_window_s: float = 1.0) -> dict[str, Any]:
+    """Whole-network time, energy, power and clocks on local GPU ``gpu_index``."""
+    import torch
+
+    from gpurec.collect.measure import WindowConfig, measure_idle, measure_step
+    from gpurec.collect.runner import NetworkUnit, _match_nvml_index, host_cpu
+    from gpurec.device import NVMLUnavailable, open_gpu
+    from gpurec.device.sampler import Sampler
+
+    if not torch.cuda.is_available():
+        raise NVMLUnavailable("No CUDA GPU is visible to torch: `gpurec validate` measures on the GPU at hand. "
+                              "Use `gpurec predict` or `gpurec recommend` on machines without one.")
+    torch.cuda.set_device(gpu_index)
+    device = torch.device("cuda", gpu_index)
+    gpu = open_gpu(_match_nvml_index(gpu_index))
+    unit = NetworkUnit(model, input_shape, mode, device)
+    with Sampler(gpu) as sampler:
+        idle = measure_idle(sampler, 1.0)
+        row = measure_step(unit.step, sampler, WindowConfig(min_window_s=min_window_s), idle["idle_power_w"],
+                           inference=mode == "inference")
+    info = gpu.info()
+    row.update({"gpu": info.name, "driver": info.driver_version, "torch": torch.__version__,
+                "host_cpu": host_cpu()})
+    return row
+
+
+def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "inference", gpu_index: int = 0,
+             log_path: Path | str | None = DEFAULT_LOG, predictor: Any = None,
+             measurement: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Measure, predict, compare; append the record to ``log_path`` (JSON lines)."""
+    from gpurec.dataset.store import JsonlShard
+
+    shape = (int(batch_size), 3, int(resolution), int(resolution))
+    meas = measurement if measurement is not None else measure_network(model, shape, mode, gpu_index)
+    if predictor is None:
+        from gpurec.model import load_predictor
+
+        predictor = load_predictor()
+    est = predictor.predict(model, input_shape=shape, mode=mode, gpu=meas["gpu"])
+    record: dict[str, Any] = {
+        "t_unix": time.time(), "model": model, "batch_size": batch_size, "resolution": resolution, "mode": mode,
+        "gpu": meas["gpu"], "measured_time_ms": meas["time_ms"], "measured_energy_mj": meas["energy_mj"],
+        "measured_power_w": meas["power_w"], "sm_clock_mhz": meas.get("sm_clock_mhz"),
+        "predicted_time_ms": est.time_ms, "predicted_energy_mj": est.energy_mj, "predicted_power_w": est.power_w,
+        "gpu_measured_in_training": bool(getattr(est, "measured_gpu", False)),
+        "provenance": {k: meas.get(k) for k in ("driver", "torch", "host_cpu")},
+    }
+    record["time_error_pct"] = (est.time_ms / meas["time_ms"] - 1.0) * 100.0
+    record["energy_error_pct"] = (est.energy_mj / meas["energy_mj"] - 1.0) * 100.0
+    sums = sum_of_measured_ops(model, shape, mode, meas["gpu"])
+    record.update({f"opsum_{k}": v for k, v in sums.items()})
+    if "sum_time_ms" in sums:
+        record["opsum_time_error_pct"] = (sums["sum_time_ms"] / meas["time_ms"] - 1.0) * 100.0
+        record["opsum_energy_error_pct"] = (sums["sum_energy_mj"] / meas["energy_mj"] - 1.0) * 100.0
+    if log_path is not None:
+        with JsonlShard(log_path) as log:
+            log.append(record)
+    return record
+
+
+def render(record: dict[str, Any]) -> str:
+    lines = [f"{record['model']} batch {record['batch_size']} {record['mode']} on {record['gpu']}",
+             f"  measured : {record['measured_time_ms']:.3f} ms  {record['measured_energy_mj']:.1f} mJ  "
+             f"{record['measured_power_w']:.0f} W",
+             f"  predicted: {record['predicted_time_ms']:.3f} ms  {record['predicted_energy_mj']:.1f} mJ  "
+             f"({record['time_error_pct']:+.1f}% time, {record['energy_error_pct']:+.1f}% energy)"]
+    if "opsum_time_error_pct" in record:
+        lines.append(f"  sum of measured operations: {record['opsum_sum_time_ms']:.3f} ms "
+                     f"({record['opsum_time_error_pct']:+.1f}%), {record['opsum_sum_energy_mj']:.1f} mJ "
+                     f"({record['opsum_energy_error_pct']:+.1f}%)")
+    else:
+        lines.append(f"  sum of measured operations: {record.get('opsum_covered_ops', 0)}/{record.get('opsum_ops', 0)} "
+                     "operations measured on this GPU, not comparable")
+    return "\n".join(lines)
+
+
+def load_log(path: Path | str = DEFAULT_LOG) -> list[dict[str, Any]]:
+    from gpurec.dataset.store import read_jsonl
+
+    return list(read_jsonl(path))
+
+
+def plot_log(path: Path | str, out_png: Path | str) -> None:
+    """Predicted against measured time and energy for every record in the log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = load_log(path)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    for ax, (m, p, unit) in zip(axes, [("measured_time_ms", "predicted_time_ms", "ms"),
+                                       ("measured_energy_mj", "predicted_energy_mj", "mJ")], strict=True):
+        xs = [r[m] for r in recs]
+        ys = [r[p] for r in recs]
+        ax.loglog(xs, ys, "o", ms=4)
+        lo, hi = min(xs + ys), max(xs + ys)
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.set_xlabel(f"measured ({unit})")
+        ax.set_ylabel(f"predicted ({unit})")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=90)
+    plt.close(fig)
+
+
+__all__ = ["DEFAULT_LOG", "load_log", "measure_network", "plot_log", "render", "sum_of_measured_ops", "validate"]

@@ -1,0 +1,388 @@
+"""The ``gpurec`` command: a thin shell over library functions that return data.
+
+Each subcommand parses, calls one library function and renders a table (people) or JSON
+(programs).  Heavy imports happen inside the commands, so ``gpurec --help`` is instant.
+Bad input exits with code 2 and one line; a missing GPU is a message, not a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Which GPU runs your PyTorch network fastest or with the least energy.")
+dataset_app = typer.Typer(no_args_is_help=True, help="Build and merge measured datasets.")
+app.add_typer(dataset_app, name="dataset")
+
+FORMATS = ("table", "json", "csv")
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.echo(f"gpurec: error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def _guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a library call, turning expected errors into one-line messages."""
+    from gpurec.device.errors import NVMLError
+
+    try:
+        return fn(*args, **kwargs)
+    except NVMLError as exc:
+        _fail(str(exc), 1)
+    except (UsageError, ValueError, LookupError) as exc:
+        _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 2)
+    except FileNotFoundError as exc:
+        _fail(str(exc), 1)
+
+
+def _check_format(fmt: str, allowed: tuple[str, ...] = FORMATS) -> None:
+    if fmt not in allowed:
+        raise typer.BadParameter(f"'{fmt}' is not one of {', '.join(allowed)}", param_hint="--format")
+
+
+def _check_shape(batch_size: int, resolution: int) -> tuple[int, int, int, int]:
+    if batch_size < 1:
+        _fail(f"--batch-size must be at least 1, got {batch_size}")
+    if resolution < 1:
+        _fail(f"--resolution must be positive, got {resolution}")
+    return (batch_size, 3, resolution, resolution)
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _print_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2, default=lambda o: _clean(o) if isinstance(o, float) else str(o)))
+
+
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]], title: str | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, show_lines=False)
+    for _, header in columns:
+        t.add_column(header, overflow="fold")
+    for r in rows:
+        t.add_row(*[_fmt(r.get(k)) for k, _ in columns])
+    Console(width=200).print(t)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "-"
+        if abs(v) >= 1e6:
+            return f"{v:.3g}"
+        return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.1f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return "" if v is None else str(v)
+
+
+# ---------------------------------------------------------------------------------------------
+@app.command()
+def ops(
+    model: str = typer.Option(None, "--model", "-m", help="torchvision classification model name"),
+    batch_size: int = typer.Option(32, "--batch-size", "-b"),
+    resolution: int = typer.Option(224, "--resolution", "-r"),
+    mode: str = typer.Option("inference", "--mode", help="inference or training"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv"),
+    list_models: bool = typer.Option(False, "--list-models", help="list the torchvision models and exit"),
+) -> None:
+    """List the operations a network executes, with their analytic features and totals."""
+    _check_format(fmt)
+    from gpurec.ops import classification_models, extract_operations, network_totals
+
+    if list_models:
+        typer.echo("\n".join(classification_models()))
+        return
+    if not model:
+        _fail("--model is required (see --list-models)")
+    shape = _check_shape(batch_size, resolution)
+    if mode not in ("inference", "training"):
+        _fail(f"--mode must be inference or training, not '{mode}'")
+    op_list = _guard(extract_operations, model, shape, mode=mode, keep_sources=False)
+    totals = network_totals(op_list)
+    records = [op.to_record() for op in op_list]
+    if fmt == "json":
+        _print_json({"model": model, "input_shape": list(shape), "mode": mode,
+                     "operations": [{"kind": r["op_kind"], "signature": r["op_signature"], "name": r["name"],
+                                     "flops": int(r["flops"]), "flops_elementwise": int(r["flops_elementwise"]),
+                                     "flops_bwd": int(r["flops_bwd"]), "bytes": int(r["bytes_total"]),
+                                     "bytes_read": int(r["bytes_read"]), "bytes_written": int(r["bytes_written"]),
+                                     "arithmetic_intensity": r["arithmetic_intensity"], "params": int(r["params"]),
+                                     "output_elements": int(r["output_elements"]),
+                                     "input_shapes": json.loads(r["input_shapes"]),
+                                     "output_shapes": json.loads(r["output_shapes"]),
+                                     "input_requires_grad": json.loads(r["input_requires_grad"]),
+                                     "settings": json.loads(r["settings"])} for r in records],
+                     "totals": totals})
+    elif fmt == "csv":
+        import pandas as pd
+
+        typer.echo(pd.DataFrame(records).to_csv(index=False), nl=False)
+    else:
+        _table(records, [("name", "layer"), ("op_kind", "kind"), ("input_shapes", "input"), ("flops", "FLOPs"),
+                         ("bytes_total", "bytes"), ("arithmetic_intensity", "FLOP/B"), ("params", "params"),
+                         ("op_signature", "signature")],
+               title=f"{model} {list(shape)} {mode}: {totals['operations']} operations, "
+                     f"{totals['distinct_operations']} distinct, {totals['flops'] / 1e9:.2f} GFLOPs forward")
+
+
+@app.command()
+def gpus(fmt: str = typer.Option("table", "--format", "-f", help="table or json")) -> None:
+    """List the GPU catalogue (datasheet figures with their sources)."""
+    _check_format(fmt, ("table", "json"))
+    from dataclasses import asdict
+
+    from gpurec.catalog import load_catalog
+
+    specs = load_catalog()
+    if fmt == "json":
+        _print_json([asdict(s) for s in specs])
+        return
+    _table([{**asdict(s), "alias": s.short_name} for s in specs],
+           [("nvml_name", "NVML name"), ("alias", "alias"), ("architecture", "arch"), ("sm_count", "SMs"),
+            ("max_sm_clock_mhz", "max MHz"), ("fp32_tflops", "FP32 TF"), ("tf32_tflops", "TF32 TF"),
+            ("bf16_tflops", "BF16 TF"), ("memory_gb", "GB"), ("memory_bandwidth_gbs", "GB/s"),
+            ("l2_cache_mb", "L2 MB"), ("tdp_w", "TDP W")])
+
+
+@app.command(context_settings=PASSTHROUGH)
+def collect(ctx: typer.Context) -> None:
+    """Measure per-operation and whole-network time and energy on this machine's GPUs.
+
+    Options: --models --batch-sizes --resolutions --modes --out [--min-run-time S]
+    [--min-window S] [--shard i/n] [--devices 0,1] [--plan-only] [--what all|ops|networks]
+    [--sm-clocks MHz,... --i-own-this-gpu]; `gpurec collect --help` shows them all.
+    """
+    from gpurec.collect.__main__ import main as collect_main
+
+    raise typer.Exit(_guard(collect_main, list(ctx.args)) or 0)
+
+
+@app.command("measure-network", context_settings=PASSTHROUGH)
+def measure_network(ctx: typer.Context) -> None:
+    """Whole-network measurements (ground truth for validation): `collect --what networks`."""
+    from gpurec.collect.__main__ import main as collect_main
+
+    raise typer.Exit(_guard(collect_main, ["--what", "networks", *ctx.args]) or 0)
+
+
+@dataset_app.command("build")
+def dataset_build(root: Path = typer.Option(Path("datasets"), "--root")) -> None:
+    """Rebuild the Parquet tables of every GPU directory from its raw shards."""
+    from gpurec.dataset.build import build_all
+
+    _print_json(_guard(build_all, root))
+
+
+@dataset_app.command("merge")
+def dataset_merge(shards: list[Path] = typer.Argument(..., help="shard directories or rows-*.jsonl files"),
+                  out: Path = typer.Option(..., "--out", help="GPU dataset directory, e.g. datasets/h100")) -> None:
+    """Copy shards into OUT/raw (keeping them as measured) and rebuild OUT's tables."""
+    from gpurec.dataset.merge import merge_shards
+
+    _print_json(_guard(merge_shards, shards, out))
+
+
+@app.command(context_settings=PASSTHROUGH)
+def calibrate(ctx: typer.Context) -> None:
+    """Memory-energy calibration with CUDA microbenchmarks (needs nvcc, ncu and a GPU)."""
+    from gpurec.calibrate.__main__ import main as calibrate_main
+
+    raise typer.Exit(_guard(calibrate_main, list(ctx.args)) or 0)
+
+
+@app.command()
+def profile(
+    model: str = typer.Option(..., "--model", "-m"),
+    batch_size: int = typer.Option(64, "--batch-size", "-b"),
+    resolution: int = typer.Option(224, "--resolution", "-r"),
+    mode: str = typer.Option("inference", "--mode"),
+    out: Path = typer.Option(None, "--out", help="directory for trace, counters, JSON and plots"),
+    gpu_index: int = typer.Option(0, "--gpu-index"),
+    no_ncu: bool = typer.Option(False, "--no-ncu", help="framework trace only (no hardware counters)"),
+    fmt: str = typer.Option("table", "--format", "-f"),
+) -> None:
+    """Multi-level GPU utilization of one iteration (framework trace + Nsight Compute)."""
+    _check_format(fmt, ("table", "json"))
+    _check_shape(batch_size, resolution)
+    from gpurec.profile import render_table
+    from gpurec.profile import profile_network as run_profile
+
+    result = _guard(run_profile, model, batch_size, resolution, mode, out, gpu_index, not no_ncu)
+    if fmt == "json":
+        _print_json(result.to_json())
+    else:
+        typer.echo(render_table(result))
+
+
+@app.command()
+def train(
+    data: Path = typer.Option(Path("datasets"), "--data"),
+    out: Path = typer.Option(Path("models"), "--out"),
+    trials: int = typer.Option(20, "--trials", help="Optuna trials per target"),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Train the per-operation predictors and the whole-network corrections."""
+    from gpurec.model import train as run_train
+
+    report = _guard(run_train, data, out, tune_trials=trials, seed=seed)
+    _print_json(report)
+
+
+def _predictor() -> Any:
+    from gpurec.model import load_predictor
+
+    return _guard(load_predictor)
+
+
+@app.command()
+def predict(
+    model: str = typer.Option(..., "--model", "-m"),
+    batch_size: int = typer.Option(32, "--batch-size", "-b"),
+    resolution: int = typer.Option(224, "--resolution", "-r"),
+    mode: str = typer.Option("inference", "--mode"),
+    gpu: str = typer.Option("H100", "--gpu"),
+    fmt: str = typer.Option("table", "--format", "-f"),
+) -> None:
+    """Predict a network's time, energy and power on one GPU."""
+    _check_format(fmt, ("table", "json"))
+    shape = _check_shape(batch_size, resolution)
+    from gpurec.catalog import resolve_gpu
+
+    spec = _guard(resolve_gpu, gpu)
+    p = _predictor()
+    est = _guard(p.predict, model, input_shape=shape, mode=mode, gpu=spec.nvml_name)
+    per_op = est.per_op
+    if fmt == "json":
+        _print_json({"model": model, "input_shape": list(shape), "mode": mode, "gpu": spec.nvml_name,
+                     "measured_gpu": bool(getattr(est, "measured_gpu", False)), "time_ms": est.time_ms,
+                     "energy_mj": est.energy_mj, "power_w": est.power_w,
+                     "per_op": per_op.to_dict("records") if per_op is not None else [],
+                     "uncovered": _records(getattr(est, "uncovered", None))})
+        return
+    typer.echo(f"{model} {list(shape)} {mode} on {spec.nvml_name} "
+               f"({'measured' if getattr(est, 'measured_gpu', False) else 'extrapolated'} GPU)")
+    typer.echo(f"  time {est.time_ms:.3f} ms   energy {est.energy_mj:.1f} mJ   power {est.power_w:.0f} W")
+    _report_uncovered(getattr(est, "uncovered", None))
+
+
+def _records(df: Any) -> list[dict[str, Any]]:
+    return df.to_dict("records") if df is not None and hasattr(df, "to_dict") else []
+
+
+def _report_uncovered(unc: Any) -> None:
+    if unc is not None and len(unc):
+        share = float(unc["flops_share"].sum()) if "flops_share" in unc else float("nan")
+        typer.echo(f"  not covered by the models: {len(unc)} operations ({share * 100:.1f}% of FLOPs): "
+                   + ", ".join(sorted(set(map(str, unc["op_kind"]))))[:300] if "op_kind" in unc else "")
+
+
+@app.command()
+def recommend(
+    model: str = typer.Option(..., "--model", "-m"),
+    batch_size: int = typer.Option(32, "--batch-size", "-b"),
+    resolution: int = typer.Option(224, "--resolution", "-r"),
+    mode: str = typer.Option("inference", "--mode"),
+    objective: str = typer.Option("energy", "--objective", help="time, energy or edp"),
+    gpus_opt: str = typer.Option(None, "--gpus", help="comma-separated GPUs (default: all the predictor covers)"),
+    host_cpu: str = typer.Option(None, "--host-cpu", help="your host CPU model (default: this machine's)"),
+    fmt: str = typer.Option("table", "--format", "-f"),
+) -> None:
+    """Rank GPUs for a network by time, energy or energy-delay product."""
+    _check_format(fmt, ("table", "json"))
+    shape = _check_shape(batch_size, resolution)
+    from gpurec.catalog import resolve_gpu
+    from gpurec.recommend import check_objective, to_json
+    from gpurec.recommend import recommend as run_recommend
+
+    _guard(check_objective, objective)
+    gpu_list = [g.strip() for g in gpus_opt.split(",") if g.strip()] if gpus_opt else None
+    for g in gpu_list or []:
+        _guard(resolve_gpu, g)
+    if mode not in ("inference", "training"):
+        _fail(f"--mode must be inference or training, not '{mode}'")
+    from gpurec.ops.extract import _check_name
+
+    _guard(_check_name, model)
+    df = _guard(run_recommend, model, shape, mode=mode, objective=objective, gpus=gpu_list,
+                predictor=_predictor(), host_cpu=host_cpu)
+    if fmt == "json":
+        _print_json(to_json(df, model))
+        return
+    rows = df.to_dict("records")
+    for r in rows:
+        r["kind"] = "measured" if r["measured"] else "extrapolated"
+        r["band"] = f"{_fmt(r['low'])} – {_fmt(r['high'])}"
+        r["vs_best"] = "best" if r["rank"] == 1 else f"+{r['vs_best_pct']:.1f}%"
+    unit = {"time": "ms", "energy": "mJ", "edp": "mJ·ms"}[objective]
+    _table(rows, [("rank", "#"), ("short_name", "GPU"), ("kind", "data"), ("time_ms", "time ms"),
+                  ("energy_mj", "energy mJ"), ("power_w", "power W"), ("vs_best", f"vs best ({objective})"),
+                  ("band", f"band ({unit})")],
+           title=f"{model} {list(shape)} {mode}, ranked by {objective}")
+    diffs = df.attrs.get("differences") or []
+    if diffs:
+        typer.echo(f"Operations behind most of the difference between {rows[0]['short_name']} "
+                   f"and {rows[1]['short_name']}:")
+        for d in diffs:
+            key = next(k for k in d if k.startswith("delta_"))
+            typer.echo(f"  {d['op_kind']:<28} {d[key]:+.3f} {key.split('_')[-1]} "
+                       f"({d['share_of_difference'] * 100:.0f}% of the difference)")
+    _report_uncovered(df.attrs.get("uncovered"))
+
+
+@app.command()
+def validate(
+    model: str = typer.Option(..., "--model", "-m"),
+    batch_size: int = typer.Option(32, "--batch-size", "-b"),
+    resolution: int = typer.Option(224, "--resolution", "-r"),
+    mode: str = typer.Option("inference", "--mode"),
+    gpu_index: int = typer.Option(0, "--gpu-index"),
+    log: Path = typer.Option(Path("datasets/validation/validation_log.jsonl"), "--log"),
+    fmt: str = typer.Option("table", "--format", "-f"),
+) -> None:
+    """Measure a whole network on this GPU and compare with the prediction and the op sum."""
+    _check_format(fmt, ("table", "json"))
+    _check_shape(batch_size, resolution)
+    from gpurec.ops.extract import _check_name
+    from gpurec.validate import render
+    from gpurec.validate import validate as run_validate
+
+    _guard(_check_name, model)
+    record = _guard(run_validate, model, batch_size, resolution, mode, gpu_index, log)
+    if fmt == "json":
+        _print_json(record)
+    else:
+        typer.echo(render(record))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

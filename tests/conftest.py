@@ -1,0 +1,30 @@
+"""Shared test setup: import paths and a fake NVML backend (tests/fakes.py)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+for _p in (str(ROOT), str(TESTS)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from fakes import FakeBoard, FakeNVML  # noqa: E402
+
+
+@pytest.fixture
+def nvml_fake() -> Iterator[FakeNVML]:
+    """gpurec.device talks to a FakeNVML (one H100-like board) for the test, then to pynvml again."""
+    from gpurec.device import nvml
+
+    fake = FakeNVML([FakeBoard()])
+    nvml.set_backend(fake)
+    try:
+        yield fake
+    finally:
+        nvml.set_backend(None)
