@@ -225,8 +225,8 @@ def profile(
     """Multi-level GPU utilization of one iteration (framework trace + Nsight Compute)."""
     _check_format(fmt, ("table", "json"))
     _check_shape(batch_size, resolution)
-    from gpurec.profile import render_table
     from gpurec.profile import profile_network as run_profile
+    from gpurec.profile import render_table
 
     result = _guard(run_profile, model, batch_size, resolution, mode, out, gpu_index, not no_ncu)
     if fmt == "json":

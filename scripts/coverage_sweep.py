@@ -59,14 +59,24 @@ def sweep_one(name: str, batch: int = 1) -> list[dict[str, Any]]:
     build_s = time.perf_counter() - t0
     rows = []
     for mode in ("inference", "training"):
-        row: dict[str, Any] = {"model": name, "resolution": res, "mode": mode, "build_s": build_s}
+        row: dict[str, Any] = {"model": name, "resolution": res, "mode": mode, "build_s": build_s, "batch": batch}
         if build_error:
             row["error"] = f"build: {build_error}"
             rows.append(row)
             continue
         try:
             t0 = time.perf_counter()
-            ops = extract_operations(name, shape, mode=mode, keep_sources=False)
+            try:
+                ops = extract_operations(name, shape, mode=mode, keep_sources=False)
+            except Exception as exc:
+                # BatchNorm cannot train on one value per channel (inception_v3's auxiliary
+                # classifier at batch 1 is 1x1): PyTorch itself refuses, so batch 2 is the minimum.
+                if mode != "training" or "more than 1 value per channel" not in str(exc):
+                    raise
+                row["batch"] = 2
+                shape = (2, 3, res, res)
+                t0 = time.perf_counter()
+                ops = extract_operations(name, shape, mode=mode, keep_sources=False)
             row["extract_s"] = time.perf_counter() - t0
             row["ops"] = len(ops)
             row["distinct"] = len({op.signature for op in ops})
@@ -138,6 +148,9 @@ def render(rows: list[dict[str, Any]], models: list[str], wall_s: float) -> str:
         any_r = inf or tr or {}
         errs = [f"{mode}: {r['error']}" for mode, r in rs.items() if "error" in r]
         status = "ok" if not errs and all(within(r) for r in rs.values()) else ("; ".join(errs) or "off")
+        bumped = [mode for mode, r in rs.items() if r.get("batch", 1) != 1]
+        if bumped:
+            status += f" ({', '.join(bumped)} at batch 2: BatchNorm cannot train on 1 value per channel at batch 1)"
         status = status.replace("|", "\\|")
         lines.append("| " + " | ".join([m, str(any_r.get("resolution", "-")), f"{any_r.get('build_s', 0.0):.2f}",
                                         *cells(inf), *cells(tr), status]) + " |")

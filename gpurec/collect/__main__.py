@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from gpurec.collect.measure import WindowConfig
 from gpurec.collect.plan import (
     DATASET_ARCHS,
     DATASET_BATCH_SIZES,
@@ -22,7 +23,6 @@ from gpurec.collect.plan import (
     shard_items,
 )
 from gpurec.collect.runner import CollectConfig, launch_devices, run_worker
-from gpurec.collect.measure import WindowConfig
 from gpurec.dataset.store import atomic_write_json
 from gpurec.device.clocks import parse_clock_list
 

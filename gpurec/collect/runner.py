@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpurec.collect.measure import WindowConfig, measure_idle, measure_step, tick_period_s
-from gpurec.collect.plan import ModelInputSet, WorkItem, shard_items
+from gpurec.collect.plan import ModelInputSet, WorkItem
 from gpurec.dataset.store import JsonlShard, atomic_write_json, read_jsonl
 
 L2_BYTES_DEFAULT = 50 * 2**20

@@ -415,6 +415,11 @@ def train(data_root: Path | str | None = None, out_dir: Path | str = "models", t
     """
     cfg = replace(config or TrainConfig(), tune_trials=tune_trials, seed=seed, **overrides)
     t_start = time.perf_counter()
+    outer_log = log
+
+    def log(msg: str) -> None:  # noqa: F811 - the same logger, with elapsed seconds
+        outer_log(f"[{time.perf_counter() - t_start:6.1f} s] {msg}")
+
     p = _prepare(data_root, cfg, log)
     if len(p.ops) < 4:
         raise ValueError(f"only {len(p.ops)} usable operation rows: too few to train")

@@ -351,28 +351,11 @@ def _interpret(gm: torch.fx.GraphModule, shape: tuple[int, ...], dtype: torch.dt
                 kind = _function_kind(node)
                 settings = {}
             # Split the arguments into activation inputs, parameters and constants.
-            act_nodes: list[str] = []
-            act_values: list[torch.Tensor] = []
-
-            def template(a: Any) -> Any:
-                nonlocal has_params
-                if isinstance(a, torch.fx.Node):
-                    value = env[a.name]
-                    if a.op == "get_attr" and _is_tensor(value):
-                        if isinstance(value, nn.Parameter) and value.requires_grad:
-                            has_params = True
-                        return ParamRef(tuple(_shape(value)), str(value.dtype).replace("torch.", ""),
-                                        bool(training and isinstance(value, nn.Parameter)))
-                    if _is_tensor(value):
-                        if a.name not in act_nodes:
-                            act_nodes.append(a.name)
-                            act_values.append(value)
-                        return ActRef(act_nodes.index(a.name))
-                    return value
-                return a
-
-            arg_template = tree_map(template, node.args)
-            kwarg_template = tree_map(template, dict(node.kwargs))
+            split = _ArgSplitter(env, training)
+            arg_template = tree_map(split, node.args)
+            kwarg_template = tree_map(split, dict(node.kwargs))
+            act_nodes, act_values = split.act_nodes, split.act_values
+            has_params = has_params or split.has_params
             out_tensors = [t for t in tree_flatten(out)[0] if _is_tensor(t)]
             if not out_tensors:
                 grad[node.name] = in_grad
@@ -417,6 +400,33 @@ def _interpret(gm: torch.fx.GraphModule, shape: tuple[int, ...], dtype: torch.dt
                     op.source = (node.op.replace("call_", ""), node.target, arg_template, kwarg_template)
             ops.append(op)
     return ops
+
+
+class _ArgSplitter:
+    """Maps an fx argument to an activation reference, a parameter reference or a constant."""
+
+    def __init__(self, env: dict[str, Any], training: bool):
+        self.env = env
+        self.training = training
+        self.act_nodes: list[str] = []
+        self.act_values: list[torch.Tensor] = []
+        self.has_params = False
+
+    def __call__(self, a: Any) -> Any:
+        if not isinstance(a, torch.fx.Node):
+            return a
+        value = self.env[a.name]
+        if a.op == "get_attr" and _is_tensor(value):
+            if isinstance(value, nn.Parameter) and value.requires_grad:
+                self.has_params = True
+            return ParamRef(tuple(_shape(value)), str(value.dtype).replace("torch.", ""),
+                            bool(self.training and isinstance(value, nn.Parameter)))
+        if _is_tensor(value):
+            if a.name not in self.act_nodes:
+                self.act_nodes.append(a.name)
+                self.act_values.append(value)
+            return ActRef(self.act_nodes.index(a.name))
+        return value
 
 
 def _strip_acts(template: Any) -> Any:
