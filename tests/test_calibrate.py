@@ -27,6 +27,8 @@ from gpurec.device import nvml
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "calibrate" / "ncu_raw_handwritten.csv"
+REAL_FIXTURE = ROOT / "tests" / "fixtures" / "calibrate" / "ncu_raw_real.csv"
+REAL_COUNTS = ROOT / "tests" / "fixtures" / "calibrate" / "ncu_raw_real_counts.json"
 A100_REF = {"shared": 82.1, "l1": 107.0, "l2": 368.0, "dram": 2090.0}
 H100 = DeviceProps("NVIDIA H100 80GB HBM3", 9, 0, 132, 50 * 2**20, 228 * 1024, 48 * 1024, 227 * 1024, 1024,
                    80 * 2**30)
@@ -81,6 +83,48 @@ def test_div_energy_from_load_and_load_div_fits() -> None:
     assert set(d["per_config"]) == {"l1-t1024", "l2-t1024"}
 
 
+def test_div_energy_normalisations() -> None:
+    fits = [_fit("l1", 1024, 181.3, 0.99), _fit("l1", 1024, 3766.1, 0.99, div=True)]
+    d = fit.div_energy(fits)
+    assert d["div_nj"] == pytest.approx((3766.1 - 181.3) * 8 / 1000)  # per warp div.u64
+    assert d["div_nj_per_sector"] == pytest.approx((3766.1 - 181.3) / 1000)
+    assert d["div_nj_per_thread"] == pytest.approx((3766.1 - 181.3) / 1000 / 4)
+
+
+def test_acceptance_criteria() -> None:
+    from gpurec.calibrate import summary
+
+    good = {"levels": {lv: {"pj_per_sector": v, "r2": 0.99} for lv, v in A100_REF.items()},
+            "ncu_checks": {"passed": True, "configs": [{"passed": True}] * 2}}
+    a = summary.acceptance(good)
+    assert a["passed"] and a["r2"]["min"] == 0.99 and a["ncu"]["n_passed"] == 2
+    bad = json.loads(json.dumps(good))
+    bad["levels"]["l1"]["pj_per_sector"] = 80.0  # below shared
+    bad["levels"]["dram"]["r2"] = 0.9
+    bad["ncu_checks"] = {"passed": False, "error": "not run"}
+    b = summary.acceptance(bad)
+    assert not b["passed"] and not b["order"]["passed"] and not b["r2"]["passed"] and not b["ncu"]["passed"]
+    assert b["r2"]["min"] == 0.9 and any("not run" in n for n in b["notes"])
+    none = summary.acceptance({"levels": {}, "ncu_checks": {}})
+    assert not none["passed"] and none["r2"]["min"] is None
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_acceptance_of_shipped_calibrations(gpu: str) -> None:
+    from gpurec.calibrate import summary
+
+    path = ROOT / "datasets" / gpu / "calibration" / "calibration.json"
+    if not path.exists():
+        pytest.skip(f"no {gpu} calibration")
+    cal = json.loads(path.read_text())
+    a = summary.acceptance(cal)
+    assert a["passed"], a
+    assert all(r["passed"] for r in summary.ncu_check_rows(cal))
+    d = summary.div_summary(cal)
+    assert d["div_nj_per_warp_inst"] == pytest.approx(cal["div_nj"])
+    assert summary.observed(cal)["sm_clock_mhz_median"] > 1000
+
+
 # -- ncu CSV -----------------------------------------------------------------------------------
 
 def test_parse_ncu_csv_raw_fixture() -> None:
@@ -98,6 +142,38 @@ def test_parse_ncu_csv_raw_fixture() -> None:
     assert df.loc[3, "nvtx_stack"] == "forward / aten::linear"
     assert df["nvtx_range"].isna()[0]
     assert set(ncu.metric_columns(df)) >= {"dram__sectors_read.sum", "smsp__cycles_elapsed.sum"}
+
+
+def test_parse_real_ncu_export_without_fragmentation_warnings() -> None:
+    """The real H100 safety-check export: 16 chase kernels x 365 columns, times in 'ns'."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # pandas PerformanceWarning (fragmented frame) included
+        df = ncu.parse_ncu_csv(REAL_FIXTURE)
+    assert len(df) == 16 and list(df["id"]) == list(range(16))
+    assert df["kernel_name"].str.startswith("void chase_kernel<").all()
+    assert list(df["threads_per_block"]) == [1024] * 8 + [4] * 4 + [32] * 4
+    assert (df["grid_blocks"] == 132).all()
+    for m in [*checks.CHECK_METRICS, *METRICS]:
+        assert df[m].dtype == np.float64 and df[m].notna().all(), m
+    assert df.attrs["units"]["gpu__time_duration.sum"] == "ns"
+    assert df.attrs["units"]["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] == "sector"
+    assert df["device__attribute_display_name"].iloc[0] == "NVIDIA H100 80GB HBM3"  # text metric kept as text
+    assert df["gpu__time_duration.sum"].iloc[1] > df["gpu__time_duration.sum"].iloc[0]  # full > warm-up only
+    assert len(ncu.metric_columns(df)) > 300
+
+
+def test_safety_checks_reproduce_on_real_export() -> None:
+    """Re-evaluate the 8 recorded ncu checks offline: ideal hit rates and exact counts."""
+    df = ncu.parse_ncu_csv(REAL_FIXTURE)
+    spec = json.loads(REAL_COUNTS.read_text())["configs"]
+    for i, e in enumerate(spec):
+        res = checks.evaluate_check(df, i, {"iters": e["iters"]}, {"config": e["config"], "full": e["full"]})
+        assert res["passed"], (i, res)
+        assert res["count_ratio"] == pytest.approx(e["recorded"]["count_ratio"])
+        assert res["hit_rate"] == pytest.approx(e["recorded"]["hit_rate"])
+        assert abs(res["count_ratio"] - 1) < 1e-3 and res["hit_rate"] >= 0.999
 
 
 def test_parse_ncu_csv_text_with_prof_lines_scaled_units_and_details_layout() -> None:
@@ -177,7 +253,8 @@ def test_memory_energy_features_numbers() -> None:
         g[["mem_energy_dram_mj", "mem_energy_l2_mj", "mem_energy_l1_mj", "mem_energy_shared_mj"]].sum())
     assert g["smsp_active_util"] == pytest.approx(150 / 160)
     assert g["smsp_issue_util"] == pytest.approx(48 / 160)
-    assert g["tc_active_util"] == pytest.approx(max(20 / 40, 25.6 / 160))
+    # both tensor counters count SMSP cycles: over SMSP elapsed (20 / 40 would read as 50%)
+    assert g["tc_active_util"] == pytest.approx(max(20 / 160, 25.6 / 160))
     assert g["tc_issue_util"] == pytest.approx(1.6 / 160)
     sh = feats.loc[2]  # dram read is n/a -> NaN, the rest still adds up
     assert math.isnan(sh["mem_energy_dram_mj"])

@@ -3,8 +3,8 @@ Table 4.1 arithmetic, missing ncu, and a CPU dry run of the worker.
 
 Fixtures: tests/fixtures/profile/synthetic/ (hand-made, exact numbers; regenerate with
 make_synthetic.py) and, when present, tests/fixtures/profile/real/ (from the device run;
-checked for invariants only). Each fixture folder holds trace.json[.gz], meta.json and
-optionally ncu.csv.
+checked for invariants, plus a few facts of that run). Each fixture folder holds
+trace.json[.gz], meta.json and optionally ncu.csv[.gz].
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ SYN = FIX / "synthetic"
 
 def _fixture_files(folder: Path) -> tuple[Path, Path | None, Path | None]:
     trace = next(p for p in (folder / "trace.json.gz", folder / "trace.json") if p.is_file())
-    ncu = folder / "ncu.csv"
+    ncu = next((p for p in (folder / "ncu.csv", folder / "ncu.csv.gz") if p.is_file()), None)
     meta = next((p for p in (folder / "meta.json", folder / "worker_trace.json") if p.is_file()), None)
-    return trace, (ncu if ncu.is_file() else None), meta
+    return trace, ncu, meta
 
 
 FIXTURE_DIRS = [SYN] + ([FIX / "real"] if (FIX / "real").is_dir() else [])
@@ -220,7 +220,10 @@ def test_iteration_metrics_table_4_1(syn):
     assert it["tc_issue"] == 41_000
     assert it["smsp_active_util"] == pytest.approx(2_620_000 / 3_124_000)
     assert it["smsp_issue_util"] == pytest.approx(788_000 / 3_124_000)
-    assert it["tc_active_util"] == pytest.approx(270_000 / 781_000)
+    # TC pipe counters are SMSP sums (real H200 reports exceed SM elapsed cycles): Table 4.1's
+    # SMSP elapsed cycles are the denominator, SMSP active cycles for the text's bound
+    assert it["tc_active_util"] == pytest.approx(270_000 / 3_124_000)
+    assert it["tc_active_over_smsp_active"] == pytest.approx(270_000 / 2_620_000)
     assert it["tc_issue_util"] == pytest.approx(41_000 / 3_124_000)
     assert it["tc_issue_over_smsp_issue"] == pytest.approx(41_000 / 788_000)
     assert it["smsp_active_util_of_iteration"] == pytest.approx(2_620_000 / 3_124_000 * 0.777)
@@ -233,13 +236,13 @@ def test_layer_type_and_kernel_metrics(syn):
     assert conv["n_kernels"] == 4
     assert conv["time_ms"] == pytest.approx(0.51)
     assert conv["smsp_active_util"] == pytest.approx(1_760_000 / 2_040_000)
-    assert conv["tc_active_util"] == pytest.approx(180_000 / 510_000)
+    assert conv["tc_active_util"] == pytest.approx(180_000 / 2_040_000)
     assert conv["tc_issue_util"] == pytest.approx(27_000 / 2_040_000)
     assert lt.loc["aten::ones_like", "counter_time_share"] == 0.0  # unmatched: time but no counters
     k = syn.kernels
     xmma = k[k["name"].str.startswith("sm90_xmma")].iloc[0]
     assert xmma["smsp_issue_util"] == pytest.approx(0.25)
-    assert xmma["tc_active_util"] == pytest.approx(0.6)
+    assert xmma["tc_active_util"] == pytest.approx(0.6 / 4)  # 0.6 of SM cycles = 0.15 of SMSP cycles
     assert xmma["tc_issue_util"] == pytest.approx(0.02)
     assert xmma["sm_clock_mhz"] == pytest.approx(2000 / 210_000 * 1e3)
     extra = k[k["source"] == "ncu"]
@@ -293,6 +296,31 @@ def test_fixture_invariants(folder):
             assert math.isnan(it[u]) or 0.0 <= it[u] <= 1.0 + 1e-6
         assert it["smsp_issue_util"] <= it["smsp_active_util"] + 1e-9
         assert it["smsp_active_util_of_iteration"] <= it["gpu_kernel_utilization"] + 1e-9
+
+
+def test_real_h200_fixture_parses_and_matches_every_kernel():
+    """resnet50 batch 8 inference on an H200 (ncu 2025.3.1, 305 columns incl. device attributes)."""
+    folder = FIX / "real"
+    if not folder.is_dir():
+        pytest.skip("no real fixture")
+    trace, ncu, meta = _fixture_files(folder)
+    df = parse_ncu_csv(ncu)
+    assert len(df) == 232 and list(df["ncu_id"]) == list(range(232))
+    for m in ("gpu__time_duration.sum", "smsp__cycles_elapsed.sum", "smsp__cycles_active.sum",
+              "smsp__inst_issued.sum", "sm__cycles_elapsed.sum", "sm__pipe_tensor_op_hmma_cycles_active.sum",
+              "smsp__inst_executed_pipe_tensor_op_hmma.sum"):
+        assert df[m].dtype == float and df[m].notna().all(), m
+    assert (df["smsp__cycles_elapsed.sum"] == 4 * df["sm__cycles_elapsed.sum"]).all()  # 4 SMSPs per SM
+    # the SM-prefixed tensor counter sums the 4 SMSPs: above SM elapsed cycles on some kernels
+    assert (df["sm__pipe_tensor_op_hmma_cycles_active.sum"] > df["sm__cycles_elapsed.sum"]).any()
+    assert (df["sm__pipe_tensor_op_hmma_cycles_active.sum"] <= df["smsp__cycles_elapsed.sum"]).all()
+    r = analyze(trace, ncu, meta)
+    assert r.meta["device_name"] == "NVIDIA H200" and r.meta["batch_size"] == 8
+    assert r.matching["n_matched"] == 232 and not r.matching["unmatched_trace"] and not r.matching["unmatched_ncu"]
+    assert (r.kernels["tc_active_util"].dropna() <= 1.0).all()
+    it = r.iteration
+    assert it["smsp_issue_util"] < 0.5 and it["tc_issue_util"] < 0.05  # the method's takeaways hold here
+    assert 1500 < it["sm_clock_mhz_weighted"] < 2000  # default clocks, not locked
 
 
 # ----------------------------------------------------------------------------- missing ncu / processes

@@ -330,6 +330,8 @@ def run_calibration(
         div = fit_mod.div_energy(fits)
         result["div_nj"] = div["div_nj"]
         extra["div_per_config_nj"] = div["per_config"]
+        extra["div_nj_per_sector"] = div["div_nj_per_sector"]
+        extra["div_nj_per_thread"] = div["div_nj_per_thread"]
     except KeyboardInterrupt:
         interrupted = True
         errors.append("interrupted")

@@ -11,8 +11,13 @@ calibration kernel, not to the operation):
 Utilisation (Table 4.1 of the seed; every ratio is over SMSP elapsed cycles):
   smsp_active_util = smsp__cycles_active / smsp__cycles_elapsed
   smsp_issue_util  = SMSP issue cycles / smsp__cycles_elapsed
-  tc_active_util   = tensor-pipe active cycles / elapsed cycles (same unit level)
+  tc_active_util   = tensor-pipe active cycles / smsp__cycles_elapsed (seed Table 4.1:
+                     "SMSP cycles with at least 1 active tensor core" over SMSP elapsed)
   tc_issue_util    = tensor instructions (HMMA + Hopper GMMA) / smsp__cycles_elapsed
+The SM-level tensor counter (sm__pipe_tensor_cycles_active) is the *sum over the SM's four
+sub-partitions*, not an SM-cycle count: on the H200 (ncu 2025.3) it equals
+smsp__pipe_tensor_op_hmma_cycles_active.sum for 97% of kernels and reaches 3x
+sm__cycles_elapsed on TF32 convolutions, so it is divided by SMSP elapsed cycles too.
 Missing counters give NaN for the features that need them, never an exception.
 Pure pandas; importable without a GPU.
 """
@@ -104,10 +109,55 @@ def memory_energy_features(counters: pd.DataFrame, calibration: dict[str, Any]) 
     out["smsp_active_util"] = _ratio(_col(c, SMSP_ACTIVE), elapsed)
     out["smsp_issue_util"] = _ratio(issue, elapsed)
     # Tensor pipe: the SM-level all-tensor counter covers Hopper's GMMA; the SMSP HMMA counter
-    # is the seed's (Ampere).  Take the larger, so neither generation is undercounted.
-    tc_sm = _ratio(_col(c, SM_TENSOR_ACTIVE), _col(c, SM_ELAPSED))
+    # is the seed's (Ampere).  Both count SMSP cycles (see the module docstring), so both are
+    # over SMSP elapsed cycles; take the larger, so neither generation is undercounted.
+    tc_sm = _ratio(_col(c, SM_TENSOR_ACTIVE), elapsed)
     tc_smsp = _ratio(_col(c, SMSP_HMMA_ACTIVE), elapsed)
     out["tc_active_util"] = pd.concat([tc_sm, tc_smsp], axis=1).max(axis=1, skipna=True)
     tc_inst = _col(c, SMSP_HMMA_INST).add(_col(c, SMSP_GMMA_INST), fill_value=0.0)
     out["tc_issue_util"] = _ratio(tc_inst, elapsed)
+    return out
+
+
+# -- per-operation table (scripts/counters_features.py) -------------------------------------------
+
+# Per-kernel occupancy attributes that gpurec.collect.counters.segment() summed along with the
+# counters before it kept only ".sum" columns (datasets/h200/counters/counters.jsonl has them);
+# a sum over kernels means nothing, so they are dropped.
+NON_ADDITIVE = ("sm__maximum_warps_avg_per_active_cycle", "sm__maximum_warps_per_active_cycle_pct",
+                "smsp__maximum_warps_avg_per_active_cycle")
+OPERATION_COLUMNS = ("op_kind", "set_key", "instances", "time_ms", "energy_mj", "dynamic_energy_mj",
+                     "power_w", "idle_power_w", "sm_clock_mhz")
+
+
+def op_feature_table(counters: pd.DataFrame, calibration: dict[str, Any],
+                     operations: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per profiled (op_signature, mode): summed counters, FEATURE_COLUMNS and shares.
+
+    ``counters`` are the rows of counters.jsonl (one per operation and mode, counters summed
+    over the step's kernels); ``operations`` the measured per-operation table (time_ms,
+    dynamic_energy_mj, ... per call), joined on (op_signature, mode).  Added columns:
+    ``mem_share_of_dynamic`` = memory-energy lower bound / measured dynamic energy per call,
+    ``mem_share_<level>`` = that level's part of the lower bound, ``ncu_time_ms`` (summed kernel
+    duration under ncu) and ``ncu_time_ratio`` = ncu_time_ms / measured time_ms.
+    """
+    import pandas as pd
+
+    c = counters.drop(columns=[k for k in NON_ADDITIVE if k in counters.columns]).reset_index(drop=True)
+    feats = memory_energy_features(c, calibration)
+    out = pd.concat([c, feats], axis=1)
+    out["ncu_time_ms"] = _col(out, DURATION) / 1e6
+    cal_gpu = calibration.get("gpu")
+    out["calibration_gpu"] = cal_gpu
+    if operations is not None and len(operations):
+        keep = ["op_signature", "mode", *[k for k in OPERATION_COLUMNS if k in operations.columns]]
+        ops = operations[keep].drop_duplicates(["op_signature", "mode"], keep="last")
+        if "op_kind" in out.columns and "op_kind" in ops.columns:
+            ops = ops.drop(columns=["op_kind"])
+        out = out.merge(ops, on=["op_signature", "mode"], how="left", validate="one_to_one")
+        dyn = _col(out, "dynamic_energy_mj")
+        out["mem_share_of_dynamic"] = _ratio(out["mem_energy_total_mj"], dyn)
+        out["ncu_time_ratio"] = _ratio(out["ncu_time_ms"], _col(out, "time_ms"))
+    for level in ("dram", "l2", "l1", "shared"):
+        out[f"mem_share_{level}"] = _ratio(out[f"mem_energy_{level}_mj"], out["mem_energy_total_mj"])
     return out

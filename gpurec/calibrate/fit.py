@@ -123,22 +123,42 @@ def lower_bounds(fits: list[dict[str, Any]], levels: Iterable[str], r2_min: floa
     return out
 
 
+THREADS_PER_SECTOR = 4  # 8-byte loads: 4 threads share one 32-byte sector (cuda/README.md)
+
+
 def div_energy(fits: list[dict[str, Any]]) -> dict[str, Any]:
     """Energy of one warp-level div.u64 from LOAD+DIV minus LOAD fits of the same shape.
 
     nJ per DIV = (eps_div - eps_load) [pJ/sector] x sectors per warp DIV instruction / 1000.
-    Returns per-level values and their median (``div_nj``); the seed reports ~2 nJ on A100.
+    Returns per-level values and their median (``div_nj``, per *warp* instruction, i.e. 32
+    thread-level divisions), plus two normalisations for comparing with the seed's "~2 nJ per
+    DIV" on A100, whose unit is the calibration's access unit:
+    ``div_nj_per_sector`` (the extra energy per 32-byte sector access, one DIV per thread
+    load, i.e. 4 thread-level divisions) and ``div_nj_per_thread`` (one thread's division).
+    div.u64 has no hardware instruction: ptxas expands it into an integer subroutine, so
+    "one DIV" is tens of SASS instructions, and the DIV run is ~14x slower per sector, so any
+    power that scales with run time (not with work) lands in these numbers too.
     """
     load = {(f["level"], f["threads"], f["blocks"], f["array_bytes"]): f for f in fits if not f["div"]}
     per_level: dict[str, float] = {}
+    per_sector: dict[str, float] = {}
+    per_thread: dict[str, float] = {}
     for f in fits:
         if not f["div"]:
             continue
         base = load.get((f["level"], f["threads"], f["blocks"], f["array_bytes"]))
         if base is None or "sectors_per_div_inst" not in f:
             continue
-        nj = (f["pj_per_sector"] - base["pj_per_sector"]) * f["sectors_per_div_inst"] / 1000.0
+        delta_pj = f["pj_per_sector"] - base["pj_per_sector"]
+        nj = delta_pj * f["sectors_per_div_inst"] / 1000.0
         if math.isfinite(nj):
-            per_level[f"{f['level']}-t{f['threads']}"] = nj
-    vals = list(per_level.values())
-    return {"div_nj": statistics.median(vals) if vals else None, "per_config": per_level}
+            key = f"{f['level']}-t{f['threads']}"
+            per_level[key] = nj
+            per_sector[key] = delta_pj / 1000.0
+            per_thread[key] = delta_pj / 1000.0 / THREADS_PER_SECTOR
+
+    def med(d: dict[str, float]) -> float | None:
+        return statistics.median(d.values()) if d else None
+
+    return {"div_nj": med(per_level), "per_config": per_level, "div_nj_per_sector": med(per_sector),
+            "div_nj_per_thread": med(per_thread), "per_config_per_sector": per_sector}

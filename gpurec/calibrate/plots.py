@@ -92,6 +92,31 @@ def miss_rate(sweep: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+def eps_comparison(per_gpu: dict[str, dict[str, float]], path: Path,
+                   reference: dict[str, float] | None = None, reference_label: str = "A100 (seed, base clock)") -> Path:
+    """Grouped bars of pJ per sector per level: the reference (seed A100) and each calibrated GPU."""
+    plt = _plt()
+    series = ([(reference_label, reference)] if reference else []) + list(per_gpu.items())
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    width = 0.8 / max(1, len(series))
+    for i, (label, vals) in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(LEVELS))]
+        ys = [vals.get(lv) if vals.get(lv) is not None else float("nan") for lv in LEVELS]
+        bars = ax.bar(xs, ys, width, label=label)
+        for b, y in zip(bars, ys, strict=True):
+            if math.isfinite(y):
+                ax.annotate(f"{y:.0f}", (b.get_x() + b.get_width() / 2, y), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(LEVELS)), list(LEVELS))
+    ax.set_yscale("log")
+    ax.set_ylabel("energy per access [pJ / 32-B sector]")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_all(result: dict[str, Any], fits: list[dict[str, Any]], sweep: list[dict[str, Any]], out_dir: Path
               ) -> list[Path]:
     """Every plot that has data; returns the files written."""

@@ -77,8 +77,10 @@ def segment(df: Any, order_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ok = [r for r in order_rows if r.get("status") == "ok"]
     is_marker = df["kernel_name"].str.contains(MARKER, regex=False)
     seg = is_marker.cumsum() - 1
+    # Only ".sum" counters add up over kernels; rates, percentages and per-SM device
+    # attributes (e.g. sm__maximum_warps_per_active_cycle_pct) must not be summed.
     cols = [c for c in df.columns if "__" in c and c.startswith(SUM_PREFIXES)
-            and not c.endswith((".pct", ".ratio", ".avg", ".max", ".min")) and pd.api.types.is_float_dtype(df[c])]
+            and c.endswith(".sum") and pd.api.types.is_float_dtype(df[c])]
     out = []
     body = df[~is_marker]
     for k, grp in body.groupby(seg[~is_marker]):

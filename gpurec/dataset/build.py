@@ -51,13 +51,18 @@ def build_gpu_dataset(gpu_dir: Path | str) -> dict[str, int]:
             return d if d != {} else None
 
         df[col] = df["run_id"].map(look)
-    df["model_sets"] = df["model_sets"].map(lambda v: json.dumps(v) if isinstance(v, list) else v)
+    if "model_sets" in df:  # absent when a shard holds only idle readings so far
+        df["model_sets"] = df["model_sets"].map(lambda v: json.dumps(v) if isinstance(v, list) else v)
     counts = {}
     is_repeat = df.get("repeat", pd.Series(False, index=df.index)).fillna(False).astype(bool)
     idle = df[df["item"] == "idle"]
     main = df[~is_repeat & (df["item"] != "idle")]
     # A row measured twice (e.g. re-run after a failure) keeps its latest successful value.
-    main = main.sort_values("t_unix").drop_duplicates("id", keep="last")
+    # (ok rows sort after failed ones, so a later failure never replaces a success)
+    if len(main):
+        ok_last = main["status"].eq("ok") if "status" in main else pd.Series(True, index=main.index)
+        main = (main.assign(_ok=ok_last).sort_values(["_ok", "t_unix"], kind="stable")
+                .drop_duplicates("id", keep="last").drop(columns="_ok"))
     for name, part in (("operations", main[main["item"] == "op"]), ("networks", main[main["item"] == "network"]),
                        ("repeats", df[is_repeat & (df["item"] != "idle")]), ("idle", idle)):
         part = part.dropna(axis=1, how="all")

@@ -35,7 +35,34 @@ _DROP_FUNCTIONS = {
     torch.Tensor.dim,
 }
 _DROP_METHODS = {"size", "dim", "numel", "__len__"}
-_EVAL_NOOPS: tuple[type, ...] = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+_EVAL_NOOPS: tuple[type, ...] = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                                 nn.FeatureAlphaDropout)
+# Functional dropouts: (position of the ``training`` argument, its name, its default).  With
+# training=False they return their input unchanged, like a dropout module in eval.
+_DROPOUT_FUNCTIONS: dict[Any, tuple[int, str, bool]] = {
+    nn.functional.dropout: (2, "training", True),
+    nn.functional.dropout1d: (2, "training", True),
+    nn.functional.dropout2d: (2, "training", True),
+    nn.functional.dropout3d: (2, "training", True),
+    nn.functional.alpha_dropout: (2, "training", False),
+    nn.functional.feature_alpha_dropout: (2, "training", False),
+    torch.dropout: (2, "train", True),
+}
+
+
+def _is_disabled_dropout(target: Any, args: Any, kwargs: Any) -> bool:
+    """A functional dropout called with training=False (e.g. ``F.dropout(x, p, self.training)`` in eval)."""
+    spec = _DROPOUT_FUNCTIONS.get(target) if callable(target) else None
+    if spec is None:
+        return False
+    pos, name, default = spec
+    if isinstance(kwargs, dict) and name in kwargs:
+        flag = kwargs[name]
+    elif isinstance(args, (tuple, list)) and len(args) > pos:
+        flag = args[pos]
+    else:
+        flag = default
+    return isinstance(flag, bool) and not flag
 
 
 class ExtractionError(ValueError):
@@ -348,6 +375,9 @@ def _interpret(gm: torch.fx.GraphModule, shape: tuple[int, ...], dtype: torch.dt
                 kind = type(mod).__name__
                 settings = _module_settings(mod)
             else:
+                if node.op == "call_function" and _is_disabled_dropout(node.target, args, kwargs):
+                    grad[node.name] = in_grad  # returns its input: no kernel
+                    continue
                 kind = _function_kind(node)
                 settings = {}
             # Split the arguments into activation inputs, parameters and constants.

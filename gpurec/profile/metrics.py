@@ -9,7 +9,7 @@ GPU utilization             GPU kernel time / total time
 throughput                  batch size / total time
 SMSP active utilization     SMSP active cycles / SMSP elapsed cycles
 SMSP issue-slot util.       SMSP issue cycles / SMSP elapsed cycles
-TC active utilization       TC active cycles / elapsed cycles
+TC active utilization       TC active cycles / SMSP elapsed cycles
 TC issue-slot utilization   TC instructions issued / SMSP elapsed cycles
 =========================  ===============================================
 
@@ -20,9 +20,13 @@ TC active >= TC issue) comparable on one axis, as in the method's figures. The t
 named in the method's text (TC active / active cycles, here at SM level, and TC
 instructions / issued instructions) are reported too.
 
-The tensor-pipe active cycles ncu exposes are per SM (``sm__pipe_tensor_op_*``), so TC
-active utilization divides by SM elapsed cycles (``sm__cycles_elapsed.sum``): the same
-ratio at SM granularity.
+The tensor-pipe active cycles ncu exposes under the ``sm__`` prefix
+(``sm__pipe_tensor_op_*_cycles_active``) are summed over the SM's four sub-partitions: on a
+real H200 report (ncu 2025.3, tests/fixtures/profile/real) they reach 1.5x
+``sm__cycles_elapsed`` for TF32 convolutions, and they equal the ``smsp__`` HMMA counter.  So,
+as Table 4.1 defines it, TC active utilization divides them by SMSP elapsed cycles, and the
+bound of the method's text divides them by SMSP active cycles (``tc_active_over_smsp_active``;
+``tc_active_over_sm_active`` is kept as an alias of it).
 """
 
 from __future__ import annotations
@@ -84,10 +88,9 @@ def ncu_counters(ncu: pd.DataFrame) -> pd.DataFrame:
 def add_utils(df: pd.DataFrame) -> pd.DataFrame:
     """Per-row utilizations from the counter columns (NaN where a counter is missing)."""
     el = df["smsp_cycles_elapsed"].where(df["smsp_cycles_elapsed"] > 0)
-    sm_el = df["sm_cycles_elapsed"].where(df["sm_cycles_elapsed"] > 0)
     df["smsp_active_util"] = df["smsp_cycles_active"] / el
     df["smsp_issue_util"] = df["smsp_issue_cycles"] / el
-    df["tc_active_util"] = df["tc_active_cycles"] / sm_el
+    df["tc_active_util"] = df["tc_active_cycles"] / el
     df["tc_issue_util"] = df["tc_issue"] / el
     return df
 
@@ -98,10 +101,11 @@ def counter_totals(df: pd.DataFrame) -> dict[str, float]:
            else float("nan") for c in COUNTER_COLUMNS}
     tot["smsp_active_util"] = _div(tot["smsp_cycles_active"], tot["smsp_cycles_elapsed"])
     tot["smsp_issue_util"] = _div(tot["smsp_issue_cycles"], tot["smsp_cycles_elapsed"])
-    tot["tc_active_util"] = _div(tot["tc_active_cycles"], tot["sm_cycles_elapsed"])
+    tot["tc_active_util"] = _div(tot["tc_active_cycles"], tot["smsp_cycles_elapsed"])
     tot["tc_issue_util"] = _div(tot["tc_issue"], tot["smsp_cycles_elapsed"])
     # The two bounds of the method's text (4.3.2).
-    tot["tc_active_over_sm_active"] = _div(tot["tc_active_cycles"], tot["sm_cycles_active"])
+    tot["tc_active_over_smsp_active"] = _div(tot["tc_active_cycles"], tot["smsp_cycles_active"])
+    tot["tc_active_over_sm_active"] = tot["tc_active_over_smsp_active"]  # old name
     tot["tc_issue_over_smsp_issue"] = _div(tot["tc_issue"], tot["smsp_issue_cycles"])
     return tot
 

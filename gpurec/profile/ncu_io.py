@@ -346,8 +346,12 @@ def parse_ncu_csv(path_or_text: str | Path) -> pd.DataFrame:
 
 
 def _read_text(path_or_text: str | Path) -> str:
-    if isinstance(path_or_text, Path):
-        return path_or_text.read_text(errors="replace")
-    if "\n" not in path_or_text and len(path_or_text) < 4096 and Path(path_or_text).is_file():
-        return Path(path_or_text).read_text(errors="replace")
-    return path_or_text
+    if isinstance(path_or_text, str) and ("\n" in path_or_text or len(path_or_text) >= 4096
+                                          or not Path(path_or_text).is_file()):
+        return path_or_text
+    raw = Path(path_or_text).read_bytes()
+    if raw.startswith(b"\x1f\x8b"):  # a gzipped export (e.g. tests/fixtures/profile/real/ncu.csv.gz)
+        import gzip
+
+        raw = gzip.decompress(raw)
+    return raw.decode("utf-8", errors="replace")

@@ -1,0 +1,200 @@
+"""gpurec.dataset: raw shards -> Parquet tables -> load_dataset, on temp data and the shipped data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import gpurec
+from gpurec.dataset.build import build_all, build_gpu_dataset
+from gpurec.dataset.load import DATASET_DIR_ENV, default_root, load_dataset
+from gpurec.dataset.store import JsonlShard, atomic_write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = "NVIDIA H100 80GB HBM3"
+RUN = "20260101T000000-0of1-abcdef"
+
+PROVENANCE = {
+    "run_id": RUN, "torch": "2.11.0+cu130", "cuda_runtime": "13.0", "host_cpu": "Test CPU",
+    "date": "2026-01-01T00:00:00+00:00", "cudnn_allow_tf32": True, "cuda_matmul_allow_tf32": False,
+    "gpu": {"name": GPU, "driver_version": "580.00.00", "uuid": "GPU-fake-0000"},
+}
+
+
+def _measured(i: int, **kw: object) -> dict:
+    row = {"run_id": RUN, "gpu": GPU, "gpu_uuid": "GPU-fake-0000", "t_unix": 1000.0 + i, "status": "ok",
+           "time_ms": 1.0 + i, "power_w": 200.0, "energy_mj": 200.0 * (1.0 + i), "idle_power_w": 80.0,
+           "dynamic_power_w": 120.0, "dynamic_energy_mj": 120.0 * (1.0 + i), "sm_clock_mhz": 1980.0,
+           "mode": "inference"}
+    row.update(kw)
+    return row
+
+
+def _op(i: int, sig: str, **kw: object) -> dict:
+    base = {"id": f"op:{sig}:{kw.get('mode', 'inference')}", "item": "op", "op_signature": sig,
+            "op_kind": "Conv2d", "set_key": "resnet18:b8:r224", "model_sets": ["resnet18:b8:r224", "resnet34:b8:r224"]}
+    return _measured(i, **{**base, **kw})
+
+
+def _net(i: int, key: str, **kw: object) -> dict:
+    base = {"id": f"network:{key}:inference", "item": "network", "op_kind": "network", "set_key": key,
+            "model_sets": [key]}
+    return _measured(i, **{**base, **kw})
+
+
+@pytest.fixture
+def gpu_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "datasets" / "h100"
+    raw = d / "raw"
+    atomic_write_json(raw / f"provenance-{RUN}.json", PROVENANCE)
+    with JsonlShard(raw / "rows-0of2.jsonl") as sh:
+        sh.append({"id": f"idle:{RUN}:0", "item": "idle", "run_id": RUN, "repeat": True, "gpu": GPU,
+                   "idle_power_w": 80.0, "t_s": 999.0})
+        sh.append(_op(1, "aaaa000000000001"))
+        sh.append(_op(2, "aaaa000000000001", mode="training", backward=True))
+        sh.append(_op(3, "aaaa000000000002", status="failed", error="RuntimeError: boom", time_ms=None))
+        sh.append(_net(4, "resnet18:b8:r224"))
+        sh.append(_op(5, "aaaa000000000001", id="op:aaaa000000000001:inference:rep", repeat=True, time_ms=2.5))
+    with JsonlShard(raw / "rows-1of2.jsonl") as sh:
+        # re-measured: a later success replaces an earlier failure ...
+        sh.append(_op(6, "aaaa000000000003", status="failed", error="OOM"))
+        sh.append(_op(7, "aaaa000000000003", time_ms=3.0))
+        # ... but a later failure never replaces a success
+        sh.append(_op(8, "aaaa000000000004", time_ms=4.0))
+        sh.append(_op(9, "aaaa000000000004", status="failed", error="flaky"))
+        sh.append(_net(10, "resnet18:b8:r224", mode="training", id="network:resnet18:b8:r224:training"))
+    with open(raw / "rows-1of2.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"id": "op:torn')  # a worker killed mid-row
+    (raw / "log_x1.txt").write_text("not a shard\n")
+    return d
+
+
+def test_build_writes_the_four_tables(gpu_dir: Path) -> None:
+    counts = build_gpu_dataset(gpu_dir)
+    assert counts == {"operations": 5, "networks": 2, "repeats": 1, "idle": 1}
+    ops = pd.read_parquet(gpu_dir / "operations.parquet")
+    assert sorted(ops["id"]) == sorted([
+        "op:aaaa000000000001:inference", "op:aaaa000000000001:training", "op:aaaa000000000002:inference",
+        "op:aaaa000000000003:inference", "op:aaaa000000000004:inference"])
+    by_id = ops.set_index("id")
+    assert by_id.loc["op:aaaa000000000003:inference", "status"] == "ok"
+    assert by_id.loc["op:aaaa000000000003:inference", "time_ms"] == 3.0
+    assert by_id.loc["op:aaaa000000000004:inference", "status"] == "ok"  # success kept over later failure
+    assert by_id.loc["op:aaaa000000000004:inference", "time_ms"] == 4.0
+    assert by_id.loc["op:aaaa000000000002:inference", "error"] == "RuntimeError: boom"
+    # provenance joined by run id
+    assert set(ops["driver"]) == {"580.00.00"} and set(ops["torch"]) == {"2.11.0+cu130"}
+    assert set(ops["host_cpu"]) == {"Test CPU"} and set(ops["cuda_runtime"]) == {"13.0"}
+    assert set(ops["source_file"]) == {"rows-0of2.jsonl", "rows-1of2.jsonl"}
+    assert json.loads(by_id.loc["op:aaaa000000000001:inference", "model_sets"]) == [
+        "resnet18:b8:r224", "resnet34:b8:r224"]
+    reps = pd.read_parquet(gpu_dir / "repeats.parquet")
+    assert list(reps["id"]) == ["op:aaaa000000000001:inference:rep"] and reps["time_ms"].iloc[0] == 2.5
+    idle = pd.read_parquet(gpu_dir / "idle.parquet")
+    assert idle["idle_power_w"].tolist() == [80.0]
+    nets = pd.read_parquet(gpu_dir / "networks.parquet")
+    assert sorted(nets["mode"]) == ["inference", "training"]
+    assert not list(gpu_dir.glob(".*.tmp"))  # atomic writes leave nothing behind
+    # rebuilding is idempotent and never touches raw files
+    raw_before = {p.name: p.read_bytes() for p in (gpu_dir / "raw").iterdir()}
+    assert build_gpu_dataset(gpu_dir) == counts
+    assert {p.name: p.read_bytes() for p in (gpu_dir / "raw").iterdir()} == raw_before
+
+
+def test_build_edge_cases(tmp_path: Path) -> None:
+    assert build_gpu_dataset(tmp_path / "nothing") == {}
+    d = tmp_path / "only_idle"
+    with JsonlShard(d / "raw" / "rows-0.jsonl") as sh:
+        sh.append({"id": "idle:r:0", "item": "idle", "run_id": "r", "repeat": True, "idle_power_w": 70.0})
+    assert build_gpu_dataset(d) == {"operations": 0, "networks": 0, "repeats": 0, "idle": 1}
+
+
+def test_build_all(gpu_dir: Path) -> None:
+    out = build_all(gpu_dir.parent)
+    assert out == {"h100": {"operations": 5, "networks": 2, "repeats": 1, "idle": 1}}
+
+
+def test_load_dataset_columns_and_filters(gpu_dir: Path) -> None:
+    build_gpu_dataset(gpu_dir)
+    root = gpu_dir.parent
+    df = load_dataset(root=root)
+    assert len(df) == 4 and set(df["status"]) == {"ok"}  # failed rows dropped by default
+    for col in ("gpu", "op_kind", "op_signature", "mode", "time_ms", "energy_mj", "dynamic_energy_mj", "power_w",
+                "sm_clock_mhz", "model_sets", "driver", "torch", "host_cpu", "date", "run_id"):
+        assert col in df.columns, col
+    assert set(df["gpu"]) == {GPU}
+    assert len(load_dataset(root=root, status=None)) == 5
+    nets = load_dataset(root=root, table="networks")
+    assert len(nets) == 2 and set(nets["set_key"]) == {"resnet18:b8:r224"}
+    assert len(load_dataset("H100", root=root)) == 4  # any accepted spelling of the GPU
+    assert len(gpurec.load_dataset(GPU, root=root)) == 4
+    with pytest.raises(FileNotFoundError, match="no operations data for gpu='A100'"):
+        load_dataset("A100", root=root)
+    with pytest.raises(FileNotFoundError, match="no datasets directory"):
+        load_dataset(root=root / "missing")
+
+
+def test_dataset_root_from_environment(gpu_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    build_gpu_dataset(gpu_dir)
+    monkeypatch.setenv(DATASET_DIR_ENV, str(gpu_dir.parent))
+    assert default_root() == gpu_dir.parent
+    assert len(load_dataset()) == 4
+
+
+def test_run_worker_rows_build_and_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end on the CPU: fake board -> run_worker -> build -> load."""
+    from fakes import FakeBoard, FakeNVML
+
+    from gpurec.collect import CollectConfig, ModelInputSet, WindowConfig, build_plan, run_worker
+    from gpurec.collect import measure as measure_mod
+    from gpurec.collect import runner as runner_mod
+    from gpurec.device import nvml
+
+    monkeypatch.setattr(runner_mod, "measure_idle", lambda s, d=1.0: measure_mod.measure_idle(s, 0.1))
+    monkeypatch.setattr(runner_mod, "tick_period_s", lambda s, d=1.0: measure_mod.tick_period_s(s, 0.1))
+    nvml.set_backend(FakeNVML([FakeBoard(update_period_s=0.02)]))
+    try:
+        items = build_plan([ModelInputSet("resnet18", 2, 32)], modes=("inference",))
+        items = [w for w in items if w.item == "network"] + [w for w in items if w.item == "op"][:2]
+        gpu_dir = tmp_path / "h100"
+        cfg = CollectConfig(window=WindowConfig(min_run_time_s=0.01, min_window_s=0.05), repeat_every=0)
+        run_worker(items, gpu_dir / "raw", cfg, shard_name="0of1", device="cpu", log=lambda m: None)
+    finally:
+        nvml.set_backend(None)
+    assert build_gpu_dataset(gpu_dir) == {"operations": 2, "networks": 1, "repeats": 0, "idle": 1}
+    df = load_dataset(root=tmp_path)
+    assert list(df["op_signature"]) == [w.key for w in items[1:]]
+    assert set(df["torch"]) == {__import__("torch").__version__} and df["host_cpu"].notna().all()
+    assert (df["time_ms"] > 0).all() and (df["energy_mj"] > 0).all()
+
+
+# -- the shipped measurements ------------------------------------------------------------------
+
+def test_shipped_datasets_load() -> None:
+    assert default_root() == ROOT / "datasets" or default_root().exists()
+    ops = gpurec.load_dataset()
+    assert {"NVIDIA H100 80GB HBM3", "NVIDIA H200"} <= set(ops["gpu"])
+    h100 = gpurec.load_dataset("H100")
+    assert len(h100) >= 700 and set(h100["gpu"]) == {"NVIDIA H100 80GB HBM3"}
+    assert set(h100["mode"]) == {"inference", "training"}
+    assert h100["op_signature"].str.len().eq(16).all()
+    assert (h100["time_ms"] > 0).all() and (h100["energy_mj"] > 0).all() and (h100["power_w"] > 0).all()
+    assert h100["torch"].str.startswith("2.11").all() and h100["driver"].notna().all()
+    nets = gpurec.load_dataset("H100", table="networks")
+    archs = {k.split(":")[0] for k in nets["set_key"]}
+    assert {"resnet50", "vit_b_16", "swin_t", "efficientnet_b0"} <= archs
+    assert set(nets["mode"]) == {"inference", "training"}
+
+
+def test_shipped_raw_rebuilds_to_the_shipped_tables(tmp_path: Path) -> None:
+    """Raw shards are the source of truth: rebuilding them reproduces the Parquet exactly."""
+    src = ROOT / "datasets" / "h100"
+    shutil.copytree(src / "raw", tmp_path / "raw")
+    build_gpu_dataset(tmp_path)
+    for name in ("operations", "networks", "repeats", "idle"):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / f"{name}.parquet"),
+                                      pd.read_parquet(src / f"{name}.parquet"), check_like=False)

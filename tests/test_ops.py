@@ -1,0 +1,409 @@
+"""gpurec.ops: extraction, FLOP coverage, runnable units and signature stability across torch versions.
+
+Extraction runs on the meta device, so resolution costs nothing there; units run on the CPU
+at small batch sizes and resolutions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from functools import cache, lru_cache
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpurec.ops import (
+    ExtractionError,
+    Operation,
+    UnknownModel,
+    classification_models,
+    extract_operations,
+    network_totals,
+    reference_flops,
+    unique_operations,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+DATASETS = ROOT / "datasets"
+MODES = ("inference", "training")
+B2 = (2, 3, 224, 224)
+
+
+@cache
+def ops_of(model: str, mode: str, shape: tuple[int, ...] = B2) -> tuple[Operation, ...]:
+    return tuple(extract_operations(model, shape, mode=mode))
+
+
+def kinds(ops: tuple[Operation, ...] | list[Operation]) -> set[str]:
+    return {op.kind for op in ops}
+
+
+# -- a custom module with functional operations ------------------------------------------------
+
+class Hybrid(nn.Module):
+    """Conv stem, residual add, cat, flatten, MHA, hand-written SDPA attention, functional pools."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.skip = nn.Identity()
+        self.drop = nn.Dropout(0.1)
+        self.mha = nn.MultiheadAttention(32, 4, batch_first=True)
+        self.qkv = nn.Linear(32, 96)
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn(self.conv(x)))
+        y = self.skip(y) + self.conv2(y)  # residual add
+        y = torch.cat([y, F.relu(y)], dim=1)  # 32 channels
+        t = torch.flatten(y, 2).transpose(1, 2)  # (B, HW, 32)
+        a, _ = self.mha(t, t, t)
+        t = t + a
+        q, k, v = self.qkv(t).chunk(3, dim=-1)
+        b, n, c = q.shape
+        q, k, v = (z.reshape(b, n, 4, c // 4).transpose(1, 2) for z in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c)
+        t = self.drop(t + o)
+        t = F.dropout(t, 0.2, training=self.training)  # eval: a no-op like nn.Dropout
+        p = F.adaptive_avg_pool2d(t.transpose(1, 2).reshape(b, c, 8, 8), 1)
+        return self.fc(torch.flatten(p, 1))
+
+
+HYBRID_SHAPE = (2, 3, 8, 8)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_custom_module_functional_ops(mode: str) -> None:
+    model = Hybrid()
+    ops = extract_operations(model, HYBRID_SHAPE, mode=mode)
+    k = kinds(ops)
+    assert k >= {"Conv2d", "BatchNorm2d", "relu", "add", "cat", "flatten", "MultiheadAttention",
+                 "scaled_dot_product_attention", "adaptive_avg_pool2d", "Linear", "chunk", "transpose"}
+    assert "Identity" not in k
+    assert ("Dropout" in k) == (mode == "training")
+    assert ("dropout" in k) == (mode == "training")
+    assert all(op.model == "Hybrid" and op.mode == mode for op in ops)
+    sdpa = next(op for op in ops if op.kind == "scaled_dot_product_attention")
+    assert sdpa.input_shapes == [[2, 4, 64, 8]] * 3 and sdpa.flops == 4 * 2 * 4 * 64 * 64 * 8
+    mha = next(op for op in ops if op.kind == "MultiheadAttention")
+    assert mha.settings["embed_dim"] == 32 and mha.settings["num_heads"] == 4 and mha.params == 4 * 32 * 33
+    adds = [op for op in ops if op.kind == "add"]
+    assert len(adds) == 3 and adds[0].input_shapes == [[2, 16, 8, 8], [2, 16, 8, 8]]
+    # the first operation reads the network input, which never needs a gradient
+    assert ops[0].kind == "Conv2d" and ops[0].input_requires_grad == [False]
+    if mode == "training":
+        assert all(all(op.input_requires_grad) for op in ops[1:])
+        assert ops[0].flops_bwd == ops[0].flops  # weight gradient only
+        assert ops[1].flops_bwd > 0
+    else:
+        assert not any(any(op.input_requires_grad) for op in ops) and all(op.flops_bwd == 0 for op in ops)
+    # the user's module is left as it was: on the CPU, in its own mode
+    assert next(model.parameters()).device.type == "cpu" and model.training
+    assert sum(op.flops for op in ops) == reference_flops(model, HYBRID_SHAPE, mode=mode)
+
+
+def test_custom_module_records_are_json_and_features_are_finite() -> None:
+    ops = extract_operations(Hybrid(), HYBRID_SHAPE, mode="training")
+    for op in ops:
+        rec = op.to_record()
+        json.dumps(rec)
+        assert rec["op_signature"] == op.signature and len(op.signature) == 16
+        assert all(v == v for v in op.features().values())  # no NaN
+        assert op.bytes_read > 0 and op.bytes_written > 0
+
+
+# -- torchvision models ------------------------------------------------------------------------
+
+EXPECTED_KINDS = {
+    "vit_b_16": {"Conv2d", "LayerNorm", "Linear", "MultiheadAttention", "GELU", "add", "cat"},
+    "swin_t": {"Conv2d", "LayerNorm", "Linear", "GELU", "shifted_window_attention", "add", "permute",
+               "AdaptiveAvgPool2d"},
+    "convnext_tiny": {"Conv2d", "LayerNorm", "layer_norm", "Linear", "GELU", "mul", "add", "permute"},
+    "efficientnet_b0": {"Conv2d", "BatchNorm2d", "SiLU", "Sigmoid", "mul", "add", "AdaptiveAvgPool2d", "Linear"},
+    "mobilenet_v3_large": {"Conv2d", "BatchNorm2d", "ReLU", "Hardswish", "Hardsigmoid", "mul", "add", "Linear"},
+    "resnet50": {"Conv2d", "BatchNorm2d", "ReLU", "MaxPool2d", "add", "AdaptiveAvgPool2d", "flatten", "Linear"},
+    "googlenet": {"Conv2d", "BatchNorm2d", "relu", "MaxPool2d", "cat", "AdaptiveAvgPool2d", "Linear"},
+    "regnet_y_400mf": {"Conv2d", "BatchNorm2d", "ReLU", "Sigmoid", "mul", "add", "Linear"},
+}
+# Work that only exists in training (dropout p>0 or p=0 modules, stochastic depth).
+TRAIN_ONLY = {
+    "vit_b_16": {"Dropout"},
+    "swin_t": {"Dropout", "StochasticDepth"},
+    "convnext_tiny": {"StochasticDepth"},
+    "efficientnet_b0": {"Dropout", "StochasticDepth"},
+    "mobilenet_v3_large": {"Dropout"},
+    "resnet50": set(),
+    "googlenet": {"Dropout", "adaptive_avg_pool2d"},
+    "regnet_y_400mf": set(),
+}
+
+
+@pytest.mark.parametrize("model", sorted(EXPECTED_KINDS))
+def test_torchvision_extraction(model: str) -> None:
+    inf, train = ops_of(model, "inference"), ops_of(model, "training")
+    for mode, ops in (("inference", inf), ("training", train)):
+        k = kinds(ops)
+        assert k >= EXPECTED_KINDS[model], (mode, EXPECTED_KINDS[model] - k)
+        assert "Identity" not in k
+        assert all(op.mode == mode and op.model == model and op.dtype == "float32" for op in ops)
+        assert ops[0].input_requires_grad == [False] * len(ops[0].input_shapes)
+        assert all(op.output_shapes for op in ops)
+    assert kinds(train) >= TRAIN_ONLY[model]
+    assert not kinds(inf) & (TRAIN_ONLY[model] | {"Dropout", "dropout", "StochasticDepth"})
+    # past the first layer with weights, every activation input in training carries a gradient
+    # (Swin's _get_relative_position_bias reads only parameters: it has no activation input)
+    first_param = next(i for i, op in enumerate(train) if op.params > 0)
+    assert all(all(op.input_requires_grad) for op in train[first_param + 1:] if op.input_shapes)
+    assert all(op.flops_bwd >= op.flops for op in train)
+    assert sum(op.params for op in inf) > 0
+
+
+def test_googlenet_aux_classifiers_only_in_training() -> None:
+    inf, train = ops_of("googlenet", "inference"), ops_of("googlenet", "training")
+    assert not any(op.name.startswith("aux") for op in inf)
+    aux = [op for op in train if op.name.startswith(("aux1.", "aux2."))]
+    assert {op.name for op in aux} >= {"aux1.conv.conv", "aux1.fc1", "aux1.fc2", "aux2.fc2", "aux1.dropout"}
+    assert [op.name for op in inf if op.kind == "Linear"] == ["fc"]
+    assert [op.name for op in train if op.kind == "Linear"] == ["aux1.fc1", "aux1.fc2", "aux2.fc1", "aux2.fc2", "fc"]
+    assert [op.name for op in train if op.kind == "Dropout"] == ["aux1.dropout", "aux2.dropout", "dropout"]
+    assert len(train) > len(inf)
+
+
+def test_batchnorm_mode_is_part_of_identity() -> None:
+    # BatchNorm in training normalises with batch statistics and requires input grads:
+    # a different operation from eval BatchNorm with the same shape
+    inf = {op.signature for op in ops_of("resnet50", "inference") if op.kind == "BatchNorm2d"}
+    train = {op.signature for op in ops_of("resnet50", "training") if op.kind == "BatchNorm2d"}
+    assert inf and train and not inf & train
+
+
+def test_deduplication_across_resnets() -> None:
+    r18 = extract_operations("resnet18", (2, 3, 224, 224), keep_sources=False)
+    r34 = extract_operations("resnet34", (2, 3, 224, 224), keep_sources=False)
+    s18, s34 = {op.signature for op in r18}, {op.signature for op in r34}
+    shared = s18 & s34
+    assert r18[0].signature in shared  # the stem
+    assert {op.kind for op in r18 if op.signature in shared} >= {"Conv2d", "BatchNorm2d", "ReLU", "add", "MaxPool2d"}
+    uniq = unique_operations([r18, r34])
+    assert set(uniq) == s18 | s34 and len(uniq) < len(s18) + len(s34)
+    assert all(uniq[s].model == "resnet18" for s in s18)  # first seen wins
+    totals = network_totals(r34)
+    assert totals["operations"] == len(r34) > totals["distinct_operations"] == len(s34)
+    assert totals["params"] == pytest.approx(21.8e6, rel=0.01)
+    # names (where an operation sits) are not identity: repeated blocks share a signature
+    assert len(r18) > len(s18)
+
+
+def test_signatures_are_stable_and_shape_sensitive() -> None:
+    a = extract_operations("resnet18", (2, 3, 224, 224), keep_sources=False)
+    b = extract_operations("resnet18", (2, 3, 224, 224), keep_sources=False)
+    c = extract_operations("resnet18", (4, 3, 224, 224), keep_sources=False)
+    assert [op.signature for op in a] == [op.signature for op in b]
+    assert not {op.signature for op in a} & {op.signature for op in c}
+    half = extract_operations("resnet18", (2, 3, 224, 224), dtype=torch.float16, keep_sources=False)
+    assert half[0].dtype == "float16" and half[0].signature != a[0].signature
+
+
+# -- FLOP coverage -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", ["vit_b_16", "swin_t", "efficientnet_b0", "convnext_tiny", "resnet50",
+                                   "mobilenet_v3_large", "googlenet"])
+def test_flops_match_flop_counter(model: str) -> None:
+    for mode in MODES:
+        ours = sum(op.flops for op in ops_of(model, mode))
+        ref = reference_flops(model, B2, mode=mode)
+        assert ref > 0
+        assert ours == pytest.approx(ref, rel=0.01), (model, mode)
+
+
+def test_known_flop_counts() -> None:
+    # 2 x MACs, FlopCounterMode's convention: resnet50 is 4.1 GMACs per image
+    assert sum(op.flops for op in ops_of("resnet50", "inference")) == pytest.approx(2 * 4.09e9 * 2, rel=0.01)
+    # googlenet's auxiliary classifiers add forward work in training only
+    assert sum(op.flops for op in ops_of("googlenet", "training")) > sum(op.flops for op in ops_of("googlenet", "inference"))
+
+
+# -- runnable units ----------------------------------------------------------------------------
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Many tiny kernels run faster on one thread than two on a shared 2-core CI machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+UNIT_MODELS = [("resnet18", (2, 3, 64, 64)), ("mobilenet_v3_large", (2, 3, 64, 64)),
+               ("vit_b_32", (2, 3, 224, 224)), ("swin_t", (2, 3, 64, 64))]
+
+
+def _run_units(ops: list[Operation] | tuple[Operation, ...], mode: str) -> int:
+    distinct = unique_operations([ops])
+    for op in distinct.values():
+        unit = op.materialize(device="cpu", instances=2 if op.params else 1, seed=1)
+        assert unit.instances == (2 if op.params else 1)
+        if mode == "inference":
+            with torch.inference_mode():
+                unit.step()
+                unit.step()  # second instance
+            assert not unit.backward
+        else:
+            with torch.enable_grad():
+                unit.step()
+                unit.step()
+            # every operation whose output needs a gradient runs its backward
+            assert unit.backward == (op.params > 0 or any(op.input_requires_grad)), op.kind
+            if unit.backward:
+                assert all(x.grad is None for x in unit.inputs)  # reset after each step
+    return len(distinct)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_units_run_forward_and_backward_on_cpu(mode: str, one_thread: None) -> None:
+    n = 0
+    for model, shape in UNIT_MODELS:
+        n += _run_units(ops_of(model, mode, shape), mode)
+    n += _run_units(extract_operations(Hybrid(), HYBRID_SHAPE, mode=mode), mode)
+    assert n > 150
+
+
+def test_unit_output_shapes_match_extraction(one_thread: None) -> None:
+    for op in unique_operations([ops_of("resnet18", "inference", (2, 3, 64, 64))]).values():
+        unit = op.materialize()
+        with torch.inference_mode():
+            out = unit._calls[0]()
+        outs = [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
+        assert [list(t.shape) for t in outs] == op.output_shapes, op.kind
+
+
+def test_operation_without_source_cannot_be_materialized() -> None:
+    op = extract_operations("resnet18", (1, 3, 64, 64), keep_sources=False)[0]
+    assert op.source is None
+    with pytest.raises(ValueError, match="keep_sources=True"):
+        op.materialize()
+
+
+# -- signature stability across torch versions -------------------------------------------------
+
+@lru_cache(maxsize=1)
+def plan_items() -> frozenset[tuple[str, str]]:
+    data = json.loads((DATASETS / "plans" / "main.json").read_text())
+    return frozenset((w["key"], w["mode"]) for w in data["items"] if w["item"] == "op")
+
+
+@lru_cache(maxsize=1)
+def measured() -> dict[tuple[str, str], set[str]]:
+    """Operation signatures the GPU machines' torch 2.11 measured, by (set key, mode)."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for raw in sorted(DATASETS.glob("*/raw/rows-*.jsonl")):
+        for line in raw.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if r.get("item") == "op" and r.get("status") == "ok" and not r.get("repeat"):
+                for key in r.get("model_sets") or [r["set_key"]]:
+                    out.setdefault((key, r["mode"]), set()).add(r["op_signature"])
+    return out
+
+
+@pytest.mark.parametrize("arch,batch", [("resnet18", 1), ("vit_b_32", 8)])
+@pytest.mark.parametrize("mode", MODES)
+def test_golden_signatures_are_in_the_shipped_plan(arch: str, batch: int, mode: str) -> None:
+    ops = extract_operations(arch, (batch, 3, 224, 224), mode=mode, keep_sources=False)
+    missing = {(op.signature, op.kind) for op in ops if (op.signature, mode) not in plan_items()}
+    assert not missing, f"{arch} b{batch} {mode}: signatures changed for {sorted(missing)[:5]}"
+
+
+def test_golden_signature_literals() -> None:
+    """Literal keys, so a change to the signature format fails even if the plan is regenerated."""
+    assert extract_operations("resnet18", (8, 3, 224, 224), keep_sources=False)[0].signature == "a5d6738af754e42a"
+    vit = extract_operations("vit_b_32", (8, 3, 224, 224), mode="training", keep_sources=False)
+    assert [op.signature for op in vit[:3]] == ["756c3d883e361102", "6a518a299faaad43", "7a49bb80866a1841"]
+    assert "a5d6738af754e42a" in measured()[("resnet18:b8:r224", "inference")]
+
+
+def test_shipped_rows_carry_signatures() -> None:
+    rows = measured()
+    assert sum(len(v) for v in rows.values()) > 1000
+    assert all(len(s) == 16 and int(s, 16) >= 0 for v in rows.values() for s in v)
+
+
+CROSS_VERSION_SETS = ["resnet18:b8:r224", "resnet50:b1:r224", "vit_b_32:b8:r224", "swin_t:b1:r224",
+                      "efficientnet_b0:b1:r224", "googlenet:b32:r224", "convnext_tiny:b8:r224",
+                      "mobilenet_v3_large:b1:r224", "densenet121:b8:r224", "regnet_y_400mf:b1:r224"]
+
+
+@pytest.mark.parametrize("set_key", CROSS_VERSION_SETS)
+def test_gpu_machine_signatures_are_refound_here(set_key: str) -> None:
+    """The cross-version agreement test: every operation the GPU machines (torch 2.11) measured
+    for a model-input set is extracted, with the same signature, by this torch."""
+    import pandas as pd
+
+    arch, b, r = set_key.split(":")
+    shape = (int(b[1:]), 3, int(r[1:]), int(r[1:]))
+    frames = [pd.read_parquet(p, columns=["set_key", "model_sets", "mode", "op_signature", "op_kind", "torch"])
+              for p in sorted(DATASETS.glob("*/operations.parquet"))]
+    df = pd.concat(frames)
+    # measured where set_key was planned first, or in another set that also contains it
+    owners = df["model_sets"].map(lambda v: set(json.loads(v)) if isinstance(v, str) else set())
+    df = df[(df["set_key"] == set_key) | owners.map(lambda o: set_key in o)]
+    assert len(df) > 0, f"no measured operations for {set_key}"
+    assert df["torch"].str.startswith("2.11").all()
+    for mode in MODES:
+        want = set(df.loc[df["mode"] == mode, "op_signature"])
+        got = {op.signature for op in extract_operations(arch, shape, mode=mode, keep_sources=False)}
+        kinds_missing = sorted(set(df.loc[(df["mode"] == mode) & df["op_signature"].isin(want - got), "op_kind"]))
+        assert want <= got, f"{set_key} {mode}: {len(want - got)} measured signatures not re-found ({kinds_missing})"
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+def test_unknown_model_suggests_names() -> None:
+    with pytest.raises(UnknownModel, match="Did you mean: .*resnet18") as ei:
+        extract_operations("resnet19", B2)
+    assert isinstance(ei.value, ExtractionError) and isinstance(ei.value, ValueError)
+    assert "--list-models" in str(ei.value)
+    with pytest.raises(UnknownModel, match="vit_b_16"):
+        extract_operations("vit_b16", B2)
+    with pytest.raises(UnknownModel, match="Unknown model 'qqqqzzzz'"):
+        extract_operations("qqqqzzzz", B2)
+
+
+@pytest.mark.parametrize("shape,match", [
+    ((0, 3, 224, 224), "batch size must be at least 1"),
+    ((-2, 3, 224, 224), "batch size must be at least 1"),
+    ((2, 3, 0, 224), "must be positive"),
+    ((2,), "at least a batch"),
+])
+def test_bad_shapes(shape: tuple[int, ...], match: str) -> None:
+    with pytest.raises(ExtractionError, match=match):
+        extract_operations("resnet18", shape)
+
+
+def test_other_bad_input() -> None:
+    with pytest.raises(ExtractionError, match="single number"):
+        extract_operations("resnet18", 224)  # type: ignore[arg-type]
+    with pytest.raises(ExtractionError, match="mode must be one of"):
+        extract_operations("resnet18", B2, mode="train")
+    with pytest.raises(ExtractionError, match="nn.Module"):
+        extract_operations(42, B2)  # type: ignore[arg-type]
+    with pytest.raises(ExtractionError, match="cannot take input shape"):
+        extract_operations("vit_b_16", (1, 3, 384, 384))  # ViT's position embedding is for 224
+    with pytest.raises(ExtractionError, match="cannot take input shape"):
+        extract_operations("resnet18", (1, 3, 32, 32), mode="training")  # BatchNorm on 1 value
+
+
+def test_classification_models() -> None:
+    names = classification_models()
+    assert len(names) == 80 and names == sorted(names)
+    assert {"resnet18", "vit_b_16", "swin_v2_t", "inception_v3"} <= set(names)
