@@ -235,7 +235,7 @@ def run_worker(items: Sequence[WorkItem], out_dir: Path, cfg: CollectConfig, sha
                 break
             if time.time() - idle["t_s"] > cfg.idle_every_s:
                 idle = measure_idle(sampler, 0.5)
-                shard.append({"id": f"idle:{run_id}:{n}", "item": "idle", "run_id": run_id, "repeat": True,
+                shard.append({"id": f"idle:{run_id}:{n + 1}", "item": "idle", "run_id": run_id, "repeat": True,
                               "gpu": info["name"], **idle})
             row = _measure_item(w, source, device, sampler, cfg, idle["idle_power_w"])
             row.update({"run_id": run_id, "gpu": info["name"], "gpu_uuid": info["uuid"]})

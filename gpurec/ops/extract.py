@@ -13,6 +13,7 @@ import copy
 import difflib
 import functools
 import operator
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -306,7 +307,8 @@ def extract_operations(
     except ExtractionError:
         raise
     except Exception as exc:  # shape errors surface here: the model cannot take this input
-        raise ExtractionError(f"{name} cannot take input shape {list(shape)}: {str(exc).splitlines()[0][:200]}") from exc
+        reason = re.sub(r"Proxy\([^)]*\)", f"{list(shape)}", str(exc).splitlines()[0][:200])
+        raise ExtractionError(f"{name} cannot take input shape {list(shape)}: {reason}") from exc
     for op in ops:
         op.model = name
     return ops
