@@ -339,13 +339,22 @@ def recommend(
                   ("energy_mj", "energy mJ"), ("power_w", "power W"), ("vs_best", f"vs best ({objective})"),
                   ("band", f"band ({unit})")],
            title=f"{model} {list(shape)} {mode}, ranked by {objective}")
+    measured = [r["short_name"] for r in rows if r["measured"]]
+    if len(measured) < len(rows):
+        typer.echo(f"Extrapolated rows are predicted from catalogue specifications by models trained on "
+                   f"{len(measured)} measured GPU(s) ({', '.join(measured)}); their bands are wide and GPUs "
+                   "of other architectures are far outside the measured range: treat them as rough.")
+    hosts = df.attrs.get("host_cpus_measured") or []
+    if host_cpu and hosts and host_cpu not in hosts:
+        typer.echo(f"Host CPU '{host_cpu}' was not measured (measured: {', '.join(hosts)}); host overhead is "
+                   "taken from the measured host(s).")
     diffs = df.attrs.get("differences") or []
     if diffs:
         typer.echo(f"Operations behind most of the difference between {rows[0]['short_name']} "
                    f"and {rows[1]['short_name']}:")
         for d in diffs:
             key = next(k for k in d if k.startswith("delta_"))
-            typer.echo(f"  {d['op_kind']:<28} {d[key]:+.3f} {key.split('_')[-1]} "
+            typer.echo(f"  {d['op_kind']:<28} {d[key]:+.3f} {'ms' if key.endswith('_ms') else 'mJ'} "
                        f"({d['share_of_difference'] * 100:.0f}% of the difference)")
     _report_uncovered(df.attrs.get("uncovered"))
 

@@ -26,11 +26,11 @@ def load_dataset(gpu: str | None = None, **kwargs: Any) -> Any:
     return _load(gpu=gpu, **kwargs)
 
 
-def load_predictor(path: Any = None) -> Any:
+def load_predictor(path: Any = None, **kwargs: Any) -> Any:
     """The shipped predictors (``models/``) or those at ``path``; see gpurec.model."""
     from gpurec.model import load_predictor as _load
 
-    return _load(path)
+    return _load(path, **kwargs)
 
 
 def recommend(model: Any, input_shape: Any = None, mode: str = "inference", objective: str = "energy",

@@ -180,7 +180,7 @@ def test_version_and_data_differences_warn(trained: tuple[Path, dict], tmp_path:
 def test_missing_model_dir_says_how_to_train(tmp_path: Path) -> None:
     from gpurec.model import load_predictor
 
-    with pytest.raises(FileNotFoundError, match="gpurec.model.train"):
+    with pytest.raises(FileNotFoundError, match="gpurec.model.training"):
         load_predictor(tmp_path / "nowhere")
 
 
@@ -323,7 +323,7 @@ def test_optional_extra_columns(tmp_path: Path) -> None:
 
     from gpurec.model import load_predictor, train
     from gpurec.model.features import FeatureConfig
-    from gpurec.model.train import TrainConfig
+    from gpurec.model.training import TrainConfig
 
     data = tmp_path / "data" / "h100"
     data.mkdir(parents=True)

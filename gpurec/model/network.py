@@ -214,6 +214,13 @@ def ape(pred: np.ndarray, measured: np.ndarray) -> np.ndarray:
     return np.abs(np.asarray(pred, dtype=np.float64) / np.asarray(measured, dtype=np.float64) - 1.0) * 100.0
 
 
+def _simplest_near_best(mape: dict[str, float], order: list[str], slack: float = 0.01) -> str:
+    """The first (simplest) variant within ``slack`` (relative) of the best cross-validated MAPE:
+    an extra term has to earn its place, not win a tie."""
+    best = min(mape[v] for v in order)
+    return next(v for v in order if mape[v] <= best * (1.0 + slack) + 1e-9)
+
+
 def correction_cv(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, groups: np.ndarray, time_ms: np.ndarray,
                   power_w: np.ndarray, min_rows_gpu: int = 8, min_rows_pooled: int = 3,
                   ridge: float = 0.1) -> dict[str, Any]:
@@ -244,8 +251,8 @@ def correction_cv(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, groups: n
         res["time"][v] = float(np.mean(ape(oof_t[v], time_ms)))
     for v in POWER_VARIANTS:
         res["power"][v] = float(np.mean(ape(oof_p[v], power_w)))
-    best_t = min(TIME_VARIANTS, key=lambda v: (round(res["time"][v], 6), list(TIME_VARIANTS).index(v)))
-    best_p = min(POWER_VARIANTS, key=lambda v: (round(res["power"][v], 6), list(POWER_VARIANTS).index(v)))
+    best_t = _simplest_near_best(res["time"], list(TIME_VARIANTS))
+    best_p = _simplest_near_best(res["power"], list(POWER_VARIANTS))
     res["energy"]["none"] = float(np.mean(ape(oof_t["none"] * oof_p["none"], energy)))
     res["energy"]["chosen"] = float(np.mean(ape(oof_t[best_t] * oof_p[best_p], energy)))
     res["chosen"] = {"time": best_t, "power": best_p}

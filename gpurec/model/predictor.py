@@ -364,11 +364,13 @@ def _check_mode(mode: str) -> str:
 
 
 def load_predictor(path: str | Path | None = None, *, check_data: bool | None = None,
-                   data_root: str | Path | None = None, nthread: int | None = None,
+                   data_root: str | Path | None = None, nthread: int | None = 1,
                    use_measured: bool = True) -> Predictor:
     """Load trained predictors from ``path`` (default: $GPUREC_MODELS, else models/ beside the package).
 
     ``use_measured`` (default) lets measured operations of a measured GPU replace predictions.
+    ``nthread=1`` (default): prediction batches are small, and OpenMP threads on a busy machine
+    made one vit_b_16 prediction 10-20x slower (24 ms instead of 1.2 ms on 2 loaded cores).
 
     Raises IncompatibleModel when the models cannot be used with this code; warns (ModelWarning)
     on other library versions, or - when ``check_data`` (default: when the dataset is present) -

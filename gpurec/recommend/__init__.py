@@ -53,11 +53,12 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
 
         predictor = load_predictor()
     shape = tuple(input_shape) if input_shape is not None else default_input_shape()
-    names = [resolve_gpu(g).nvml_name for g in gpus] if gpus else list(predictor.gpus)
+    names = ([resolve_gpu(g).nvml_name for g in gpus] if gpus
+             else [getattr(g, "nvml_name", g) for g in predictor.gpus])
     rows = []
     estimates = {}
     for name in names:
-        est = predictor.predict(model, input_shape=shape, mode=mode, gpu=name, host_cpu=host_cpu)
+        est = predictor.predict(model, input_shape=shape, mode=mode, gpu=name)
         estimates[name] = est
         spec = resolve_gpu(name)
         row = {
@@ -79,11 +80,40 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
     df["vs_best_pct"] = (df[col] / best - 1.0) * 100.0
     df["rank"] = range(1, len(df) + 1)
     df.attrs.update({"objective": objective, "mode": mode, "input_shape": list(shape),
+                     "host_cpu": host_cpu or local_host_cpu(), "host_cpus_measured": _measured_hosts(predictor),
                      "estimates": estimates, "uncovered": _uncovered(estimates)})
     if len(df) >= 2:
         df.attrs["differences"] = explain_difference(estimates[df["gpu"].iloc[0]], estimates[df["gpu"].iloc[1]],
                                                      objective)
     return df
+
+
+def local_host_cpu() -> str:
+    """This machine's CPU model (the default for ``--host-cpu``)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _measured_hosts(predictor: Any) -> list[str]:
+    """Host CPUs of the measurements behind the models (host overhead is learnt per host)."""
+    manifest = getattr(predictor, "manifest", None) or {}
+    hosts = manifest.get("host_cpus") if isinstance(manifest, dict) else None
+    if hosts:
+        return list(hosts)
+    try:
+        from gpurec.dataset import load_dataset
+
+        return sorted(set(load_dataset(table="networks")["host_cpu"].dropna().astype(str)))
+    except Exception:
+        return []
 
 
 def _band(est: Any, objective: str) -> tuple[float, float]:
@@ -111,7 +141,7 @@ def explain_difference(first: Any, second: Any, objective: str, top: int = 5) ->
     a, b = first.per_op, second.per_op
     if a is None or b is None or col not in a or col not in b:
         return []
-    keys = [k for k in ("op_kind", "op_signature") if k in a and k in b]
+    keys = [k for k in ("kind", "signature") if k in a and k in b]
     if not keys:
         return []
     ga = a.groupby(keys)[col].sum()
@@ -138,6 +168,8 @@ def to_json(df: Any, model_name: str) -> dict[str, Any]:
     out = {"model": model_name, "objective": df.attrs.get("objective"), "mode": df.attrs.get("mode"),
            "input_shape": df.attrs.get("input_shape"), "ranking": ranking,
            "differences": df.attrs.get("differences", [])}
+    out["host_cpu"] = df.attrs.get("host_cpu")
+    out["host_cpus_measured"] = df.attrs.get("host_cpus_measured")
     unc = df.attrs.get("uncovered")
     if unc is not None and len(unc):
         out["uncovered"] = unc.to_dict("records") if hasattr(unc, "to_dict") else unc

@@ -82,7 +82,7 @@ class TrainConfig:
     correction_ridge: float = 0.1
     min_networks_gpu: int = 8
     band_quantiles: tuple[float, float] = (0.05, 0.95)
-    nthread: int | None = None
+    nthread: int | None = None  # None: auto_nthread() (idle cores) at the start of a run
     cache_dir: str | None = None
     use_measured: bool = True  # measured operations replace predictions on their GPU (saved with the model)
     feature: FeatureConfig = field(default_factory=FeatureConfig)
@@ -154,6 +154,18 @@ def data_hash(ops: Any, nets: Any) -> str:
         for row in part.itertuples(index=False):
             h.update(("|".join(str(v) for v in row[:3]) + f"|{float(row[3])!r}|{float(row[4])!r}\n").encode())
     return h.hexdigest()
+
+
+def auto_nthread() -> int:
+    """XGBoost threads: the cores not already busy. OpenMP threads that share a loaded core spin
+    against other processes; on a 2-core machine with other jobs, 2 threads made tuning >10x
+    slower than 1."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return max(1, min(cores, int(cores - load + 0.5)))
 
 
 def current_data_hash(data_root: Path | str | None = None) -> str:
@@ -342,7 +354,7 @@ class _Suite:
                     return XGBModel(self.params[t], self.rounds[t], cfg.seed, cfg.nthread)
             elif kind == "random_forest":
                 def factory() -> Any:
-                    return ForestModel(cfg.forest_trees, cfg.seed)
+                    return ForestModel(cfg.forest_trees, cfg.seed, n_jobs=cfg.nthread or -1)
             else:
                 def factory() -> Any:
                     return RooflineLinearModel()
@@ -414,6 +426,8 @@ def train(data_root: Path | str | None = None, out_dir: Path | str = "models", t
     TrainConfig fields (e.g. ``n_folds=3, max_rounds=50`` for a quick run).
     """
     cfg = replace(config or TrainConfig(), tune_trials=tune_trials, seed=seed, **overrides)
+    if cfg.nthread is None:
+        cfg = replace(cfg, nthread=auto_nthread())
     t_start = time.perf_counter()
     outer_log = log
 
@@ -784,7 +798,7 @@ def _manifest(p: _Prepared, cfg: TrainConfig, final: dict[str, Routed], correcti
         "modes": list(MODES),
         "routes": {t: dict(final[t].route) for t in TARGETS},
         "training_data": {"sha256": report["data_sha256"],
-                          "hash_of": "cleaned operations and networks tables (gpurec.model.train.current_data_hash)",
+                          "hash_of": "cleaned operations and networks tables (gpurec.model.training.current_data_hash)",
                           "operations": int(len(p.ops)),
                           "networks": int(len(p.nets)), "rows_by_gpu_mode": report["rows"]["by_gpu_mode"]},
         "versions": library_versions(),
@@ -830,7 +844,7 @@ def dumps(obj: Any) -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m gpurec.model.train", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m gpurec.model.training", description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=None, help="datasets root (default: shipped datasets/)")
     ap.add_argument("--out", default="models", help="output directory (default: models/)")
     ap.add_argument("--trials", type=int, default=20, help="Optuna trials per target (0 = defaults)")
@@ -838,9 +852,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--no-baselines", action="store_true", help="skip RandomForest and roofline-linear")
     ap.add_argument("--cache", default=None, help="directory to cache extracted operations in")
+    ap.add_argument("--nthread", type=int, default=None,
+                    help="XGBoost threads (default: the idle cores; 1 is faster when other jobs load the machine)")
     a = ap.parse_args(argv)
     train(a.data, a.out, tune_trials=a.trials, seed=a.seed, n_folds=a.folds, baselines=not a.no_baselines,
-          cache_dir=a.cache)
+          cache_dir=a.cache, nthread=a.nthread)
     return 0
 
 
