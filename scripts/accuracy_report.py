@@ -409,6 +409,12 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, models_dir: 
               + (f"from {u['source']}: time ×{fmt(u['time_ratio'])}, energy ×{fmt(u['energy_ratio'])}."
                  if "time_ratio" in u else f"{u.get('source', 'measured band widened')}."), ""]
     L += repeatability_section()
+    speed = out.parent / "speed.md"
+    L += ["## Speed", "",
+          f"Prediction speed on the 2-core CPU machine is measured by `scripts/bench_predict.py`; the latest "
+          f"figures are in [{speed.name}]({speed.name})" + (" and below." if speed.exists() else "."), ""]
+    if speed.exists():
+        L += [ln for ln in speed.read_text().splitlines()[1:]] + [""]
     if made:
         L += ["## Plots", ""] + [f"![{m}](img/{m})" for m in made] + [""]
     text = "\n".join(L)

@@ -32,6 +32,8 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from gpurec.dataset.store import read_jsonl  # noqa: E402
+
 TINY_MS = 0.02  # ops faster than 20 us per call are launch-bound
 WITHIN = 0.03  # repeatability threshold (3%)
 TABLES = ("operations", "networks", "repeats", "idle")
@@ -204,18 +206,6 @@ class GpuData:
         return max(vals) if vals else float("nan")
 
 
-def _read_jsonl_ids(path: Path) -> Iterable[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue
-
-
 def load_gpu(path: Path) -> GpuData:
     g = GpuData(tag=path.name, path=path)
     for name in TABLES:
@@ -235,7 +225,7 @@ def load_gpu(path: Path) -> GpuData:
     g.prov.sort(key=lambda d: str(d.get("date", "")))
     ids: dict[str, set[str]] = {"op": set(), "network": set()}
     for p in sorted(raw.glob("rows-*.jsonl")) if raw.exists() else []:
-        for r in _read_jsonl_ids(p):
+        for r in read_jsonl(p):
             if r.get("item") in ids and not r.get("repeat"):
                 ids[r["item"]].add(str(r.get("id")))
     g.raw_ids = ids

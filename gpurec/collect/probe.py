@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from gpurec.collect.measure import WindowConfig, measure_idle, measure_step, tick_period_s
-from gpurec.collect.runner import _match_nvml_index, host_cpu
+from gpurec.collect.runner import _match_nvml_index
 from gpurec.dataset.store import atomic_write_json
+from gpurec.host import host_cpu
 
 # (arch, batch, mode, kind, index of that kind in the network)
 PROBE_OPS = [

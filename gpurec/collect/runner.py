@@ -23,6 +23,7 @@ from typing import Any
 from gpurec.collect.measure import WindowConfig, measure_idle, measure_step, tick_period_s
 from gpurec.collect.plan import ModelInputSet, WorkItem
 from gpurec.dataset.store import JsonlShard, atomic_write_json, read_jsonl
+from gpurec.host import host_cpu
 
 L2_BYTES_DEFAULT = 50 * 2**20
 
@@ -42,17 +43,6 @@ class CollectConfig:
     repeat_every: int = 40  # re-measure an earlier row every N rows (repeatability)
     max_consecutive_failures: int = 12
     seed: int = 0
-
-
-def host_cpu() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def provenance(gpu_info: dict[str, Any], cfg: CollectConfig) -> dict[str, Any]:

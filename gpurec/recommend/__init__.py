@@ -80,7 +80,7 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
     df["vs_best_pct"] = (df[col] / best - 1.0) * 100.0
     df["rank"] = range(1, len(df) + 1)
     df.attrs.update({"objective": objective, "mode": mode, "input_shape": list(shape),
-                     "host_cpu": host_cpu or local_host_cpu(), "host_cpus_measured": _measured_hosts(predictor),
+                     "host_cpu": host_cpu or _local_host_cpu(), "host_cpus_measured": _measured_hosts(predictor),
                      "estimates": estimates, "uncovered": _uncovered(estimates)})
     if len(df) >= 2:
         df.attrs["differences"] = explain_difference(estimates[df["gpu"].iloc[0]], estimates[df["gpu"].iloc[1]],
@@ -88,18 +88,10 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
     return df
 
 
-def local_host_cpu() -> str:
-    """This machine's CPU model (the default for ``--host-cpu``)."""
-    import platform
+def _local_host_cpu() -> str:
+    from gpurec.host import host_cpu
 
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return host_cpu()
 
 
 def _measured_hosts(predictor: Any) -> list[str]:

@@ -41,9 +41,10 @@ def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_ind
     import torch
 
     from gpurec.collect.measure import WindowConfig, measure_idle, measure_step
-    from gpurec.collect.runner import NetworkUnit, _match_nvml_index, host_cpu
+    from gpurec.collect.runner import NetworkUnit, _match_nvml_index
     from gpurec.device import NVMLUnavailable, open_gpu
     from gpurec.device.sampler import Sampler
+    from gpurec.host import host_cpu
 
     if not torch.cuda.is_available():
         raise NVMLUnavailable("No CUDA GPU is visible to torch: `gpurec validate` measures on the GPU at hand. "
