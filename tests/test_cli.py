@@ -1,0 +1,81 @@
+"""The gpurec command: output shapes and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import cli
+from gpurec.ops import reference_flops
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(cli.app, list(args))
+
+
+def test_ops_json_shape_and_flop_coverage() -> None:
+    res = run("ops", "--model", "vit_b_16", "--batch-size", "2", "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["model"] == "vit_b_16" and data["input_shape"] == [2, 3, 224, 224] and data["mode"] == "inference"
+    op = data["operations"][0]
+    assert {"kind", "signature", "flops", "bytes"} <= set(op)
+    total = sum(o["flops"] for o in data["operations"])
+    assert total == data["totals"]["flops"]
+    assert abs(total / reference_flops("vit_b_16", (2, 3, 224, 224)) - 1) < 0.01
+
+
+def test_ops_table_and_csv() -> None:
+    assert "Conv2d" in run("ops", "-m", "resnet18", "-b", "1").output
+    csv = run("ops", "-m", "resnet18", "-b", "1", "--format", "csv", "--mode", "training").output
+    assert csv.splitlines()[0].count(",") > 10 and "op_signature" in csv.splitlines()[0]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("ops", "--model", "resnet5"), "Did you mean"),
+    (("ops", "--model", "resnet50", "--batch-size", "0"), "at least 1"),
+    (("ops", "--model", "vit_b_16", "--resolution", "100"), "cannot take input shape"),
+    (("ops", "--model", "resnet50", "--mode", "train"), "inference or training"),
+    (("recommend", "--model", "resnet18", "--objective", "energi"), "time, energy, edp"),
+    (("recommend", "--model", "resnet18", "--gpus", "H100,X999"), "Valid choices"),
+    (("recommend", "--model", "not_a_net"), "Unknown model"),
+    (("predict", "--model", "resnet18", "--gpu", "Z1"), "Valid choices"),
+])
+def test_bad_input_exits_2_with_one_line(args: tuple[str, ...], needle: str) -> None:
+    res = run(*args)
+    assert res.exit_code == 2, res.output
+    assert needle in res.output
+    assert "Traceback" not in res.output
+
+
+def test_gpus_lists_catalogue() -> None:
+    data = json.loads(run("gpus", "--format", "json").output)
+    assert {"NVIDIA H100 80GB HBM3", "NVIDIA H200"} <= {g["nvml_name"] for g in data}
+
+
+def test_recommend_json_shape() -> None:
+    res = run("recommend", "--model", "resnet18", "--batch-size", "2", "--gpus", "H100,H200,A100",
+              "--objective", "edp", "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["model"] == "resnet18" and data["objective"] == "edp"
+    rows = data["ranking"]
+    assert [r["rank"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert {"gpu", "time_ms", "energy_mj", "power_w", "measured", "low", "high"} <= set(r)
+        assert r["low"] <= r["time_ms"] * r["energy_mj"] <= r["high"]
+    measured = {r["gpu"]: r["measured"] for r in rows}
+    assert measured["NVIDIA H100 80GB HBM3"] and measured["NVIDIA H200"]
+    assert not measured["NVIDIA A100-SXM4-80GB"]
+    edp = [r["edp_mj_ms"] for r in rows]
+    assert edp == sorted(edp)
+
+
+def test_validate_without_gpu_is_a_message_not_a_traceback() -> None:
+    res = run("validate", "--model", "resnet18", "--batch-size", "1")
+    assert res.exit_code == 1
+    assert "GPU" in res.output and "Traceback" not in res.output
