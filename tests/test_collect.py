@@ -471,3 +471,12 @@ def test_counter_segments_split_at_markers() -> None:
     assert rows["op2"]["kernels"] == 0  # a view: no kernel, still a row
     assert rows["op3"]["dram__bytes_read.sum"] == 5.0
     assert "bad" not in rows
+
+
+def test_done_ids_skips_failed_rows_only_when_retrying(tmp_path: Path) -> None:
+    with JsonlShard(tmp_path / "rows-0of1.jsonl") as shard:
+        shard.append({"id": "op:a:inference", "status": "ok"})
+        shard.append({"id": "op:b:inference", "status": "failed", "error": "CUDA out of memory"})
+        shard.append({"id": "op:a:inference:rep", "status": "ok", "repeat": True})
+    assert done_ids(tmp_path) == {"op:a:inference", "op:b:inference"}
+    assert done_ids(tmp_path, retry_failed=True) == {"op:a:inference"}

@@ -49,6 +49,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", default=None, help="i/n (also honours RANK/WORLD_SIZE and Slurm arrays)")
     p.add_argument("--devices", default=None, help="one worker per local GPU, e.g. 0,1,2,3")
     p.add_argument("--plan-only", action="store_true")
+    p.add_argument("--retry-failed", action="store_true", help="measure again the rows that failed before")
     p.add_argument("--sm-clocks", default=None, help="lock the SM clock at each value in turn (owned GPUs only)")
     p.add_argument("--i-own-this-gpu", action="store_true", help="confirm clock locking is allowed here")
     p.add_argument("--device", default="cuda:0", help=argparse.SUPPRESS)
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = CollectConfig(
         window=WindowConfig(min_run_time_s=args.min_run_time, min_window_s=args.min_window, warmup_s=args.warmup),
         max_instances=args.max_instances, time_budget_s=args.time_budget_s, repeat_every=args.repeat_every,
+        retry_failed=args.retry_failed,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     clocks = parse_clock_list(args.sm_clocks)

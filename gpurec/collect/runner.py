@@ -42,6 +42,7 @@ class CollectConfig:
     idle_every_s: float = 120.0
     repeat_every: int = 40  # re-measure an earlier row every N rows (repeatability)
     max_consecutive_failures: int = 12
+    retry_failed: bool = False
     seed: int = 0
 
 
@@ -149,13 +150,14 @@ class NetworkUnit:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
 
-def done_ids(out_dir: Path) -> set[str]:
-    """Rows already measured (ok or failed) in any shard of ``out_dir``."""
+def done_ids(out_dir: Path, retry_failed: bool = False) -> set[str]:
+    """Rows already measured in any shard of ``out_dir`` (failed ones too, unless retried)."""
     ids: set[str] = set()
     for p in sorted(out_dir.glob("*rows-*.jsonl")):  # includes seed-rows-* copied from datasets/
         for row in read_jsonl(p):
-            if not row.get("repeat"):
-                ids.add(row["id"])
+            if row.get("repeat") or (retry_failed and row.get("status") != "ok"):
+                continue
+            ids.add(row["id"])
     return ids
 
 
@@ -202,7 +204,7 @@ def run_worker(items: Sequence[WorkItem], out_dir: Path, cfg: CollectConfig, sha
     prov = provenance(info, cfg)
     prov["run_id"] = run_id
     atomic_write_json(out_dir / f"provenance-{run_id}.json", prov)
-    done = done_ids(out_dir)
+    done = done_ids(out_dir, cfg.retry_failed)
     todo = [w for w in items if w.id not in done]
     log(f"[{shard_name}] {info['name']} (nvml {gpu.index}): {len(todo)} to measure, {len(items) - len(todo)} done")
     source = OperationSource()
