@@ -291,10 +291,14 @@ def _records(df: Any) -> list[dict[str, Any]]:
 
 
 def _report_uncovered(unc: Any) -> None:
-    if unc is not None and len(unc):
-        share = float(unc["flops_share"].sum()) if "flops_share" in unc else float("nan")
-        typer.echo(f"  not covered by the models: {len(unc)} operations ({share * 100:.1f}% of FLOPs): "
-                   + ", ".join(sorted(set(map(str, unc["op_kind"]))))[:300] if "op_kind" in unc else "")
+    """Operations outside what the models were trained on: predicted anyway, never dropped."""
+    if unc is None or not len(unc):
+        return
+    kinds = ", ".join(sorted({str(k) for k in unc["kind"]})) if "kind" in unc else "?"
+    flops = float(unc["flops_share"].sum()) * 100 if "flops_share" in unc else float("nan")
+    time_share = float(unc["time_share"].sum()) * 100 if "time_share" in unc else float("nan")
+    typer.echo(f"  not covered by the training data (predicted anyway, less trustworthy): {len(unc)} operations "
+               f"[{kinds}], {flops:.1f}% of FLOPs, {time_share:.1f}% of the predicted operation time")
 
 
 @app.command()

@@ -79,3 +79,10 @@ def test_validate_without_gpu_is_a_message_not_a_traceback() -> None:
     res = run("validate", "--model", "resnet18", "--batch-size", "1")
     assert res.exit_code == 1
     assert "GPU" in res.output and "Traceback" not in res.output
+
+
+def test_predict_reports_uncovered_operations() -> None:
+    res = run("predict", "--model", "maxvit_t", "--batch-size", "1", "--gpu", "H100")
+    assert res.exit_code == 0, res.output
+    assert "time" in res.output and "energy" in res.output
+    assert "not covered by the training data" in res.output and "% of FLOPs" in res.output
