@@ -9,6 +9,7 @@ FlopCounterMode's matmul/convolution/attention counts to the node that issued th
 
 from __future__ import annotations
 
+import collections
 import copy
 import difflib
 import functools
@@ -22,7 +23,7 @@ import torch
 import torch.fx
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from gpurec.ops.operation import ActRef, Operation, ParamRef, canonical_value
 
@@ -363,10 +364,8 @@ def _interpret(gm: torch.fx.GraphModule, shape: tuple[int, ...], dtype: torch.dt
                 env[node.name] = _run_node(gm, modules, node, args, kwargs)
                 grad[node.name] = in_grad
                 continue
-            counter.current = 0
-            out = _run_node(gm, modules, node, args, kwargs)
+            out, mm_flops = _run_counted(gm, modules, node, args, kwargs, counter, training)
             env[node.name] = out
-            mm_flops = counter.current
             has_params = False
             if node.op == "call_module":
                 mod = modules[node.target]
@@ -474,6 +473,65 @@ def _strip_acts(template: Any) -> Any:
     if isinstance(out, tuple):
         out = list(out)
     return out
+
+
+# Leaf modules with the same settings on the same input give the same output shapes and
+# FLOPs: remember them, so repeated blocks (within a network and across NAS candidates) skip
+# the meta kernels.  Keys hold no tensors; the memo is bounded.
+_LEAF_MEMO: collections.OrderedDict[Any, tuple[Any, list[Any], int]] = collections.OrderedDict()
+_LEAF_MEMO_SIZE = 8192
+
+
+def _value_key(x: Any) -> Any:
+    if _is_tensor(x):
+        return ("T", tuple(x.shape), str(x.dtype), tuple(x.stride()))
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, tuple(_value_key(v) for v in x))
+    if isinstance(x, dict):
+        return ("D", tuple(sorted((str(k), _value_key(v)) for k, v in x.items())))
+    if isinstance(x, (bool, int, float, str, type(None))):
+        return x
+    return None  # anything else: do not memoise
+
+
+def _leaf_key(mod: nn.Module, args: Any, kwargs: Any, training: bool) -> Any:
+    if not type(mod).__module__.startswith("torch.nn"):
+        return None
+    a, k = _value_key(tuple(args)), _value_key(dict(kwargs))
+    if a is None or k is None or None in _flat(a) or None in _flat(k):
+        return None
+    import json
+
+    return (type(mod).__qualname__, json.dumps(_module_settings(mod), sort_keys=True, default=str), a, k, training)
+
+
+def _flat(x: Any) -> list[Any]:
+    if isinstance(x, tuple):
+        return [y for v in x for y in _flat(v)]
+    return [x]
+
+
+def _run_counted(gm: torch.fx.GraphModule, modules: dict[str, nn.Module], node: torch.fx.Node, args: Any,
+                 kwargs: Any, counter: _NodeFlops, training: bool) -> tuple[Any, int]:
+    """Run one node on meta and count its FLOPs, reusing memoised leaf-module results."""
+    key = _leaf_key(modules[node.target], args, kwargs, training) if node.op == "call_module" else None
+    hit = _LEAF_MEMO.get(key) if key is not None else None
+    if hit is not None:
+        _LEAF_MEMO.move_to_end(key)
+        spec, leaves, flops = hit
+        made = [torch.empty_strided(v[0], v[1], dtype=v[2], device="meta") if isinstance(v, tuple) else v
+                for v in leaves]
+        return tree_unflatten(made, spec), flops
+    counter.current = 0
+    out = _run_node(gm, modules, node, args, kwargs)
+    if key is not None:
+        leaves, spec = tree_flatten(out)
+        if all(_is_tensor(v) or v is None for v in leaves):
+            _LEAF_MEMO[key] = (spec, [(tuple(v.shape), tuple(v.stride()), v.dtype) if _is_tensor(v) else v
+                                      for v in leaves], counter.current)
+            if len(_LEAF_MEMO) > _LEAF_MEMO_SIZE:
+                _LEAF_MEMO.popitem(last=False)
+    return out, counter.current
 
 
 def _run_node(gm: torch.fx.GraphModule, modules: dict[str, nn.Module], node: torch.fx.Node, args: Any,
