@@ -126,7 +126,7 @@ def resolve_model(model: str | nn.Module) -> tuple[str, nn.Module]:
     if isinstance(model, nn.Module):
         name = type(model).__name__
         try:
-            meta = copy.deepcopy(model).to("meta")
+            meta = _meta_copy(model)
         except Exception:
             meta = model
         return name, meta
@@ -134,6 +134,16 @@ def resolve_model(model: str | nn.Module) -> tuple[str, nn.Module]:
         raise ExtractionError(f"model must be a torchvision model name or an nn.Module, not {type(model).__name__}")
     name = _check_name(model)
     return name, copy.deepcopy(_build_torchvision_meta(name))
+
+
+def _meta_copy(model: nn.Module) -> nn.Module:
+    """A structural copy whose parameters and buffers live on meta (no weight data copied)."""
+    memo: dict[int, Any] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in memo:
+            m = torch.empty(t.shape, dtype=t.dtype, device="meta")
+            memo[id(t)] = nn.Parameter(m, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else m
+    return copy.deepcopy(model, memo)
 
 
 def _check_name(model: str) -> str:
