@@ -365,16 +365,24 @@ def recommend(
 
 @app.command()
 def validate(
-    model: str = typer.Option(..., "--model", "-m"),
+    model: str = typer.Option(None, "--model", "-m"),
     batch_size: int = typer.Option(32, "--batch-size", "-b"),
     resolution: int = typer.Option(224, "--resolution", "-r"),
     mode: str = typer.Option("inference", "--mode"),
     gpu_index: int = typer.Option(0, "--gpu-index"),
     log: Path = typer.Option(Path("datasets/validation/validation_log.jsonl"), "--log"),
     fmt: str = typer.Option("table", "--format", "-f"),
+    complete: Path = typer.Option(None, "--complete", help="add predictions to a log measured without xgboost"),
 ) -> None:
     """Measure a whole network on this GPU and compare with the prediction and the op sum."""
     _check_format(fmt, ("table", "json"))
+    if complete is not None:
+        from gpurec.validate import complete_log
+
+        typer.echo(f"added predictions to {_guard(complete_log, complete)} records of {complete}")
+        return
+    if not model:
+        _fail("--model is required (or --complete LOG)")
     _check_shape(batch_size, resolution)
     from gpurec.ops.extract import _check_name
     from gpurec.validate import render

@@ -3,6 +3,7 @@ and compare it with (a) the prediction and (b) the sum of its measured operation
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -72,20 +73,22 @@ def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "in
     shape = (int(batch_size), 3, int(resolution), int(resolution))
     meas = measurement if measurement is not None else measure_network(model, shape, mode, gpu_index)
     if predictor is None:
-        from gpurec.model import load_predictor
-
-        predictor = load_predictor()
-    est = predictor.predict(model, input_shape=shape, mode=mode, gpu=meas["gpu"])
+        predictor = _load_predictor_or_none()
+    est = predictor.predict(model, input_shape=shape, mode=mode, gpu=meas["gpu"]) if predictor else None
     record: dict[str, Any] = {
         "t_unix": time.time(), "model": model, "batch_size": batch_size, "resolution": resolution, "mode": mode,
         "gpu": meas["gpu"], "measured_time_ms": meas["time_ms"], "measured_energy_mj": meas["energy_mj"],
         "measured_power_w": meas["power_w"], "sm_clock_mhz": meas.get("sm_clock_mhz"),
-        "predicted_time_ms": est.time_ms, "predicted_energy_mj": est.energy_mj, "predicted_power_w": est.power_w,
-        "gpu_measured_in_training": bool(getattr(est, "measured_gpu", False)),
         "provenance": {k: meas.get(k) for k in ("driver", "torch", "host_cpu")},
     }
-    record["time_error_pct"] = (est.time_ms / meas["time_ms"] - 1.0) * 100.0
-    record["energy_error_pct"] = (est.energy_mj / meas["energy_mj"] - 1.0) * 100.0
+    if est is not None:
+        record.update({"predicted_time_ms": est.time_ms, "predicted_energy_mj": est.energy_mj,
+                       "predicted_power_w": est.power_w,
+                       "gpu_measured_in_training": bool(getattr(est, "measured_gpu", False)),
+                       "time_error_pct": (est.time_ms / meas["time_ms"] - 1.0) * 100.0,
+                       "energy_error_pct": (est.energy_mj / meas["energy_mj"] - 1.0) * 100.0})
+    else:
+        record["prediction"] = "pending: the predictors need xgboost, which is not installed here"
     sums = sum_of_measured_ops(model, shape, mode, meas["gpu"])
     record.update({f"opsum_{k}": v for k, v in sums.items()})
     if "sum_time_ms" in sums:
@@ -97,12 +100,51 @@ def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "in
     return record
 
 
+def _load_predictor_or_none() -> Any:
+    """The shipped predictor, or None where xgboost is missing (GPU machines without it still
+    measure; ``complete_log`` adds the predictions later on any machine)."""
+    try:
+        import xgboost  # noqa: F401
+    except ImportError:
+        return None
+    from gpurec.model import load_predictor
+
+    return load_predictor()
+
+
+def complete_log(path: Path | str, predictor: Any = None) -> int:
+    """Add predictions to log records measured where xgboost was missing; returns how many."""
+    from gpurec.dataset.store import atomic_write_text
+
+    recs = load_log(path)
+    pending = [r for r in recs if "prediction" in r and "predicted_time_ms" not in r]
+    if not pending:
+        return 0
+    if predictor is None:
+        from gpurec.model import load_predictor
+
+        predictor = load_predictor()
+    for r in pending:
+        shape = (int(r["batch_size"]), 3, int(r["resolution"]), int(r["resolution"]))
+        est = predictor.predict(r["model"], input_shape=shape, mode=r["mode"], gpu=r["gpu"])
+        r.pop("prediction")
+        r.update({"predicted_time_ms": est.time_ms, "predicted_energy_mj": est.energy_mj,
+                  "predicted_power_w": est.power_w, "gpu_measured_in_training": bool(est.measured_gpu),
+                  "time_error_pct": (est.time_ms / r["measured_time_ms"] - 1.0) * 100.0,
+                  "energy_error_pct": (est.energy_mj / r["measured_energy_mj"] - 1.0) * 100.0})
+    atomic_write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in recs))
+    return len(pending)
+
+
 def render(record: dict[str, Any]) -> str:
     lines = [f"{record['model']} batch {record['batch_size']} {record['mode']} on {record['gpu']}",
              f"  measured : {record['measured_time_ms']:.3f} ms  {record['measured_energy_mj']:.1f} mJ  "
-             f"{record['measured_power_w']:.0f} W",
-             f"  predicted: {record['predicted_time_ms']:.3f} ms  {record['predicted_energy_mj']:.1f} mJ  "
-             f"({record['time_error_pct']:+.1f}% time, {record['energy_error_pct']:+.1f}% energy)"]
+             f"{record['measured_power_w']:.0f} W"]
+    if "predicted_time_ms" in record:
+        lines.append(f"  predicted: {record['predicted_time_ms']:.3f} ms  {record['predicted_energy_mj']:.1f} mJ  "
+                     f"({record['time_error_pct']:+.1f}% time, {record['energy_error_pct']:+.1f}% energy)")
+    else:
+        lines.append(f"  predicted: {record['prediction']}; run `gpurec validate --complete LOG` where it is")
     if "opsum_time_error_pct" in record:
         lines.append(f"  sum of measured operations: {record['opsum_sum_time_ms']:.3f} ms "
                      f"({record['opsum_time_error_pct']:+.1f}%), {record['opsum_sum_energy_mj']:.1f} mJ "
@@ -142,4 +184,4 @@ def plot_log(path: Path | str, out_png: Path | str) -> None:
     plt.close(fig)
 
 
-__all__ = ["DEFAULT_LOG", "load_log", "measure_network", "plot_log", "render", "sum_of_measured_ops", "validate"]
+__all__ = ["DEFAULT_LOG", "complete_log", "load_log", "measure_network", "plot_log", "render", "sum_of_measured_ops", "validate"]
