@@ -329,8 +329,12 @@ def test_real_h200_fixture_parses_and_matches_every_kernel():
 def test_missing_ncu_raises_clear_error(monkeypatch, tmp_path):
     monkeypatch.delenv("NCU", raising=False)
     monkeypatch.delenv("GPUREC_NCU", raising=False)
-    monkeypatch.setattr(ncu_io.shutil, "which", lambda _name: None)
-    monkeypatch.setattr(ncu_io.glob, "glob", lambda _pattern: [])
+    from gpurec.calibrate import ncu as calibrate_ncu  # the one ncu lookup of the package
+
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(calibrate_ncu.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(calibrate_ncu.glob, "glob", lambda _pattern: [])
     with pytest.raises(NcuNotFound) as err:
         ncu_io.find_ncu()
     assert "ncu=False" in str(err.value) and "PATH" in str(err.value)

@@ -34,8 +34,11 @@ NCU_FIX = (
 )
 DEFAULT_NCU_GLOBS: tuple[str, ...] = (
     "/usr/local/cuda/bin/ncu",
+    "/usr/local/cuda-*/bin/ncu",
     "/usr/local/cuda/nsight-compute-*/ncu",
     "/opt/nvidia/nsight-compute/*/ncu",
+    "/opt/nvidia/nsight-compute*/ncu",
+    "/usr/local/NVIDIA-Nsight-Compute*/ncu",
 )
 IDENTITY_COLUMNS = (
     "ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream",
@@ -54,9 +57,10 @@ _UNIT_SCALE = {
 
 def find_ncu() -> Path:
     """Locate ncu or raise :class:`NcuNotFound` with the fix."""
-    env = os.environ.get("NCU")
-    if env and Path(env).is_file():
-        return Path(env)
+    for var in ("NCU", "GPUREC_NCU"):
+        env = os.environ.get(var)
+        if env and Path(env).is_file() and os.access(env, os.X_OK):
+            return Path(env)
     found = shutil.which("ncu")
     if found:
         return Path(found)

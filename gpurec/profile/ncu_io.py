@@ -12,11 +12,9 @@ run at without the profiler, never at ncu's locked base clock.
 from __future__ import annotations
 
 import csv
-import glob
 import io
 import os
 import re
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -80,26 +78,13 @@ _ROLLUPS = {"sum", "avg", "min", "max"}
 
 
 def find_ncu() -> str:
-    """Path of the ncu executable: $NCU, $GPUREC_NCU, PATH, then the usual install folders."""
-    for var in ("NCU", "GPUREC_NCU"):
-        value = os.environ.get(var)
-        if value and Path(value).is_file() and os.access(value, os.X_OK):
-            return value
-    found = shutil.which("ncu")
-    if found:
-        return found
-    patterns = [
-        "/opt/nvidia/nsight-compute/*/ncu",
-        "/usr/local/cuda/bin/ncu",
-        "/usr/local/cuda-*/bin/ncu",
-        "/usr/local/NVIDIA-Nsight-Compute*/ncu",
-        "/opt/nvidia/nsight-compute*/ncu",
-    ]
-    for pattern in patterns:
-        for candidate in sorted(glob.glob(pattern), reverse=True):  # newest version first
-            if os.access(candidate, os.X_OK):
-                return candidate
-    raise NcuNotFound(NCU_HOW_TO_FIX)
+    """Path of the ncu executable (one lookup for the whole package: gpurec.calibrate.ncu)."""
+    from gpurec.calibrate import ncu as _ncu
+
+    try:
+        return str(_ncu.find_ncu())
+    except _ncu.NcuNotFound as exc:
+        raise NcuNotFound(NCU_HOW_TO_FIX) from exc
 
 
 def base_metric_name(metric: str) -> str:
@@ -346,12 +331,6 @@ def parse_ncu_csv(path_or_text: str | Path) -> pd.DataFrame:
 
 
 def _read_text(path_or_text: str | Path) -> str:
-    if isinstance(path_or_text, str) and ("\n" in path_or_text or len(path_or_text) >= 4096
-                                          or not Path(path_or_text).is_file()):
-        return path_or_text
-    raw = Path(path_or_text).read_bytes()
-    if raw.startswith(b"\x1f\x8b"):  # a gzipped export (e.g. tests/fixtures/profile/real/ncu.csv.gz)
-        import gzip
+    from gpurec.calibrate.ncu import _read_text as read
 
-        raw = gzip.decompress(raw)
-    return raw.decode("utf-8", errors="replace")
+    return read(path_or_text)
