@@ -283,6 +283,11 @@ def predict(
     typer.echo(f"{model} {list(shape)} {mode} on {spec.nvml_name} "
                f"({'measured' if getattr(est, 'measured_gpu', False) else 'extrapolated'} GPU)")
     typer.echo(f"  time {est.time_ms:.3f} ms   energy {est.energy_mj:.1f} mJ   power {est.power_w:.0f} W")
+    if per_op is not None and len(per_op) and "time_share" in per_op:
+        top = per_op.groupby("kind", as_index=False)[["time_share", "energy_share"]].sum()
+        top = top.sort_values("time_share", ascending=False).head(5)
+        typer.echo("  where the time goes: " + ", ".join(
+            f"{r.kind} {r.time_share * 100:.0f}%" for r in top.itertuples()))
     _report_uncovered(getattr(est, "uncovered", None))
 
 
