@@ -60,6 +60,11 @@ def _check_shape(batch_size: int, resolution: int) -> tuple[int, int, int, int]:
     return (batch_size, 3, resolution, resolution)
 
 
+def _check_mode(mode: str) -> None:
+    if mode not in ("inference", "training"):
+        _fail(f"--mode must be inference or training, not '{mode}'")
+
+
 def _clean(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return None
@@ -116,8 +121,7 @@ def ops(
     if not model:
         _fail("--model is required (see --list-models)")
     shape = _check_shape(batch_size, resolution)
-    if mode not in ("inference", "training"):
-        _fail(f"--mode must be inference or training, not '{mode}'")
+    _check_mode(mode)
     op_list = _guard(extract_operations, model, shape, mode=mode, keep_sources=False)
     totals = network_totals(op_list)
     records = [op.to_record() for op in op_list]
@@ -225,6 +229,7 @@ def profile(
     """Multi-level GPU utilization of one iteration (framework trace + Nsight Compute)."""
     _check_format(fmt, ("table", "json"))
     _check_shape(batch_size, resolution)
+    _check_mode(mode)
     from gpurec.profile import profile_network as run_profile
     from gpurec.profile import render_table
 
@@ -267,6 +272,7 @@ def predict(
     """Predict a network's time, energy and power on one GPU."""
     _check_format(fmt, ("table", "json"))
     shape = _check_shape(batch_size, resolution)
+    _check_mode(mode)
     from gpurec.catalog import resolve_gpu
 
     spec = _guard(resolve_gpu, gpu)
@@ -328,8 +334,7 @@ def recommend(
     gpu_list = [g.strip() for g in gpus_opt.split(",") if g.strip()] if gpus_opt else None
     for g in gpu_list or []:
         _guard(resolve_gpu, g)
-    if mode not in ("inference", "training"):
-        _fail(f"--mode must be inference or training, not '{mode}'")
+    _check_mode(mode)
     from gpurec.ops.extract import _check_name
 
     _guard(_check_name, model)
@@ -389,6 +394,7 @@ def validate(
     if not model:
         _fail("--model is required (or --complete LOG)")
     _check_shape(batch_size, resolution)
+    _check_mode(mode)
     from gpurec.ops.extract import _check_name
     from gpurec.validate import render
     from gpurec.validate import validate as run_validate

@@ -13,6 +13,7 @@ import collections
 import copy
 import difflib
 import functools
+import json
 import operator
 import re
 import time
@@ -374,7 +375,9 @@ def _interpret(gm: torch.fx.GraphModule, shape: tuple[int, ...], dtype: torch.dt
                 env[node.name] = _run_node(gm, modules, node, args, kwargs)
                 grad[node.name] = in_grad
                 continue
-            out, mm_flops = _run_counted(gm, modules, node, args, kwargs, counter, training)
+            # Settings of a leaf module: computed once, used by the memo key and the record.
+            settings = _module_settings(modules[node.target]) if node.op == "call_module" else {}
+            out, mm_flops = _run_counted(gm, modules, node, args, kwargs, counter, training, settings)
             env[node.name] = out
             has_params = False
             if node.op == "call_module":
@@ -384,13 +387,11 @@ def _interpret(gm: torch.fx.GraphModule, shape: tuple[int, ...], dtype: torch.dt
                     continue
                 has_params = any(p.requires_grad for p in mod.parameters())
                 kind = type(mod).__name__
-                settings = _module_settings(mod)
             else:
                 if node.op == "call_function" and _is_disabled_dropout(node.target, args, kwargs):
                     grad[node.name] = in_grad  # returns its input: no kernel
                     continue
                 kind = _function_kind(node)
-                settings = {}
             # Split the arguments into activation inputs, parameters and constants.
             split = _ArgSplitter(env, training)
             arg_template = tree_map(split, node.args)
@@ -492,6 +493,10 @@ _LEAF_MEMO: collections.OrderedDict[Any, tuple[Any, list[Any], int]] = collectio
 _LEAF_MEMO_SIZE = 8192
 
 
+class _Unkeyable(Exception):
+    """An argument with no stable key: the call is not memoised."""
+
+
 def _value_key(x: Any) -> Any:
     if _is_tensor(x):
         return ("T", tuple(x.shape), str(x.dtype), tuple(x.stride()))
@@ -501,30 +506,24 @@ def _value_key(x: Any) -> Any:
         return ("D", tuple(sorted((str(k), _value_key(v)) for k, v in x.items())))
     if isinstance(x, (bool, int, float, str, type(None))):
         return x
-    return None  # anything else: do not memoise
+    raise _Unkeyable
 
 
-def _leaf_key(mod: nn.Module, args: Any, kwargs: Any, training: bool) -> Any:
+def _leaf_key(mod: nn.Module, args: Any, kwargs: Any, training: bool, settings: dict[str, Any]) -> Any:
     if not type(mod).__module__.startswith("torch.nn"):
         return None
-    a, k = _value_key(tuple(args)), _value_key(dict(kwargs))
-    if a is None or k is None or None in _flat(a) or None in _flat(k):
+    try:
+        a, k = _value_key(tuple(args)), _value_key(dict(kwargs))
+    except _Unkeyable:
         return None
-    import json
-
-    return (type(mod).__qualname__, json.dumps(_module_settings(mod), sort_keys=True, default=str), a, k, training)
-
-
-def _flat(x: Any) -> list[Any]:
-    if isinstance(x, tuple):
-        return [y for v in x for y in _flat(v)]
-    return [x]
+    return (type(mod).__qualname__, json.dumps(settings, sort_keys=True, default=str), a, k, training)
 
 
 def _run_counted(gm: torch.fx.GraphModule, modules: dict[str, nn.Module], node: torch.fx.Node, args: Any,
-                 kwargs: Any, counter: _NodeFlops, training: bool) -> tuple[Any, int]:
+                 kwargs: Any, counter: _NodeFlops, training: bool, settings: dict[str, Any]) -> tuple[Any, int]:
     """Run one node on meta and count its FLOPs, reusing memoised leaf-module results."""
-    key = _leaf_key(modules[node.target], args, kwargs, training) if node.op == "call_module" else None
+    key = (_leaf_key(modules[node.target], args, kwargs, training, settings)
+           if node.op == "call_module" else None)
     hit = _LEAF_MEMO.get(key) if key is not None else None
     if hit is not None:
         _LEAF_MEMO.move_to_end(key)

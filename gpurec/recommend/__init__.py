@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gpurec.host import host_cpu as local_host_cpu
+
 OBJECTIVES = {
     "time": ("time_ms", "ms"),
     "energy": ("energy_mj", "mJ"),
@@ -80,18 +82,12 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
     df["vs_best_pct"] = (df[col] / best - 1.0) * 100.0
     df["rank"] = range(1, len(df) + 1)
     df.attrs.update({"objective": objective, "mode": mode, "input_shape": list(shape),
-                     "host_cpu": host_cpu or _local_host_cpu(), "host_cpus_measured": _measured_hosts(predictor),
+                     "host_cpu": host_cpu or local_host_cpu(), "host_cpus_measured": _measured_hosts(predictor),
                      "estimates": estimates, "uncovered": _uncovered(estimates)})
     if len(df) >= 2:
         df.attrs["differences"] = explain_difference(estimates[df["gpu"].iloc[0]], estimates[df["gpu"].iloc[1]],
                                                      objective)
     return df
-
-
-def _local_host_cpu() -> str:
-    from gpurec.host import host_cpu
-
-    return host_cpu()
 
 
 def _measured_hosts(predictor: Any) -> list[str]:
