@@ -278,7 +278,7 @@ def _measure_item(w: WorkItem, source: OperationSource, device: Any, sampler: An
             unit = NetworkUnit(s.arch, s.input_shape, w.mode, device, seed=cfg.seed)
         else:
             op = source.get(w.set_key, w.mode, w.key)
-            param_bytes = op.params * 4
+            param_bytes = op.params * torch.empty((), dtype=getattr(torch, op.dtype)).element_size()
             unit = op.materialize(device=device, instances=auto_instances(param_bytes, cfg), seed=cfg.seed)
         row["instances"] = unit.instances
         row["backward"] = bool(getattr(unit, "backward", False))
