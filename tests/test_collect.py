@@ -390,7 +390,7 @@ def test_failed_rows_are_recorded_and_the_run_continues(tmp_path: Path, fast_wor
     def get(self: OperationSource, set_key: str, mode: str, signature: str):
         op = real_get(self, set_key, mode, signature)
         if signature == relu.key:
-            return SimpleNamespace(params=0, materialize=lambda **kw: Exploding())
+            return SimpleNamespace(params=0, dtype="float32", materialize=lambda **kw: Exploding())
         return op
 
     monkeypatch.setattr(OperationSource, "get", get)
