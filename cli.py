@@ -224,16 +224,22 @@ def profile(
     out: Path = typer.Option(None, "--out", help="directory for trace, counters, JSON and plots"),
     gpu_index: int = typer.Option(0, "--gpu-index"),
     no_ncu: bool = typer.Option(False, "--no-ncu", help="framework trace only (no hardware counters)"),
+    ncu_sampling: str = typer.Option(
+        "all", "--ncu-sampling",
+        help="all: count every kernel; per-config: one launch per (kernel, grid, block), repeats imputed"),
     fmt: str = typer.Option("table", "--format", "-f"),
 ) -> None:
     """Multi-level GPU utilization of one iteration (framework trace + Nsight Compute)."""
     _check_format(fmt, ("table", "json"))
+    if ncu_sampling not in ("all", "per-config"):
+        _fail(f"--ncu-sampling must be all or per-config, not '{ncu_sampling}'")
     _check_shape(batch_size, resolution)
     _check_mode(mode)
     from gpurec.profile import profile_network as run_profile
     from gpurec.profile import render_table
 
-    result = _guard(run_profile, model, batch_size, resolution, mode, out, gpu_index, not no_ncu)
+    result = _guard(run_profile, model, batch_size, resolution, mode, out, gpu_index, not no_ncu,
+                    ncu_sampling=ncu_sampling)
     if fmt == "json":
         _print_json(result.to_json())
     else:

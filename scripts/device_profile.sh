@@ -18,6 +18,9 @@ OUT="${OUT:-/tmp/out}"
 DEST="$OUT/profile"
 WORK="${GPUREC_PROFILE_WORK:-/tmp/gpurec_profile_runs}"
 BUDGET_S="${GPUREC_PROFILE_BUDGET_S:-450}"   # for the runs; packing comes after
+# per-config: ncu profiles one launch per (kernel, grid, block) and the repeats are imputed
+# (several times less ncu time; checked against a full profile in tests/test_profile.py).
+SAMPLING="${GPUREC_PROFILE_SAMPLING:-per-config}"
 PY="${PYTHON:-python3}"
 mkdir -p "$DEST" "$WORK"
 LOG="$DEST/profile_log.txt"
@@ -103,7 +106,8 @@ for spec in "${RUNS[@]}"; do
   hard=$(( remaining - 3 ))
   log "[$i/$N] $tag: start (ncu ${ncu_flag:-on, ${ncu_t}s}; trace <= ${trace_t}s; hard stop ${hard}s)"
   timeout --kill-after=10 "$hard" "$PY" -m gpurec.profile --model "$model" --batch-size "$bs" --mode "$mode" \
-      --out "$dir" --ncu-timeout-s "$ncu_t" --trace-timeout-s "$trace_t" --max-warmup-s 10 $ncu_flag "${EXTRA[@]}" \
+      --out "$dir" --ncu-timeout-s "$ncu_t" --trace-timeout-s "$trace_t" --max-warmup-s 10 \
+      --ncu-sampling "$SAMPLING" $ncu_flag "${EXTRA[@]}" \
       > "$dir/stdout.txt" 2>&1
   rc=$?
   if [ -f "$dir/result.json" ]; then

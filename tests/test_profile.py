@@ -444,3 +444,65 @@ def test_collect_counters_reports_failure(fake_ncu, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NCU_FAIL", "1")
     csv_path, metrics, err = collect_counters(fake_ncu, [sys.executable, "-c", "pass"], tmp_path, 60)
     assert csv_path is None and metrics == [] and "exited with 3" in err
+
+
+# ----------------------------------------------------------------------------- per-config sampling
+
+
+def _first_launch_per_config(csv_text: str) -> str:
+    """What ncu --filter-mode per-launch-config --launch-count 1 keeps of a full raw CSV."""
+    import csv
+    import io
+
+    lines = csv_text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    header, body = rows[0], rows[1:]
+    keep, seen = [header], set()
+    name_i, grid_i, block_i = (header.index(c) for c in ("Kernel Name", "Grid Size", "Block Size"))
+    for row in body:
+        if not row[0].strip().isdigit():
+            keep.append(row)  # units row
+            continue
+        key = (row[name_i], row[grid_i], row[block_i])
+        if key not in seen:
+            seen.add(key)
+            keep.append(row)
+    out = io.StringIO()
+    csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(keep)
+    return out.getvalue()
+
+
+def test_per_config_sampling_command():
+    cmd = ncu_io.ncu_profile_command("ncu", ["a.sum"], Path("/tmp/r"), ["python"], sampling="per-config")
+    assert cmd[cmd.index("--filter-mode") + 1] == "per-launch-config"
+    assert cmd[cmd.index("--launch-count") + 1] == "1"
+    assert "--filter-mode" not in ncu_io.ncu_profile_command("ncu", ["a.sum"], Path("/tmp/r"), ["python"])
+    with pytest.raises(ValueError, match="sampling"):
+        ncu_io.ncu_profile_command("ncu", ["a.sum"], Path("/tmp/r"), ["python"], sampling="some")
+
+
+def test_per_config_sampling_imputes_repeats_close_to_full_profile(tmp_path):
+    """On the real run: profiling one launch per configuration and imputing the repeats
+    gives every kernel counters and iteration utilizations close to the full profile."""
+    folder = FIX / "real"
+    if not folder.is_dir():
+        pytest.skip("no real fixture")
+    trace, ncu, meta = _fixture_files(folder)
+    full = analyze(trace, ncu, meta)
+    sampled_csv = tmp_path / "ncu.csv"
+    sampled_csv.write_text(_first_launch_per_config(ncu_io._read_text(ncu)))
+    meta_d = json.loads(Path(meta).read_text())
+    meta_d["ncu_sampling"] = "per-config"
+    sampled = analyze(trace, sampled_csv, meta_d)
+    n_ncu = sampled.matching["n_ncu"]
+    assert n_ncu < full.matching["n_ncu"]
+    assert set(sampled.kernels["source"]) <= {"both", "imputed"}
+    assert (sampled.kernels["source"] == "imputed").sum() == len(sampled.kernels) - n_ncu
+    assert sampled.iteration["imputed_time_share"] > 0
+    # the same analysis without imputation leaves the repeats without counters
+    plain = analyze(trace, sampled_csv, {**meta_d, "ncu_sampling": "all"})
+    assert (plain.kernels["source"] == "trace").sum() == len(plain.kernels) - n_ncu
+    for u in ("smsp_active_util", "smsp_issue_util", "tc_active_util", "tc_issue_util"):
+        f, s = full.iteration[u], sampled.iteration[u]
+        assert abs(s - f) <= 0.1 * f + 1e-3, (u, f, s)

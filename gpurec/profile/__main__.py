@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-index", type=int, default=0)
     p.add_argument("--device", default=None, help="override, e.g. 'cpu' for a dry run with --no-ncu")
     p.add_argument("--no-ncu", action="store_true", help="skip hardware counters (no Nsight Compute)")
+    p.add_argument("--ncu-sampling", choices=["all", "per-config"], default="all",
+                   help="per-config: profile one launch per (kernel, grid, block), impute repeats")
     p.add_argument("--trace-timeout-s", type=float, default=600.0)
     p.add_argument("--ncu-timeout-s", type=float, default=1200.0)
     p.add_argument("--max-warmup-iters", type=int, default=40)
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             args.model, args.batch_size, args.resolution, args.mode, args.out, args.gpu_index,
             ncu=not args.no_ncu, precision=args.precision, device=args.device,
             trace_timeout_s=args.trace_timeout_s, ncu_timeout_s=args.ncu_timeout_s, plots=not args.no_plots,
-            max_warmup_iters=args.max_warmup_iters, max_warmup_s=args.max_warmup_s)
+            max_warmup_iters=args.max_warmup_iters, max_warmup_s=args.max_warmup_s,
+            ncu_sampling=args.ncu_sampling)
     except NcuNotFound as exc:
         print(str(exc), file=sys.stderr)
         return 2

@@ -100,6 +100,8 @@ def analyze(
     """Combine a worker trace (and optionally an ncu raw CSV) into a ProfileResult.
 
     ``meta`` is the worker's ``worker_trace.json`` (dict or path); ``batch_size`` overrides it.
+    ``meta["ncu_sampling"] == "per-config"`` marks a report of one launch per configuration,
+    whose counters are then imputed to the repeated launches.
     """
     if isinstance(meta, (str, Path)):
         meta = json.loads(Path(meta).read_text())
@@ -113,7 +115,7 @@ def analyze(
     if ncu_df is not None and ncu_df.empty:
         ncu_error, ncu_df = "ncu report holds no kernels", None
     match = match_kernels(trace.kernels, ncu_df) if ncu_df is not None else None
-    kernels = merge_kernels(trace, ncu_df, match)
+    kernels = merge_kernels(trace, ncu_df, match, impute=meta.get("ncu_sampling") == "per-config")
     it = iteration_metrics(trace, kernels, ncu_df, bs, meta.get("untraced_iteration_ms"), bubble_min_us)
     return ProfileResult(
         meta=meta,
@@ -154,7 +156,8 @@ def _tail(path: Path, n: int = 3000) -> str:
 
 
 def collect_counters(
-    ncu_path: str, target_cmd: list[str], out: Path, timeout_s: float, env: dict[str, str] | None = None
+    ncu_path: str, target_cmd: list[str], out: Path, timeout_s: float, env: dict[str, str] | None = None,
+    sampling: str = "all",
 ) -> tuple[Path | None, list[str], str | None]:
     """Run target_cmd under ncu and export the raw CSV: (csv path or None, metrics, error or None).
 
@@ -169,7 +172,7 @@ def collect_counters(
     for n_try, mset in enumerate(attempts):
         try:
             report = ncu_io.run_ncu_profile(ncu_path, mset, out / "ncu", target_cmd, out / "ncu.log",
-                                            timeout_s, env=env)
+                                            timeout_s, env=env, sampling=sampling)
             return ncu_io.export_raw_csv(ncu_path, report, out / NCU_CSV), list(mset), None
         except (ncu_io.NcuError, OSError, subprocess.SubprocessError) as exc:
             error = str(exc)
@@ -198,6 +201,7 @@ def profile_network(
     plots: bool = True,
     max_warmup_iters: int = 40,
     max_warmup_s: float = 20.0,
+    ncu_sampling: str = "all",
 ) -> ProfileResult:
     """Profile one stable iteration of ``model`` (torchvision name or nn.Module).
 
@@ -205,9 +209,15 @@ def profile_network(
     ncu.csv and ncu.log (with ncu), result.json, table.txt and the plots. Raises NcuNotFound
     before any work when ncu=True and Nsight Compute is missing; a failing ncu run after a
     good trace is reported in ``result.ncu_error`` instead of raising.
+
+    ``ncu_sampling="per-config"`` profiles one launch per (kernel, grid, block) and imputes
+    the repeats: several times less ncu time for training iterations, at the cost of
+    assuming that repeated launches of one configuration use the chip alike.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if ncu_sampling not in ncu_io.SAMPLING_MODES:
+        raise ValueError(f"ncu_sampling must be one of {ncu_io.SAMPLING_MODES}, not {ncu_sampling!r}")
     dev = device or f"cuda:{gpu_index}"
     if ncu and not dev.startswith("cuda"):
         raise ValueError("hardware counters need a CUDA device: pass ncu=False for a CPU dry run")
@@ -241,6 +251,8 @@ def profile_network(
     if rc != 0 or not (out / TRACE_FILE).is_file():
         raise ProfileError(f"trace worker failed (exit {rc}); log: {trace_log}\n{_tail(trace_log)}")
     meta = json.loads((out / META_FILE).read_text())
+    if ncu_path is not None:
+        meta["ncu_sampling"] = ncu_sampling
 
     ncu_error: str | None = None
     ncu_csv: Path | None = None
@@ -248,7 +260,8 @@ def profile_network(
     if ncu_path is not None:
         ncu_cmd = _worker_cmd(model_name, model_file, batch_size, resolution, mode, precision, dev, out, "ncu")
         ncu_cmd += ["--warmup-iters", str(meta["profiled_iteration"])]
-        ncu_csv, metrics, ncu_error = collect_counters(ncu_path, ncu_cmd, out, ncu_timeout_s, env)
+        ncu_csv, metrics, ncu_error = collect_counters(ncu_path, ncu_cmd, out, ncu_timeout_s, env,
+                                                       sampling=ncu_sampling)
 
     try:
         result = analyze(out / TRACE_FILE, ncu_csv, meta)

@@ -110,8 +110,31 @@ def counter_totals(df: pd.DataFrame) -> dict[str, float]:
     return tot
 
 
-def merge_kernels(trace: TraceData, ncu: pd.DataFrame | None, match: MatchResult | None) -> pd.DataFrame:
-    """One row per kernel: trace kernels (with counters when matched) then ncu-only kernels."""
+def _launch_key(name: object, grid: object, block: object) -> tuple[object, ...]:
+    """(normalised kernel name, grid, block): what ncu's per-launch-config filter keys on."""
+    from gpurec.profile.matching import _dims_key, normalize_kernel_name
+
+    return normalize_kernel_name(str(name or "")), _dims_key(grid), _dims_key(block)
+
+
+def _short_key(name: object, grid: object, block: object) -> tuple[object, ...]:
+    """Like _launch_key with the namespace dropped from the name."""
+    full, g, b = _launch_key(name, grid, block)
+    return str(full).rsplit("::", 1)[-1], g, b
+
+
+CYCLE_COLUMNS = [*COUNTER_COLUMNS, "smsp_cycles_elapsed_avg"]
+
+
+def merge_kernels(trace: TraceData, ncu: pd.DataFrame | None, match: MatchResult | None,
+                  impute: bool = False) -> pd.DataFrame:
+    """One row per kernel: trace kernels (with counters when matched) then ncu-only kernels.
+
+    With ``impute`` (ncu sampled one launch per configuration), a trace kernel left without
+    counters takes them from the profiled launch of the same kernel, grid and block: its
+    utilizations are copied and its cycle counts scaled by its own duration over the donor's.
+    Such rows have ``source == "imputed"``; donors are not listed again as ncu-only kernels.
+    """
     k = trace.kernels.copy()
     k["source"] = "trace"
     k["time_ms"] = k["dur_us"] / 1e3
@@ -121,7 +144,8 @@ def merge_kernels(trace: TraceData, ncu: pd.DataFrame | None, match: MatchResult
                   *COUNTER_COLUMNS, *UTIL_COLUMNS]:
             k[c] = np.nan
         return k
-    counters = ncu_counters(ncu.reset_index(drop=True))
+    ncu = ncu.reset_index(drop=True)
+    counters = ncu_counters(ncu)
     k = k.reset_index(drop=True)
     cols = list(counters.columns)
     for c in cols:
@@ -131,7 +155,31 @@ def merge_kernels(trace: TraceData, ncu: pd.DataFrame | None, match: MatchResult
             k.at[ti, c] = counters.at[nj, c]
         k.at[ti, "match_score"] = score
         k.at[ti, "source"] = "both"
-    extra = counters.loc[match.unmatched_ncu].copy()
+    donors_used: set[int] = set()
+    if impute:
+        # Donors keyed by the trace's own names (the tools spell namespaces and template
+        # arguments differently): the matched first launch of each configuration, then, for
+        # configurations whose first launch went unmatched, the ncu row by its short name.
+        donors: dict[tuple[object, ...], int] = {}
+        for ti, nj, _ in match.pairs:
+            donors.setdefault(_launch_key(k.at[ti, "name"], k.at[ti, "grid"], k.at[ti, "block"]), nj)
+        by_short: dict[tuple[object, ...], int] = {}
+        for j in range(len(ncu)):
+            by_short.setdefault(_short_key(ncu.at[j, "name"], ncu.at[j, "grid"], ncu.at[j, "block"]), j)
+        for ti in k.index[k["source"] == "trace"]:
+            j = donors.get(_launch_key(k.at[ti, "name"], k.at[ti, "grid"], k.at[ti, "block"]))
+            if j is None:
+                j = by_short.get(_short_key(k.at[ti, "name"], k.at[ti, "grid"], k.at[ti, "block"]))
+            donor_ns = counters.at[j, "ncu_time_ns"] if j is not None else float("nan")
+            if j is None or not (donor_ns > 0):
+                continue
+            scale = float(k.at[ti, "dur_us"]) * 1e3 / float(donor_ns)
+            for c in cols:
+                value = counters.at[j, c]
+                k.at[ti, c] = value * scale if c in CYCLE_COLUMNS or c == "ncu_time_ns" else value
+            k.at[ti, "source"] = "imputed"
+            donors_used.add(j)
+    extra = counters.loc[[j for j in match.unmatched_ncu if j not in donors_used]].copy()
     if not extra.empty:
         extra["source"] = "ncu"
         extra["name"] = extra["ncu_name"]
@@ -165,7 +213,11 @@ def iteration_metrics(
         m["untraced_throughput_samples_per_s"] = _div(batch_size, untraced_iteration_ms / 1e3)
     if ncu is not None and len(ncu):
         counters = ncu_counters(ncu)
-        tot = counter_totals(counters)
+        # Totals over the kernel table: every ncu kernel once (matched or not) when all were
+        # profiled, plus the imputed trace kernels when ncu sampled one launch per configuration.
+        has_counters = kernels["smsp_cycles_elapsed"].notna() if "smsp_cycles_elapsed" in kernels else None
+        tot = counter_totals(kernels[has_counters] if has_counters is not None and has_counters.any()
+                             else counters)
         m.update(tot)
         m["n_kernels_ncu"] = float(len(counters))
         m["ncu_kernel_time_ms"] = float(counters["ncu_time_ns"].sum()) / 1e6
@@ -175,8 +227,10 @@ def iteration_metrics(
         for u in UTIL_COLUMNS:
             m[f"{u}_of_iteration"] = m[u] * frac if m[u] == m[u] else float("nan")
         with_counters = kernels[kernels["source"] == "both"]
-        m["matched_time_share"] = _div(float(with_counters["time_ms"].sum()),
-                                       float(kernels.loc[kernels["source"] != "ncu", "time_ms"].sum()))
+        trace_time = float(kernels.loc[kernels["source"] != "ncu", "time_ms"].sum())
+        m["matched_time_share"] = _div(float(with_counters["time_ms"].sum()), trace_time)
+        m["imputed_time_share"] = _div(float(kernels.loc[kernels["source"] == "imputed", "time_ms"].sum()),
+                                       trace_time)
     return m
 
 

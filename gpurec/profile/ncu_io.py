@@ -77,6 +77,9 @@ FALLBACK_METRICS: tuple[str, ...] = CORE_METRICS + (
 _ROLLUPS = {"sum", "avg", "min", "max"}
 
 
+SAMPLING_MODES = ("all", "per-config")
+
+
 def find_ncu() -> str:
     """Path of the ncu executable (one lookup for the whole package: gpurec.calibrate.ncu)."""
     from gpurec.calibrate import ncu as _ncu
@@ -147,8 +150,19 @@ def ncu_profile_command(
     report_base: Path,
     target_cmd: Sequence[str],
     launch_limit: int = 5000,
+    sampling: str = "all",
 ) -> list[str]:
-    """The ncu command line: counters only inside cudaProfilerStart/Stop, no clock locking."""
+    """The ncu command line: counters only inside cudaProfilerStart/Stop, no clock locking.
+
+    ``sampling="per-config"`` profiles the first launch of each distinct launch configuration
+    (kernel, grid, block) only; the rest are filled in from it offline (see
+    ``metrics.merge_kernels``). A training iteration has ~700 kernels at ~0.3 s of replay
+    each, and most repeat a configuration, so this cuts ncu time several-fold.
+    """
+    if sampling not in SAMPLING_MODES:
+        raise ValueError(f"sampling must be one of {SAMPLING_MODES}, not {sampling!r}")
+    limit = (["--filter-mode", "per-launch-config", "--launch-count", "1"] if sampling == "per-config"
+             else ["--launch-count", str(launch_limit)])
     return [
         ncu,
         "--clock-control", "none",
@@ -156,7 +170,7 @@ def ncu_profile_command(
         "--profile-from-start", "off",
         "--target-processes", "all",
         "--replay-mode", "kernel",
-        "--launch-count", str(launch_limit),
+        *limit,
         "--metrics", ",".join(metrics),
         "--force-overwrite",
         "--export", str(report_base),
@@ -207,9 +221,10 @@ def run_ncu_profile(
     timeout_s: float,
     env: dict[str, str] | None = None,
     cwd: str | None = None,
+    sampling: str = "all",
 ) -> Path:
     """Run ``target_cmd`` under ncu; return the .ncu-rep path. Raises NcuError with the log."""
-    cmd = ncu_profile_command(ncu, metrics, report_base, target_cmd)
+    cmd = ncu_profile_command(ncu, metrics, report_base, target_cmd, sampling=sampling)
     report = Path(str(report_base) + ".ncu-rep")
     if report.exists():
         report.unlink()

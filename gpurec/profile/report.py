@@ -118,6 +118,9 @@ def render_table(result: ProfileResult, max_rows: int = 15) -> str:
             ("TC instr. / issued instr.", _pct(it.get("tc_issue_over_smsp_issue")).strip()),
             ("SM clock (from counters)", f"{_num(it.get('sm_clock_mhz_weighted'))} MHz"),
         ]
+        if result.meta.get("ncu_sampling") == "per-config":
+            rows.append(("Counter sampling", "one launch per (kernel, grid, block); repeats imputed: "
+                                             f"{_pct(it.get('imputed_time_share')).strip()} of kernel time"))
     else:
         rows.append(("Hardware counters", "not collected" + (f": {result.ncu_error}" if result.ncu_error else "")))
     width = max(len(k) for k, _ in rows)
