@@ -1,15 +1,13 @@
-"""Device results -> docs: docs/calibration.md (+ docs/img/calib_*.png) and docs/profile_results.md.
+"""Device results -> docs: docs/calibration.md (+ docs/img/calib_*.png).
 
     PYTHONPATH=. python scripts/counters_features.py      # datasets/h200/counters/op_features.parquet
-    PYTHONPATH=. python scripts/calibration_report.py     # both documents
+    PYTHONPATH=. python scripts/calibration_report.py
     PYTHONPATH=. python scripts/calibration_report.py --no-analytic   # skip re-extracting op shapes (~40 s)
 
 Inputs (all in the repository): datasets/{h100,h200}/calibration/{calibration.json,
 calib_extra.tar.gz}, datasets/h200/counters/{counters.jsonl,op_features.parquet},
-datasets/h200/raw/log_phase1.txt, datasets/plans/main.json, datasets/h200/operations.parquet and
-datasets/h200/profile/profile_results.tar.gz (extracted to a temporary folder).  Besides the two
-documents it writes datasets/h200/profile/runs/<run>.json (each run re-analysed with the current
-gpurec.profile, per-kernel rows left out) and docs/img/profile_*.png.
+datasets/h200/raw/log_phase1.txt, datasets/plans/main.json and datasets/h200/operations.parquet.
+The `gpurec profile` runs (docs/profile_results.md) are written by scripts/profile_report.py.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ import math
 import re
 import sys
 import tarfile
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -509,223 +506,10 @@ def _analytic_link(t: Any) -> dict[str, float] | None:
         return None
 
 
-# -- profile runs ------------------------------------------------------------------------------------
-
-PROFILE_ORDER = [(m, b, mode) for b in (8, 64) for mode in ("inference", "training")
-                 for m in ("resnet50", "vit_b_16", "convnext_tiny")]
-
-
-def profile_section(gpu: str = "h200") -> str:
-    from gpurec.profile import analyze, save_plots
-
-    tar_path = DATA / gpu / "profile" / "profile_results.tar.gz"
-    log_path = DATA / gpu / "profile" / "profile_log.txt"
-    if not tar_path.exists():
-        return ""
-    log = log_path.read_text() if log_path.exists() else ""
-    runs_dir = DATA / gpu / "profile" / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    results: dict[tuple[str, int, str], dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="gpurec-prof-") as tmp:
-        with tarfile.open(tar_path) as tf:
-            tf.extractall(tmp, filter="data")
-        for model, bs, mode in PROFILE_ORDER:
-            d = Path(tmp) / f"{model}_bs{bs}_{mode}"
-            if not (d / "trace.json.gz").exists():
-                continue
-            ncu = d / "ncu.csv"
-            r = analyze(d / "trace.json.gz", ncu if ncu.exists() else None, d / "worker_trace.json")
-            j = r.to_json()
-            old = json.loads((d / "result.json").read_text())
-            j["ncu_error"] = j.get("ncu_error") or old.get("ncu_error")
-            slim = {k: v for k, v in j.items() if k not in ("kernels", "files")}
-            slim["source"] = (f"{tar_path.relative_to(ROOT)}:{d.name}/ re-analysed with gpurec.profile.analyze "
-                              "(per-kernel rows left out)")
-            (runs_dir / f"{d.name}.json").write_text(json.dumps(_finite(slim), indent=1, allow_nan=False))
-            results[(model, bs, mode)] = slim
-            if (model, bs, mode) == ("resnet50", 8, "inference"):
-                files = save_plots(r, Path(tmp) / "plots")
-                for name, p in files.items():
-                    (IMG / f"profile_resnet50_bs8_inference_{name}.png").write_bytes(Path(p).read_bytes())
-    _profile_plot(results)
-    return _profile_doc(results, log, gpu)
-
-
-def _profile_plot(results: dict[tuple[str, int, str], dict[str, Any]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = [k for k in PROFILE_ORDER if k in results]
-    levels = [("GPU", "gpu_utilization"), ("SMSP active", "smsp_active_util_of_iteration"),
-              ("SMSP issue", "smsp_issue_util_of_iteration"), ("TC active", "tc_active_util_of_iteration"),
-              ("TC issue", "tc_issue_util_of_iteration")]
-    fig, ax = plt.subplots(figsize=(9, 4.2))
-    width = 0.8 / len(levels)
-    for i, (label, key) in enumerate(levels):
-        ys = [100 * (results[k]["iteration"].get(key) if results[k]["iteration"].get(key) is not None else float("nan"))
-              for k in keys]
-        ax.bar([j + (i - 2) * width for j in range(len(keys))], ys, width, label=label)
-    ax.set_xticks(range(len(keys)), [f"{m}\nbs{b} {mode[:5]}." for m, b, mode in keys], fontsize=8)
-    ax.set_ylabel("% of iteration time")
-    ax.set_title("H200 (not H100): multi-level utilization; training runs have no counters (ncu timed out)",
-                 fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(IMG / "profile_h200_utilization.png", dpi=110)
-    plt.close(fig)
-
-
-def _profile_doc(results: dict[tuple[str, int, str], dict[str, Any]], log: str, gpu: str) -> str:
-    L: list[str] = []
-    w = L.append
-    w("# `gpurec profile` results (H200) vs the seed's takeaways\n")
-    w("_Generated by `scripts/calibration_report.py --profile` from `datasets/h200/profile/` "
-      "(`profile_results.tar.gz`, `profile_log.txt`)._\n")
-    w("> **These runs are on an NVIDIA H200, not the H100 the issue asks for.** The lent machine was an H200 "
-      "(driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130, ncu 2025.3.1, fp32, default clocks — "
-      "`--clock-control none`). **The H100 runs remain to be done** (`PYTHONPATH=. bash scripts/device_profile.sh` "
-      "on an H100, with a longer budget).\n")
-    skipped = re.findall(r"\[\d+/12\] (\S+): SKIPPED \(([^)]*)\)", log)
-    done = [k for k in PROFILE_ORDER if k in results]
-    with_ncu = [k for k in done if results[k].get("matching")]
-    w(f"**What ran.** {len(done)} of the 12 planned runs finished within the script's ~7.5-minute budget "
-      f"({len(with_ncu)} with hardware counters, {len(done) - len(with_ncu)} trace-only because ncu timed out "
-      f"after its 59–90 s share: every training run); the {len(skipped)} batch-64 runs were skipped "
-      f"({skipped[0][1] if skipped else ''}). So there is no batch-size comparison yet.\n")
-    rows = []
-    for k in PROFILE_ORDER:
-        model, bs, mode = k
-        if k not in results:
-            rows.append([model, bs, mode] + ["skipped"] + [""] * 11)
-            continue
-        it, mt = results[k]["iteration"], results[k].get("matching") or {}
-        meta = results[k].get("meta", {})
-        ncu_state = (f"{mt.get('n_matched')}/{mt.get('n_trace')}/{mt.get('n_ncu')}" if mt else "no counters")
-        unmatched = (f"{len(mt.get('unmatched_trace', []))} / {len(mt.get('unmatched_ncu', []))}" if mt else "–")
-        rows.append([model, bs, mode, f(it.get("total_time_ms"), ".2f"), f(meta.get("untraced_iteration_ms"), ".2f"),
-                     f(it.get("throughput_samples_per_s"), ",.0f"), pct(it.get("gpu_utilization")),
-                     f(it.get("framework_overhead_ms"), ".2f"), int(it.get("bubble_count") or 0),
-                     pct(it.get("smsp_active_util")) if mt else "n/a", pct(it.get("smsp_issue_util")) if mt else "n/a",
-                     pct(it.get("tc_active_util")) if mt else "n/a", pct(it.get("tc_issue_util"), 2) if mt else "n/a",
-                     f"{ncu_state}; {unmatched}"])
-    w("## The 12 runs\n")
-    w("SMSP/TC columns are *within kernel time* (ratio of summed counters, Table 4.1); multiply by GPU "
-      "utilization for the share of the iteration. *matched* = kernels matched / in the trace / in the ncu "
-      "report; then unmatched trace / unmatched ncu kernels. TC active uses SMSP elapsed cycles (see the note below).\n")
-    w(table(["model", "batch", "mode", "iteration ms (traced)", "untraced ms", "samples/s", "GPU util",
-             "framework overhead ms", "GPU idle gaps", "SMSP active", "SMSP issue", "TC active", "TC issue",
-             "matched; unmatched"], rows) + "\n")
-    w("![utilization levels per run](img/profile_h200_utilization.png)\n")
-
-    def it(k: tuple[str, int, str]) -> dict[str, Any]:
-        return results[k]["iteration"] if k in results else {}
-
-    inf = [k for k in with_ncu]
-    w("## Against the seed's takeaways\n")
-    issue = {k[0]: it(k).get("smsp_issue_util") for k in inf}
-    w("- **Average SMSP issue-slot utilization under 50 %** (seed: ≤ 40 % on A100, < 50 % overall): holds for "
-      "ResNet-50 (" + pct(issue.get("resnet50")) + ") and ConvNeXt-T (" + pct(issue.get("convnext_tiny"))
-      + ") within kernel time, but **not for ViT-B/16 (" + pct(issue.get("vit_b_16")) + ")**: in fp32 with "
-      "PyTorch's default `allow_tf32=False`, its matrix products run on the FP32 pipes (cuBLAS SIMT kernels), "
-      "which issue an instruction on most cycles; the seed's workloads ran in mixed precision on tensor cores. "
-      "As a share of the whole iteration: ResNet-50 "
-      f"{pct(it(('resnet50', 8, 'inference')).get('smsp_issue_util_of_iteration'))}, ConvNeXt-T "
-      f"{pct(it(('convnext_tiny', 8, 'inference')).get('smsp_issue_util_of_iteration'))}, ViT-B/16 "
-      f"{pct(it(('vit_b_16', 8, 'inference')).get('smsp_issue_util_of_iteration'))} — the ViT is above 50 % either "
-      "way. Training has no counters, so the takeaway is checked on inference only.")
-    tc = {k[0]: it(k).get("tc_issue_util") for k in inf}
-    tca = {k[0]: it(k).get("tc_active_util") for k in inf}
-    w("- **Tensor-core issue-slot utilization a few per cent** (seed: < 5.2 % of issue opportunities; full "
-      "precision < 1 %): holds — " + ", ".join(f"{m} {pct(v, 2)}" for m, v in tc.items())
-      + ". TC *active* utilization is " + ", ".join(f"{m} {pct(v)}" for m, v in tca.items())
-      + ": in fp32 only cuDNN's TF32 convolutions use tensor cores (ResNet-50's Conv2d layers: "
-      + pct(next((r.get("tc_active_util") for r in results.get(("resnet50", 8, "inference"), {}).get("layer_types", [])
-                  if r.get("layer_type") == "Conv2d"), None), 0) + " TC active), "
-      "while the fp32 matrix products of `nn.Linear` (PyTorch's default `allow_tf32=False`), which carry most of "
-      "the ViT's and ConvNeXt-T's kernel time, never do (0.0 %). With TF32 or bf16 (`precision=` of "
-      "`gpurec profile`) these numbers would change completely; the seed's < 5.2 % was measured in mixed precision.")
-    gu = {k: it(k).get("gpu_utilization") for k in done}
-    w("- **GPU utilization grows with batch size; framework overhead dominates small batches**: only batch 8 ran, "
-      "so the batch-size trend cannot be shown yet. At batch 8 the overhead is plain: ResNet-50 inference keeps the "
-      f"GPU busy {pct(gu.get(('resnet50', 8, 'inference')))} of its {f(it(('resnet50', 8, 'inference')).get('total_time_ms'), '.1f')} ms "
-      f"traced iteration ({f(it(('resnet50', 8, 'inference')).get('framework_overhead_ms'), '.1f')} ms of GPU idle time in "
-      f"{int(it(('resnet50', 8, 'inference')).get('bubble_count') or 0)} gaps between 232 short kernels), ConvNeXt-T "
-      f"{pct(gu.get(('convnext_tiny', 8, 'inference')))}, while the ViT's few long kernels reach "
-      f"{pct(gu.get(('vit_b_16', 8, 'inference')))}. Training: ResNet-50 {pct(gu.get(('resnet50', 8, 'training')))}, "
-      f"ConvNeXt-T {pct(gu.get(('convnext_tiny', 8, 'training')))}, ViT {pct(gu.get(('vit_b_16', 8, 'training')))}.")
-    def untraced(k: tuple[str, int, str]) -> float:
-        return float((results.get(k, {}).get("meta") or {}).get("untraced_iteration_ms") or math.nan)
-
-    rn = ("resnet50", 8, "inference")
-    w("- **Caveat on the overhead numbers**: the traced iteration includes the profiler's and the module hooks' own "
-      "CPU cost, which is large when the GPU work is small. Traced / untraced iteration: "
-      + ", ".join(f"{m} bs{b} {mode} {f(it((m, b, mode)).get('total_time_ms'), '.1f')} / {f(untraced((m, b, mode)), '.1f')} ms"
-                  for m, b, mode in done)
-      + ". Without the profiler, ResNet-50 inference's GPU would be busy about "
-      f"{pct(it(rn).get('gpu_kernel_time_ms', math.nan) / untraced(rn), 0)} of the iteration instead of "
-      f"{pct(gu.get(rn), 0)} (same kernel time, shorter iteration) — small batches are overhead-bound, as the seed "
-      "found, but less than the traced numbers suggest.\n")
-    w("## Matching and counters\n")
-    w("All kernels of the runs with counters were matched ("
-      + ", ".join(f"{k[0]} {results[k]['matching']['n_matched']}/{results[k]['matching']['n_trace']}" for k in with_ncu)
-      + "; 0 unmatched on either side). The training runs have no counters because ncu timed out: "
-      + "; ".join(f"{k[0]} profiled {n} of {_n_kernels(results[k])} kernels in {t_s} s" for k, n, t_s in _ncu_partial(log, done))
-      + " (3 replay passes per kernel, ≈ 0.3 s per kernel). The H100 runs need ≥ 4–5 min of ncu per training "
-      "run, or the same iteration profiled in several kernel-range slices (`--launch-skip/--launch-count`).\n")
-    w("**Fix found with these real files.** ncu's `sm__pipe_tensor_op_hmma_cycles_active.sum` is a sum over the "
-      "four SM sub-partitions (it reaches 1.46× `sm__cycles_elapsed.sum` on one of ResNet-50's kernels), so the "
-      "previous TC active utilization (divided by SM elapsed cycles) overstated it 4×: ResNet-50 "
-      "inference read 37.1 % in `profile_log.txt`, " + pct(tca.get("resnet50")) + " with the fix. "
-      "`gpurec/profile/metrics.py` now divides by SMSP elapsed cycles (Table 4.1's definition) and reports the "
-      "text's bound as `tc_active_over_smsp_active`; the run JSON in `datasets/h200/profile/runs/` is re-analysed "
-      "with the fix (the tarball's `result.json` files are the originals). `docs/profile.md`'s metric table "
-      "still says \"SM level\" and needs the same one-line update. The real fixture "
-      "(`tests/fixtures/profile/real/`, ResNet-50 batch 8 inference) runs the invariant tests and checks the "
-      "counter bounds.\n")
-    w("Per-layer-type plots of the ResNet-50 batch-8 inference run (regenerated with the fix):\n")
-    for name in ("utilization_levels", "layer_types", "tc_issue_cdf"):
-        if (IMG / f"profile_resnet50_bs8_inference_{name}.png").exists():
-            w(f"![ResNet-50 bs8 inference {name}](img/profile_resnet50_bs8_inference_{name}.png)\n")
-    return "\n".join(L)
-
-
-def _finite(x: Any) -> Any:
-    """NaN/inf -> None, so the run JSON is standard JSON."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
-
-
-def _n_kernels(res: dict[str, Any]) -> int:
-    return int(sum(p.get("n_kernels", 0) for p in res.get("phases", [])))
-
-
-def _ncu_partial(log: str, done: list[tuple[str, int, str]]) -> list[tuple[tuple[str, int, str], int, str]]:
-    """(run, kernels ncu profiled before it stopped, ncu seconds) for runs whose ncu timed out."""
-    out = []
-    for block in re.split(r"\n(?=\[[\d:]+ \+\d+s\] \[\d+/12\] \S+: start)", log):
-        m = re.search(r"\[\d+/12\] (\w+)_bs(\d+)_(\w+): start", block)
-        t = re.search(r"ncu timed out after (\d+) s", block)
-        n = re.search(r"ncu passes per kernel \(count x passes\): (\d+) ", block)
-        if m and t and n:
-            k = (m.group(1), int(m.group(2)), m.group(3))
-            if k in done:
-                out.append((k, int(n.group(1)), t.group(1)))
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="write docs/calibration.md and docs/profile_results.md")
+    p = argparse.ArgumentParser(description="write docs/calibration.md (docs/profile_results.md: "
+                                "scripts/profile_report.py)")
     p.add_argument("--no-analytic", action="store_true", help="skip re-extracting the profiled operations' shapes")
-    p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
-                   help="also write docs/profile_results.md (default on)")
     a = p.parse_args(argv)
     cals = load_calibrations()
     if not cals:
@@ -735,11 +519,6 @@ def main(argv: list[str] | None = None) -> int:
     text = calibration_section(cals, made) + "\n" + counters_section("h200", analytic=not a.no_analytic)
     (DOCS / "calibration.md").write_text(text.rstrip() + "\n")
     print(f"wrote {DOCS / 'calibration.md'}")
-    if a.profile:
-        prof = profile_section("h200")
-        if prof:
-            (DOCS / "profile_results.md").write_text(prof.rstrip() + "\n")
-            print(f"wrote {DOCS / 'profile_results.md'}")
     return 0
 
 
