@@ -108,6 +108,35 @@ def test_custom_module_functional_ops(mode: str) -> None:
     assert sum(op.flops for op in ops) == reference_flops(model, HYBRID_SHAPE, mode=mode)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("make", [Hybrid, lambda: __import__("torchvision").models.resnet18()])
+def test_in_place_fast_path_matches_copy_and_restores_module(mode: str, make) -> None:
+    """keep_sources=False swaps the caller's tensors to meta instead of deep-copying the module:
+    same operations as the copy path, and the module comes back with its tensors and flags."""
+    model = make().eval()
+    model.layer1.train() if hasattr(model, "layer1") else model.bn.train()  # mixed flags survive
+    flags = [m.training for m in model.modules()]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = {k: id(v) for k, v in model.named_parameters()}
+    shape = HYBRID_SHAPE if isinstance(model, Hybrid) else (2, 3, 64, 64)
+    fast = extract_operations(model, shape, mode=mode, keep_sources=False)
+    slow = extract_operations(model, shape, mode=mode, keep_sources=True)
+    assert [op.signature for op in fast] == [op.signature for op in slow]
+    assert [op.flops_bwd for op in fast] == [op.flops_bwd for op in slow]
+    assert [m.training for m in model.modules()] == flags
+    assert {k: id(v) for k, v in model.named_parameters()} == ids
+    after = model.state_dict()
+    assert all(after[k].device.type == "cpu" and torch.equal(after[k], v) for k, v in before.items())
+
+
+def test_in_place_fast_path_restores_module_after_an_error() -> None:
+    model = Hybrid().eval()
+    with pytest.raises(ExtractionError):
+        extract_operations(model, (2, 5, 8, 8), mode="training", keep_sources=False)  # wrong channels
+    assert not any(m.training for m in model.modules())
+    assert all(t.device.type == "cpu" for t in model.state_dict().values())
+
+
 def test_custom_module_records_are_json_and_features_are_finite() -> None:
     ops = extract_operations(Hybrid(), HYBRID_SHAPE, mode="training")
     for op in ops:

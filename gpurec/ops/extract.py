@@ -10,6 +10,7 @@ FlopCounterMode's matmul/convolution/attention counts to the node that issued th
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import difflib
 import functools
@@ -145,6 +146,49 @@ def _meta_copy(model: nn.Module) -> nn.Module:
             m = torch.empty(t.shape, dtype=t.dtype, device="meta")
             memo[id(t)] = nn.Parameter(m, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else m
     return copy.deepcopy(model, memo)
+
+
+@contextlib.contextmanager
+def _swapped_to_meta(root: nn.Module) -> Any:
+    """Swap every parameter and buffer reachable from ``root`` for a meta tensor of the same
+    shape, dtype and requires_grad, and put the originals back on exit (also on errors).
+
+    Why: extraction only needs shapes, and a deep copy of a module costs more than the rest
+    of the extraction together (issue 5's NAS loops pass fresh modules).  Tied tensors stay
+    tied.  Tensors that a module keeps as plain attributes are not swapped (as in _meta_copy).
+    """
+    memo: dict[int, torch.Tensor] = {}
+    saved: list[tuple[dict[str, Any], str, torch.Tensor]] = []
+    try:
+        for mod in root.modules():
+            for store in (mod._parameters, mod._buffers):
+                for key, t in list(store.items()):
+                    if t is None or t.device.type == "meta":
+                        continue
+                    m = memo.get(id(t))
+                    if m is None:
+                        m = torch.empty(t.shape, dtype=t.dtype, device="meta")
+                        if isinstance(t, nn.Parameter):
+                            m = nn.Parameter(m, requires_grad=t.requires_grad)
+                        memo[id(t)] = m
+                    saved.append((store, key, t))
+                    store[key] = m
+        yield root
+    finally:
+        for store, key, t in reversed(saved):
+            store[key] = t
+
+
+@contextlib.contextmanager
+def _in_mode(root: nn.Module, training: bool) -> Any:
+    """``root.train(training)`` for the duration, then every submodule's own flag restored."""
+    flags = [(m, m.training) for m in root.modules()]
+    root.train(training)
+    try:
+        yield root
+    finally:
+        for m, flag in flags:
+            m.training = flag
 
 
 def _check_name(model: str) -> str:
@@ -307,15 +351,30 @@ def extract_operations(
         raise ExtractionError(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
     shape = _normalise_input_shape(input_shape)
     training = mode == "training"
+    scope = contextlib.ExitStack()
     if isinstance(model, str):
         name = _check_name(model)
         gm = _trace_torchvision(name, training)
-    else:
+    elif keep_sources or not isinstance(model, nn.Module):
+        # Operations keep their modules as sources: work on a meta copy, never on the caller's.
         name, meta = resolve_model(model)
         meta.train(training)
         gm = _trace(meta)
+    else:
+        # Fast path (prediction): trace the caller's module in place and run it with its
+        # tensors swapped to meta; its tensors and train/eval flags are restored afterwards.
+        # Leaf modules read their train/eval flag while interpreted, so the mode holds throughout.
+        name = type(model).__name__
+        scope.enter_context(_in_mode(model, training))
+        try:
+            gm = _trace(model)
+        except BaseException:
+            scope.close()
+            raise
+        scope.enter_context(_swapped_to_meta(gm))
     try:
-        ops = _interpret(gm, shape, dtype, training, keep_sources)
+        with scope:
+            ops = _interpret(gm, shape, dtype, training, keep_sources)
     except ExtractionError:
         raise
     except Exception as exc:  # shape errors surface here: the model cannot take this input
