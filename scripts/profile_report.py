@@ -639,9 +639,11 @@ def matching_section(L: list[str], runs: dict[Key, dict[str, Any]], facts: dict[
     t_trace = sum(float(v["time_ms"].sum()) for v in left_trace.values())
     t_ncu = sum(float(v["time_ms"].sum()) for v in ncu_only.values())
     mangled = ("all" if n_mangled == n_left else f"{n_mangled} of the")
-    w(f"**Matching.** Every trace kernel got counters (matched or imputed) except {n_left} in "
-      f"{sum(1 for v in left_trace.values() if len(v))} runs (at most {pct(share, 2)} of a run's kernel time), "
-      f"against {n_ncu_only} ncu kernels left unmatched. "
+    w(("**Matching.** Every trace kernel got counters (matched or imputed), and no ncu kernel was left "
+       "unmatched. " if n_left == 0 and n_ncu_only == 0 else
+       f"**Matching.** Every trace kernel got counters (matched or imputed) except {n_left} in "
+       f"{sum(1 for v in left_trace.values() if len(v))} runs (at most {pct(share, 2)} of a run's kernel time), "
+       f"against {n_ncu_only} ncu kernels left unmatched. ")
       + (f"{mangled.capitalize()} {n_left} carry a mangled name in the trace (`_Z…`; here cuDNN's CUTLASS "
          "implicit-GEMM convolutions) that the name normalisation of `gpurec/profile/matching.py` does not "
          "demangle, while ncu reports the demangled name"

@@ -100,6 +100,11 @@ def test_ncu_command_never_locks_clocks():
         ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>(float*, float const*, int)",
          "at::native::anon::cunn_SoftMaxForward"),
         ("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", "nvjet_tst_64x8_64x16_4x1_v_bz_TNT"),
+        # the H100 trace kept cuDNN's CUTLASS kernels mangled while ncu demangled them
+        ("_ZN17cutlass__5x_cudnn6KernelINS_4conv6kernel23ImplicitGemmConvolutionINS1_11threadblockE",
+         "cutlass__5x_cudnn::Kernel"),
+        ("void cutlass__5x_cudnn::Kernel<cutlass__5x_cudnn::conv::kernel::K>(T1::Params)", "cutlass__5x_cudnn::Kernel"),
+        ("_Z9my_kernelPfi", "my_kernel"),
         ("void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, false, true, "
          "(cudnnKernelDataType_t)0>(cudnn::engines_precompiled::nchw2nhwc_params_t<float>, float const*, float*)",
          "cudnn::engines_precompiled::nchwToNhwcKernel"),

@@ -38,13 +38,39 @@ def _strip_brackets(text: str, open_ch: str, close_ch: str) -> str:
     return "".join(out)
 
 
+def _itanium_qualified_name(mangled: str) -> str | None:
+    """The qualified function name of an Itanium-mangled symbol, template arguments left out.
+
+    The trace sometimes keeps a kernel's mangled name (cuDNN's CUTLASS kernels) where ncu
+    demangles it: ``_ZN17cutlass__5x_cudnn6KernelINS_...`` -> ``cutlass__5x_cudnn::Kernel``.
+    Only the leading nested (``_ZN...``) or plain (``_Z<len>name``) name is read.
+    """
+    m = re.match(r"_Z(N?)", mangled)
+    if not m:
+        return None
+    i, parts = m.end(), []
+    while i < len(mangled) and mangled[i].isdigit():
+        j = i
+        while j < len(mangled) and mangled[j].isdigit():
+            j += 1
+        n = int(mangled[i:j])
+        parts.append(mangled[j:j + n])
+        i = j + n
+        if not m.group(1):
+            break  # a plain name has one component
+    return "::".join(parts) if parts else None
+
+
 def normalize_kernel_name(name: str) -> str:
     """Demangled kernel name -> qualified function name without return type, templates, args.
 
     ``void at::native::vectorized_elementwise_kernel<4, F, A>(int, F, A)`` ->
-    ``at::native::vectorized_elementwise_kernel``; plain names (cuDNN, cuBLAS) pass through.
+    ``at::native::vectorized_elementwise_kernel``; plain names (cuDNN, cuBLAS) pass through;
+    mangled names (``_Z...``) are reduced to their qualified name first.
     """
     s = (name or "").strip()
+    if s.startswith("_Z"):
+        s = _itanium_qualified_name(s) or s
     s = s.replace("(anonymous namespace)", "anon")
     s = _strip_brackets(s, "<", ">")
     s = _strip_brackets(s, "(", ")")
