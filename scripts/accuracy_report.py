@@ -173,6 +173,32 @@ def plots(rep: dict[str, Any], img: Path) -> list[str]:
     return made
 
 
+def by_batch_lines(records: list[dict[str, Any]]) -> list[str]:
+    """Unseen-architecture error by batch size: small batches are launch-bound, and a launch-bound
+    network's measured time itself moves between machines (docs/validation.md)."""
+    import re
+
+    groups: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for r in records:
+        m = re.search(r":b(\d+):", str(r.get("set_key", "")))
+        try:
+            t_err = abs(r["pred_time_ms"] / r["measured_time_ms"] - 1) * 100
+            e_err = abs(r["pred_time_ms"] * r["pred_power_w"] / (r["measured_time_ms"] * r["measured_power_w"]) - 1) * 100
+        except (KeyError, TypeError, ZeroDivisionError):
+            continue
+        if m:
+            groups.setdefault((int(m.group(1)), str(r.get("mode"))), []).append((t_err, e_err))
+    if not groups:
+        return []
+    lines = []
+    for (batch, mode), errs in sorted(groups.items()):
+        lines.append(row([batch, mode, len(errs), pct(sum(e[0] for e in errs) / len(errs)),
+                          pct(sum(e[1] for e in errs) / len(errs)),
+                          share(sum(e[0] <= 10 for e in errs) / len(errs))]))
+    return ["By batch size (the corrected estimate above, from `report.json`'s per-network records):", "",
+            *table(["batch", "mode", "networks", "time MAPE", "energy MAPE", "time ±10%"], lines)]
+
+
 def repeatability_section() -> list[str]:
     """Measurement noise floor: re-measured rows (datasets/*/repeats.parquet) against their first value."""
     try:
@@ -274,6 +300,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, models_dir: 
             lines += breakdown_rows(["models only (no lookup), corrected"], ts["corrected_model_only"])
             lines += breakdown_rows(["models only, before the network correction"], ts["raw_model_only"])
         L += table(["estimate", "GPU", "mode", *HEAD], lines)
+        L += ["", *by_batch_lines(ts.get("records", []))]
         if ts.get("measured_lookup"):
             L += ["", f"{100 * ts.get('lookup_hit_share_ops', 0):.0f}% of the test networks' operations were "
                   "measured as part of training architectures (same signature, GPU and mode); the default "
