@@ -374,8 +374,10 @@ def recommend(
                    f"and {rows[1]['short_name']}:")
         for d in diffs:
             key = next(k for k in d if k.startswith("delta_"))
-            typer.echo(f"  {d['op_kind']:<28} {d[key]:+.3f} {'ms' if key.endswith('_ms') else 'mJ'} "
-                       f"({d['share_of_difference'] * 100:.0f}% of the difference)")
+            what = f"{d['op_kind']} x{d.get('count', 1)}" if d.get("count", 1) > 1 else str(d["op_kind"])
+            where = f"  e.g. {d['example']}" if d.get("example") else ""
+            typer.echo(f"  {what:<28} {d[key]:+.3f} {'ms' if key.endswith('_ms') else 'mJ'} "
+                       f"({d['share_of_difference'] * 100:.0f}% of the difference){where}")
     _report_uncovered(df.attrs.get("uncovered"))
 
 

@@ -134,12 +134,16 @@ def explain_difference(first: Any, second: Any, objective: str, top: int = 5) ->
         return []
     ga = a.groupby(keys)[col].sum()
     gb = b.groupby(keys)[col].sum()
+    count = a.groupby(keys)[col].size()
+    example = a.groupby(keys)["name"].first() if "name" in a else None
     diff = (gb - ga).dropna()
     total = float(diff.sum()) or 1.0
     out = []
     for key, d in diff.sort_values(key=lambda s: -s.abs()).head(top).items():
         kind = key[0] if isinstance(key, tuple) else key
         out.append({"op_kind": kind, "signature": key[1] if isinstance(key, tuple) and len(key) > 1 else None,
+                    "count": int(count.get(key, 0)),
+                    "example": str(example.get(key, "")) if example is not None else "",
                     f"delta_{col}": float(d), "share_of_difference": float(d) / total})
     return out
 
