@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpurec.profile.matching import MatchResult
+from gpurec.profile.matching import MatchResult, _dims_key, normalize_kernel_name
 from gpurec.profile.ncu_io import TC_ACTIVE_METRICS, TC_INST_METRICS
 from gpurec.profile.trace import TraceData, timeline_metrics
 
@@ -112,8 +112,6 @@ def counter_totals(df: pd.DataFrame) -> dict[str, float]:
 
 def _launch_key(name: object, grid: object, block: object) -> tuple[object, ...]:
     """(normalised kernel name, grid, block): what ncu's per-launch-config filter keys on."""
-    from gpurec.profile.matching import _dims_key, normalize_kernel_name
-
     return normalize_kernel_name(str(name or "")), _dims_key(grid), _dims_key(block)
 
 
