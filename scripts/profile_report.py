@@ -15,9 +15,7 @@ datasets/h100/profile/runs/<run>.json (each H100 run's result without the per-ke
 
 from __future__ import annotations
 
-import csv
 import gzip
-import io
 import json
 import math
 import re
@@ -31,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpurec.profile import ProfileResult, analyze, save_plots  # noqa: E402
+from gpurec.profile import ProfileResult, analyze, ncu_io, save_plots  # noqa: E402
 
 DATA = ROOT / "datasets"
 DOCS = ROOT / "docs"
@@ -165,27 +163,6 @@ def load_runs(gpu: str, tmp: Path, write_json: bool) -> dict[Key, dict[str, Any]
     return out
 
 
-def first_launch_per_config(csv_text: str) -> str:
-    """What `ncu --filter-mode per-launch-config --launch-count 1` keeps of a full raw CSV."""
-    lines = csv_text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
-    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
-    header, body = rows[0], rows[1:]
-    keep, seen = [header], set()
-    name_i, grid_i, block_i = (header.index(c) for c in ("Kernel Name", "Grid Size", "Block Size"))
-    for row in body:
-        if not row[0].strip().isdigit():
-            keep.append(row)  # units row
-            continue
-        key = (row[name_i], row[grid_i], row[block_i])
-        if key not in seen:
-            seen.add(key)
-            keep.append(row)
-    buf = io.StringIO()
-    csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(keep)
-    return buf.getvalue()
-
-
 def sampling_check(tmp: Path) -> dict[str, Any] | None:
     """Full profile of the real fixture vs its first-launch-per-configuration subset, imputed."""
     trace = FIXTURE / "trace.json.gz"
@@ -197,7 +174,7 @@ def sampling_check(tmp: Path) -> dict[str, Any] | None:
     meta = json.loads(meta_p.read_text())
     full = analyze(trace, ncu, meta)
     sampled_csv = tmp / "fixture_per_config.csv"
-    sampled_csv.write_text(first_launch_per_config(text))
+    sampled_csv.write_text(ncu_io.first_launch_per_config(text))
     sampled = analyze(trace, sampled_csv, {**meta, "ncu_sampling": "per-config"})
     rows = {u: (full.iteration[u], sampled.iteration[u]) for u in UTILS}
     return {"meta": meta, "full": full, "sampled": sampled, "rows": rows,

@@ -454,30 +454,6 @@ def test_collect_counters_reports_failure(fake_ncu, tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- per-config sampling
 
 
-def _first_launch_per_config(csv_text: str) -> str:
-    """What ncu --filter-mode per-launch-config --launch-count 1 keeps of a full raw CSV."""
-    import csv
-    import io
-
-    lines = csv_text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
-    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
-    header, body = rows[0], rows[1:]
-    keep, seen = [header], set()
-    name_i, grid_i, block_i = (header.index(c) for c in ("Kernel Name", "Grid Size", "Block Size"))
-    for row in body:
-        if not row[0].strip().isdigit():
-            keep.append(row)  # units row
-            continue
-        key = (row[name_i], row[grid_i], row[block_i])
-        if key not in seen:
-            seen.add(key)
-            keep.append(row)
-    out = io.StringIO()
-    csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(keep)
-    return out.getvalue()
-
-
 def test_per_config_sampling_command():
     cmd = ncu_io.ncu_profile_command("ncu", ["a.sum"], Path("/tmp/r"), ["python"], sampling="per-config")
     assert cmd[cmd.index("--filter-mode") + 1] == "per-launch-config"
@@ -496,7 +472,7 @@ def test_per_config_sampling_imputes_repeats_close_to_full_profile(tmp_path):
     trace, ncu, meta = _fixture_files(folder)
     full = analyze(trace, ncu, meta)
     sampled_csv = tmp_path / "ncu.csv"
-    sampled_csv.write_text(_first_launch_per_config(ncu_io._read_text(ncu)))
+    sampled_csv.write_text(ncu_io.first_launch_per_config(ncu_io._read_text(ncu)))
     meta_d = json.loads(Path(meta).read_text())
     meta_d["ncu_sampling"] = "per-config"
     sampled = analyze(trace, sampled_csv, meta_d)

@@ -349,3 +349,30 @@ def _read_text(path_or_text: str | Path) -> str:
     from gpurec.calibrate.ncu import _read_text as read
 
     return read(path_or_text)
+
+
+def first_launch_per_config(csv_text: str) -> str:
+    """What ``--filter-mode per-launch-config --launch-count 1`` keeps of a full raw CSV.
+
+    Lets a full report be reduced to the sampled one, to check the per-config imputation
+    against the full counters (tests, scripts/profile_report.py).
+    """
+    lines = csv_text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        raise NcuError("no ncu raw CSV header (a line starting with \"ID\") found")
+    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    header, body = rows[0], rows[1:]
+    keep, seen = [header], set()
+    name_i, grid_i, block_i = (header.index(c) for c in ("Kernel Name", "Grid Size", "Block Size"))
+    for row in body:
+        if not row or not row[0].strip().isdigit():
+            keep.append(row)  # the units row
+            continue
+        key = (row[name_i], row[grid_i], row[block_i])
+        if key not in seen:
+            seen.add(key)
+            keep.append(row)
+    buf = io.StringIO()
+    csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(keep)
+    return buf.getvalue()
