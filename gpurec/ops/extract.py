@@ -138,13 +138,18 @@ def resolve_model(model: str | nn.Module) -> tuple[str, nn.Module]:
     return name, copy.deepcopy(_build_torchvision_meta(name))
 
 
+def _meta_like(t: torch.Tensor) -> torch.Tensor:
+    """An empty meta tensor of ``t``'s shape and dtype; a Parameter (same requires_grad) for one."""
+    m = torch.empty(t.shape, dtype=t.dtype, device="meta")
+    return nn.Parameter(m, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else m
+
+
 def _meta_copy(model: nn.Module) -> nn.Module:
     """A structural copy whose parameters and buffers live on meta (no weight data copied)."""
     memo: dict[int, Any] = {}
     for t in list(model.parameters()) + list(model.buffers()):
         if id(t) not in memo:
-            m = torch.empty(t.shape, dtype=t.dtype, device="meta")
-            memo[id(t)] = nn.Parameter(m, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else m
+            memo[id(t)] = _meta_like(t)
     return copy.deepcopy(model, memo)
 
 
@@ -166,14 +171,10 @@ def _swapped_to_meta(root: nn.Module) -> Any:
                 for key, t in list(store.items()):
                     if t is None or t.device.type == "meta":
                         continue
-                    m = memo.get(id(t))
-                    if m is None:
-                        m = torch.empty(t.shape, dtype=t.dtype, device="meta")
-                        if isinstance(t, nn.Parameter):
-                            m = nn.Parameter(m, requires_grad=t.requires_grad)
-                        memo[id(t)] = m
+                    if id(t) not in memo:
+                        memo[id(t)] = _meta_like(t)
                     saved.append((store, key, t))
-                    store[key] = m
+                    store[key] = memo[id(t)]
         yield root
     finally:
         for store, key, t in reversed(saved):
@@ -352,35 +353,30 @@ def extract_operations(
         raise ExtractionError(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
     shape = _normalise_input_shape(input_shape)
     training = mode == "training"
-    scope = contextlib.ExitStack()
-    if isinstance(model, str):
-        name = _check_name(model)
-        gm = _trace_torchvision(name, training)
-    elif keep_sources or not isinstance(model, nn.Module):
-        # Operations keep their modules as sources: work on a meta copy, never on the caller's.
-        name, meta = resolve_model(model)
-        meta.train(training)
-        gm = _trace(meta)
-    else:
-        # Fast path (prediction): trace the caller's module in place and run it with its
-        # tensors swapped to meta; its tensors and train/eval flags are restored afterwards.
-        # Leaf modules read their train/eval flag while interpreted, so the mode holds throughout.
-        name = type(model).__name__
-        scope.enter_context(_in_mode(model, training))
-        try:
+    with contextlib.ExitStack() as scope:
+        if isinstance(model, str):
+            name = _check_name(model)
+            gm = _trace_torchvision(name, training)
+        elif keep_sources or not isinstance(model, nn.Module):
+            # Operations keep their modules as sources: work on a meta copy, never on the caller's.
+            name, meta = resolve_model(model)
+            meta.train(training)
+            gm = _trace(meta)
+        else:
+            # Fast path (prediction): trace the caller's module in place and run it with its
+            # tensors swapped to meta; its tensors and train/eval flags are restored on leaving.
+            # Leaf modules read their train/eval flag while interpreted, so the mode holds throughout.
+            name = type(model).__name__
+            scope.enter_context(_in_mode(model, training))
             gm = _trace(model)
-        except BaseException:
-            scope.close()
-            raise
-        scope.enter_context(_swapped_to_meta(gm))
-    try:
-        with scope:
+            scope.enter_context(_swapped_to_meta(gm))
+        try:
             ops = _interpret(gm, shape, dtype, training, keep_sources)
-    except ExtractionError:
-        raise
-    except Exception as exc:  # shape errors surface here: the model cannot take this input
-        reason = re.sub(r"Proxy\([^)]*\)", f"{list(shape)}", str(exc).splitlines()[0][:200])
-        raise ExtractionError(f"{name} cannot take input shape {list(shape)}: {reason}") from exc
+        except ExtractionError:
+            raise
+        except Exception as exc:  # shape errors surface here: the model cannot take this input
+            reason = re.sub(r"Proxy\([^)]*\)", f"{list(shape)}", str(exc).splitlines()[0][:200])
+            raise ExtractionError(f"{name} cannot take input shape {list(shape)}: {reason}") from exc
     for op in ops:
         op.model = name
     return ops
