@@ -231,8 +231,10 @@ def profile(
 ) -> None:
     """Multi-level GPU utilization of one iteration (framework trace + Nsight Compute)."""
     _check_format(fmt, ("table", "json"))
-    if ncu_sampling not in ("all", "per-config"):
-        _fail(f"--ncu-sampling must be all or per-config, not '{ncu_sampling}'")
+    from gpurec.profile.ncu_io import SAMPLING_MODES
+
+    if ncu_sampling not in SAMPLING_MODES:
+        _fail(f"--ncu-sampling must be one of {', '.join(SAMPLING_MODES)}, not '{ncu_sampling}'")
     _check_shape(batch_size, resolution)
     _check_mode(mode)
     from gpurec.profile import profile_network as run_profile

@@ -597,7 +597,7 @@ def repeat_pairs(g: GpuData) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _repeat_reading(tag: str, p: pd.DataFrame) -> str:
+def _repeat_reading(tag: str, p: pd.DataFrame, limit_w: float) -> str:
     """One data-derived sentence per GPU: where the 3% goal holds and what breaks it."""
     ops = p[p["item"] == "op"]
     big = ops[ops["time_ms_orig"] >= HOST_MS]
@@ -607,14 +607,14 @@ def _repeat_reading(tag: str, p: pd.DataFrame) -> str:
     e_miss = big[big["d_energy_mj"] > WITHIN]
     same_time = e_miss[e_miss["d_time_ms"] <= WITHIN]
     power_moves = same_time[same_time["d_power_w"] > WITHIN]
-    high = same_time[same_time[["power_w_orig", "power_w_rep"]].max(axis=1) >= 0.8 * 700]
+    high = same_time[same_time[["power_w_orig", "power_w_rep"]].max(axis=1) >= 0.8 * limit_w]
     slow = small[small["d_time_ms"] > 0.1]
     return (f"`{tag}`: operations of {HOST_MS * 1000:.0f} µs or more repeat within 3% in "
             f"{fpct(share_true(big['d_time_ms'], lambda x: x <= WITHIN), 0)} of pairs for time and "
             f"{fpct(share_true(big['d_energy_mj'], lambda x: x <= WITHIN), 0)} for energy ({len(big)} pairs); "
             f"of the {len(e_miss)} energy misses there, {len(same_time)} kept their time within 3% while power "
-            f"moved ({len(power_moves)} by more than 3%, {len(high)} of them at ≥ 560 W, i.e. near the 700 W "
-            "limit, where clocks follow the power cap).  Between 20 and "
+            f"moved ({len(power_moves)} by more than 3%, {len(high)} of them at ≥ {0.8 * limit_w:.0f} W, i.e. near "
+            f"the {limit_w:.0f} W limit, where clocks follow the power cap).  Between 20 and "
             f"{HOST_MS * 1000:.0f} µs, {len(slow)} of {len(small)} pairs changed time by more than 10% "
             f"seconds apart in the same run ({fpct((slow['mode'] == 'training').mean() if len(slow) else None, 0)} of "
             "them training steps, whose time at this size is mostly the autograd engine and kernel launches on "
@@ -667,7 +667,8 @@ def section_repeatability(gpus: list[GpuData], img: Path, out_dir: Path) -> str:
     lines += ["Largest energy differences:", "",
               table(["GPU", "row", "time ms (orig)", "time ms (rep)", "energy mJ (orig)", "energy mJ (rep)",
                      "|Δ|/mean"], worst), ""]
-    lines += ["**Reading.** " + " ".join(_repeat_reading(t, p) for t, p in pairs_all.items()), ""]
+    limits = {g.tag: g.power_limit_w() for g in gpus}
+    lines += ["**Reading.** " + " ".join(_repeat_reading(t, p, limits[t]) for t, p in pairs_all.items()), ""]
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
     for i, (t, p) in enumerate(pairs_all.items()):

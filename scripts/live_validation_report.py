@@ -11,6 +11,7 @@ prediction error, the report compares each live measurement with the whole-netwo
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from pathlib import Path
@@ -35,8 +36,13 @@ def _records() -> list[dict[str, Any]]:
     return out
 
 
+@functools.cache
+def _networks(gpu: str) -> Any:
+    return load_dataset(gpu=gpu, table="networks")
+
+
 def _collected(gpu: str, model: str, batch: int, res: int, mode: str) -> dict[str, Any] | None:
-    nets = load_dataset(gpu=gpu, table="networks")
+    nets = _networks(gpu)
     row = nets[(nets["set_key"] == f"{model}:b{batch}:r{res}") & (nets["mode"] == mode)]
     if row.empty:
         return None

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from gpurec.profile.api import ProfileError, profile_network
-from gpurec.profile.ncu_io import NcuNotFound
+from gpurec.profile.ncu_io import SAMPLING_MODES, NcuNotFound
 from gpurec.profile.report import render_table
 
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-index", type=int, default=0)
     p.add_argument("--device", default=None, help="override, e.g. 'cpu' for a dry run with --no-ncu")
     p.add_argument("--no-ncu", action="store_true", help="skip hardware counters (no Nsight Compute)")
-    p.add_argument("--ncu-sampling", choices=["all", "per-config"], default="all",
+    p.add_argument("--ncu-sampling", choices=list(SAMPLING_MODES), default="all",
                    help="per-config: profile one launch per (kernel, grid, block), impute repeats")
     p.add_argument("--trace-timeout-s", type=float, default=600.0)
     p.add_argument("--ncu-timeout-s", type=float, default=1200.0)
