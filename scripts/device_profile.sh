@@ -21,6 +21,7 @@ BUDGET_S="${GPUREC_PROFILE_BUDGET_S:-450}"   # for the runs; packing comes after
 # per-config: ncu profiles one launch per (kernel, grid, block) and the repeats are imputed
 # (several times less ncu time; checked against a full profile in tests/test_profile.py).
 SAMPLING="${GPUREC_PROFILE_SAMPLING:-per-config}"
+NCU_MAX_S="${GPUREC_PROFILE_NCU_MAX_S:-180}"   # most ncu time one run may take (raise it for --sampling all)
 PY="${PYTHON:-python3}"
 mkdir -p "$DEST" "$WORK"
 LOG="$DEST/profile_log.txt"
@@ -94,9 +95,9 @@ for spec in "${RUNS[@]}"; do
     log "[$i/$N] $tag: SKIPPED (only ${remaining}s left)"
     continue
   fi
-  # Fair share of what is left, at least 60 s and at most 180 s of ncu per run.
+  # Fair share of what is left, at least 60 s and at most NCU_MAX_S of ncu per run.
   share=$(( remaining * 5 / (2 * left) ))
-  ncu_t=$(( share < 60 ? 60 : (share > 180 ? 180 : share) ))
+  ncu_t=$(( share < 60 ? 60 : (share > NCU_MAX_S ? NCU_MAX_S : share) ))
   [ "$ncu_t" -gt $(( remaining - 45 )) ] && ncu_t=$(( remaining - 45 ))
   ncu_flag=""
   if [ "$HAVE_NCU" -eq 0 ] || [ "$ncu_t" -lt 40 ]; then

@@ -41,7 +41,8 @@ def _fixture_files(folder: Path) -> tuple[Path, Path | None, Path | None]:
     return trace, ncu, meta
 
 
-FIXTURE_DIRS = [SYN] + ([FIX / "real"] if (FIX / "real").is_dir() else [])
+REAL_DIRS = sorted(p for p in FIX.glob("real*") if p.is_dir())  # real: H200 inference; real_h100_training
+FIXTURE_DIRS = [SYN, *REAL_DIRS]
 
 
 @pytest.fixture(scope="module")
@@ -328,6 +329,32 @@ def test_real_h200_fixture_parses_and_matches_every_kernel():
     assert 1500 < it["sm_clock_mhz_weighted"] < 2000  # default clocks, not locked
 
 
+def test_real_h100_training_fixture_matches_and_annotates_backward_and_optimizer():
+    """resnet50 batch 8 training on an H100, every kernel profiled: forward, backward and the
+    optimizer step match one to one, and every kernel of the three phases has its layer (the
+    few outside them, such as the input copy, take under 1 % of kernel time)."""
+    folder = FIX / "real_h100_training"
+    if not folder.is_dir():
+        pytest.skip("no real training fixture")
+    trace, ncu, meta = _fixture_files(folder)
+    r = analyze(trace, ncu, meta)
+    assert r.meta["device_name"] == "NVIDIA H100 80GB HBM3" and r.meta["mode"] == "training"
+    mt = r.matching
+    assert mt["n_trace"] == mt["n_ncu"] == mt["n_matched"] == 699
+    assert not mt["unmatched_trace"] and not mt["unmatched_ncu"]
+    k = r.kernels
+    by_phase = k.groupby("phase")["time_ms"].sum()
+    assert by_phase["backward"] > by_phase["forward"] > by_phase["optimizer"] > 0
+    tagged = k[k["phase"].isin(["forward", "backward", "optimizer"])]
+    assert (tagged["layer"] != "(unattributed)").all()
+    assert tagged["time_ms"].sum() >= 0.99 * k["time_ms"].sum()
+    bwd = k[k["phase"] == "backward"].groupby("layer_type")["time_ms"].sum()
+    assert bwd.idxmax() == "Conv2d" and {"BatchNorm2d", "ReLU", "Linear"} <= set(bwd.index)
+    assert set(k.loc[k["phase"] == "optimizer", "layer_type"]) == {"Optimizer(SGD)"}
+    it = r.iteration
+    assert it["smsp_issue_util"] < 0.5 and it["tc_issue_util"] < 0.05
+
+
 # ----------------------------------------------------------------------------- missing ncu / processes
 
 
@@ -463,12 +490,11 @@ def test_per_config_sampling_command():
         ncu_io.ncu_profile_command("ncu", ["a.sum"], Path("/tmp/r"), ["python"], sampling="some")
 
 
-def test_per_config_sampling_imputes_repeats_close_to_full_profile(tmp_path):
-    """On the real run: profiling one launch per configuration and imputing the repeats
-    gives every kernel counters and iteration utilizations close to the full profile."""
-    folder = FIX / "real"
-    if not folder.is_dir():
-        pytest.skip("no real fixture")
+@pytest.mark.parametrize("folder", REAL_DIRS, ids=lambda p: p.name)
+def test_per_config_sampling_imputes_repeats_close_to_full_profile(tmp_path, folder):
+    """On the real runs (inference and training): profiling one launch per configuration and
+    imputing the repeats gives every kernel counters and iteration utilizations close to the
+    full profile."""
     trace, ncu, meta = _fixture_files(folder)
     full = analyze(trace, ncu, meta)
     sampled_csv = tmp_path / "ncu.csv"
