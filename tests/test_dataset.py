@@ -12,7 +12,7 @@ import pytest
 import gpurec
 from gpurec.dataset.build import build_all, build_gpu_dataset
 from gpurec.dataset.load import DATASET_DIR_ENV, default_root, load_dataset
-from gpurec.dataset.store import JsonlShard, atomic_write_json
+from gpurec.dataset.store import JsonlShard, atomic_write_json, json_safe
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = "NVIDIA H100 80GB HBM3"
@@ -198,3 +198,15 @@ def test_shipped_raw_rebuilds_to_the_shipped_tables(tmp_path: Path) -> None:
     for name in ("operations", "networks", "repeats", "idle"):
         pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / f"{name}.parquet"),
                                       pd.read_parquet(src / f"{name}.parquet"), check_like=False)
+
+
+def test_json_safe_gives_strict_json_for_numpy_pandas_and_paths() -> None:
+    import numpy as np
+
+    raw = {1: np.float32(0.5), "a": (np.int64(3), float("nan")), "arr": np.array([[1.0, np.inf]]),
+           "na": pd.NA, "nat": pd.NaT, "p": Path("x/y"), "ok": [True, np.bool_(False), "s", None]}
+    safe = json_safe(raw)
+    assert safe == {"1": 0.5, "a": [3, None], "arr": [[1.0, None]], "na": None, "nat": None, "p": "x/y",
+                    "ok": [True, False, "s", None]}
+    assert json.loads(json.dumps(safe, allow_nan=False)) == safe
+    assert type(safe["a"][0]) is int and type(safe["ok"][1]) is bool

@@ -18,7 +18,6 @@ import datetime as _dt
 import json
 import logging
 import math
-import os
 import platform
 import signal
 import statistics
@@ -36,6 +35,7 @@ from gpurec.calibrate import ncu as ncu_mod
 from gpurec.calibrate.errors import CalibrationError, ToolNotFound
 from gpurec.calibrate.microbench import LEVELS, BenchConfig, DeviceProps, Microbench
 from gpurec.calibrate.sweep import Sweeper, SweepSettings, finalize_rows
+from gpurec.dataset.store import atomic_write_text, json_safe
 from gpurec.device.errors import NVMLError
 
 log = logging.getLogger("gpurec.calibrate")
@@ -171,25 +171,9 @@ def _ncu_stage(lib: Path, props: DeviceProps, sizes: dict[str, int], device: int
     return res, sweep
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, Path):
-        return str(x)
-    if hasattr(x, "item") and callable(x.item):  # numpy scalars
-        return _jsonable(x.item())
-    return x
-
-
 def write_json(obj: dict[str, Any], path: Path) -> None:
     """Atomic write, so a kill mid-write never leaves a truncated calibration.json."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_jsonable(obj), indent=1))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(json_safe(obj), indent=1))
 
 
 def _observed(rows: list[dict[str, Any]]) -> dict[str, Any]:

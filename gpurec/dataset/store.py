@@ -22,6 +22,25 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def json_safe(value: Any) -> Any:
+    """Strict-JSON form of reports and manifests: NaN/inf and pandas' NA -> None, numpy arrays and
+    scalars -> Python, tuples -> lists, paths -> str, dict keys -> str (so a written file is valid
+    JSON that any reader accepts)."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy arrays and scalars
+        return json_safe(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if type(value).__name__ in ("NAType", "NaTType"):
+        return None
+    return value
+
+
 class JsonlShard:
     """One worker's output file."""
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import platform
 import time
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from gpurec.dataset.store import json_safe
 from gpurec.model.evaluate import arch_of, breakdown, family, grouped_folds, row_families
 from gpurec.model.features import (
     FEATURE_SCHEMA_VERSION,
@@ -820,25 +820,8 @@ def _manifest(p: _Prepared, cfg: TrainConfig, final: dict[str, Routed], correcti
     }
 
 
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, (np.floating, float)):
-        f = float(obj)
-        return f if math.isfinite(f) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    return obj
-
-
 def dumps(obj: Any) -> str:
-    return json.dumps(_jsonable(obj), indent=1, sort_keys=True)
+    return json.dumps(json_safe(obj), indent=1, sort_keys=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,9 +19,10 @@ from typing import Any
 
 import pandas as pd
 
+from gpurec.dataset.store import json_safe
 from gpurec.profile import ncu_io
 from gpurec.profile.matching import MatchResult, match_kernels, normalize_kernel_name
-from gpurec.profile.metrics import frame_records, group_metrics, iteration_metrics, json_safe, merge_kernels
+from gpurec.profile.metrics import frame_records, group_metrics, iteration_metrics, merge_kernels
 from gpurec.profile.trace import load_trace
 
 MODES = ("inference", "training")

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpurec.dataset.store import json_safe
 from gpurec.profile.matching import MatchResult, _dims_key, normalize_kernel_name
 from gpurec.profile.ncu_io import TC_ACTIVE_METRICS, TC_INST_METRICS
 from gpurec.profile.trace import TraceData, timeline_metrics
@@ -268,21 +269,6 @@ def tc_issue_cdf(kernels: pd.DataFrame) -> pd.DataFrame:
         "tc_issue_util": k["tc_issue_util"].to_numpy(float),
         "cum_time_share": (k["time_ms"].cumsum() / total).to_numpy(float) if total > 0 else np.array([]),
     })
-
-
-def json_safe(value: Any) -> Any:
-    """NaN/inf -> None, numpy scalars -> Python, tuples -> lists (strict JSON)."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is pd.NA or value is pd.NaT:
-        return None
-    return value
 
 
 def frame_records(df: pd.DataFrame) -> list[dict[str, Any]]:
