@@ -101,6 +101,8 @@ def test_custom_module_functional_ops(mode: str) -> None:
         assert all(all(op.input_requires_grad) for op in ops[1:])
         assert ops[0].flops_bwd == ops[0].flops  # weight gradient only
         assert ops[1].flops_bwd > 0
+        # weightless product with q, k, v needing gradients: two forwards' worth (dQ/dK and dV/dP)
+        assert sdpa.flops_bwd == 2 * sdpa.flops
     else:
         assert not any(any(op.input_requires_grad) for op in ops) and all(op.flops_bwd == 0 for op in ops)
     # the user's module is left as it was: on the CPU, in its own mode
@@ -436,3 +438,25 @@ def test_classification_models() -> None:
     names = classification_models()
     assert len(names) == 80 and names == sorted(names)
     assert {"resnet18", "vit_b_16", "swin_v2_t", "inception_v3"} <= set(names)
+
+
+class _TwoOperandProducts(torch.nn.Module):
+    """x @ x^T (both operands need a gradient) and a product with a constant operand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)  # makes its output need a gradient
+        self.register_buffer("const", torch.ones(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.proj(x)
+        return torch.matmul(y, y.transpose(-1, -2)).sum() + torch.matmul(y, self.const).sum()
+
+
+def test_backward_flops_count_one_forward_per_operand_needing_a_gradient() -> None:
+    ops = extract_operations(_TwoOperandProducts(), (2, 4, 8), mode="training")
+    mm = [op for op in ops if op.kind == "matmul"]
+    assert len(mm) == 2 and all(op.flops > 0 for op in mm)
+    both, one = mm
+    assert both.input_requires_grad == [True, True] and both.flops_bwd == 2 * both.flops
+    assert one.flops_bwd == one.flops  # the buffer operand needs no gradient

@@ -317,10 +317,14 @@ def _flops_elementwise(kind: str, in_numel: int, out_numel: int, settings: dict[
     return 0
 
 
-def _backward_flops(op_matmul_flops: int, has_params: bool, input_requires_grad: bool, elementwise: int) -> int:
-    """Analytic backward count: grad-input and grad-weight each cost about one forward."""
-    mm = op_matmul_flops * ((1 if has_params else 0) + (1 if input_requires_grad else 0))
-    return mm + (2 * elementwise if (has_params or input_requires_grad) else 0)
+def _backward_flops(op_matmul_flops: int, has_params: bool, inputs_requiring_grad: int, elementwise: int) -> int:
+    """Analytic backward count: the gradient of each operand of a product costs about one forward.
+
+    A product has two operands (input and weight, or two activations as in matmul/bmm), so
+    at most two forwards' worth; attention's q, k and v still give two (dQ and dK share dS).
+    """
+    operands = min((1 if has_params else 0) + inputs_requiring_grad, 2)
+    return op_matmul_flops * operands + (2 * elementwise if operands else 0)
 
 
 def _normalise_input_shape(input_shape: Sequence[int] | int) -> tuple[int, ...]:
@@ -485,7 +489,7 @@ def _interpret(gm: torch.fx.GraphModule, shape: tuple[int, ...], dtype: torch.dt
                 params=int(param_numel),
                 flops=int(mm_flops),
                 flops_elementwise=int(elementwise),
-                flops_bwd=(_backward_flops(int(mm_flops), has_params, any(requires_grad), elementwise)
+                flops_bwd=(_backward_flops(int(mm_flops), has_params, sum(map(bool, requires_grad)), elementwise)
                            if training else 0),
                 bytes_read=int((in_numel + param_numel) * elem_size),
                 bytes_written=int(out_numel * elem_size),
