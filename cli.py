@@ -93,9 +93,16 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         if not math.isfinite(v):
             return "-"
-        if abs(v) >= 1e6:
+        a = abs(v)
+        if a == 0:
+            return "0"
+        if a >= 1e6:
             return f"{v:.3g}"
-        return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.1f}"
+        if a >= 1000:  # about four significant digits everywhere else
+            return f"{v:,.0f}"
+        if a >= 1:
+            return f"{v:.{3 - (a >= 10) - (a >= 100)}f}"
+        return f"{v:.3g}"
     if isinstance(v, int):
         return f"{v:,}"
     return "" if v is None else str(v)
@@ -143,7 +150,7 @@ def ops(
 
         typer.echo(pd.DataFrame(records).to_csv(index=False), nl=False)
     else:
-        _table(records, [("name", "layer"), ("op_kind", "kind"), ("input_shapes", "input"), ("flops", "FLOPs"),
+        _table([{**r, "params": int(r["params"])} for r in records], [("name", "layer"), ("op_kind", "kind"), ("input_shapes", "input"), ("flops", "FLOPs"),
                          ("bytes_total", "bytes"), ("arithmetic_intensity", "FLOP/B"), ("params", "params"),
                          ("op_signature", "signature")],
                title=f"{model} {list(shape)} {mode}: {totals['operations']} operations, "

@@ -86,3 +86,10 @@ def test_predict_reports_uncovered_operations() -> None:
     assert res.exit_code == 0, res.output
     assert "time" in res.output and "energy" in res.output
     assert "not covered by the training data" in res.output and "% of FLOPs" in res.output
+
+
+def test_table_numbers_keep_about_four_significant_digits() -> None:
+    _fmt = cli._fmt
+    assert [_fmt(v) for v in (65.4, 271.23, 4616.04, 1.0, 0.01234, 0.0, 3.2e7)] == [
+        "65.40", "271.2", "4,616", "1.000", "0.0123", "0", "3.2e+07"]
+    assert _fmt(float("nan")) == "-" and _fmt(12) == "12" and _fmt(True) == "yes"
