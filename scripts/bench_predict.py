@@ -48,6 +48,42 @@ def _ensure_model(path: Path | None) -> Path:
     return tmp
 
 
+def split_fresh_extraction(torchvision: Any, shape: tuple[int, ...], n: int = 10) -> None:
+    """Where extraction time goes for candidates of widths not seen before (the leaf memo is
+    cleared first, so only shapes shared between these candidates are remembered)."""
+    import gpurec.ops.extract as ex
+
+    spent: dict[str, float] = {"torch.fx symbolic trace": 0.0, "meta kernels (leaves not memoised or analytic)": 0.0}
+    originals = {"_trace": ex._trace, "_run_node": ex._run_node}
+
+    def timed(label: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - t
+        return wrapper
+
+    modules = [torchvision.models.mobilenet_v2(width_mult=0.53 + 0.07 * i) for i in range(n)]
+    ex._LEAF_MEMO.clear()  # nothing remembered from the candidates above
+    ex._trace = timed("torch.fx symbolic trace", ex._trace)
+    ex._run_node = timed("meta kernels (leaves not memoised or analytic)", ex._run_node)
+    try:
+        t0 = time.perf_counter()
+        for m in modules:
+            ex.extract_operations(m, shape, mode="inference", keep_sources=False)
+        total = time.perf_counter() - t0
+    finally:
+        ex._trace, ex._run_node = originals["_trace"], originals["_run_node"]
+    print(f"\nextraction of {n} fresh mobilenet_v2 widths, leaf memo cleared first: {1000 * total / n:.1f} ms "
+          "per candidate")
+    for label, v in spent.items():
+        print(f"  {label:48s} {1000 * v / n:8.1f} ms  {100 * v / total:5.1f}%")
+    rest = total - sum(spent.values())
+    print(f"  {'recording operations (settings, templates, ...)':48s} {1000 * rest / n:8.1f} ms  {100 * rest / total:5.1f}%")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=None)
@@ -152,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nprofile of one fresh mobilenet_v2 nn.Module ({len(ops)} operations), {total * 1000:.0f} ms:")
     for k, v in stages.items():
         print(f"  {k:48s} {v * 1000:8.1f} ms  {100 * v / total:5.1f}%")
+    split_fresh_extraction(torchvision, shape)
     try:
         import cProfile
         import pstats

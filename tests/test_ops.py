@@ -460,3 +460,42 @@ def test_backward_flops_count_one_forward_per_operand_needing_a_gradient() -> No
     both, one = mm
     assert both.input_requires_grad == [True, True] and both.flops_bwd == 2 * both.flops
     assert one.flops_bwd == one.flops  # the buffer operand needs no gradient
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_analytic_leaves_agree_with_meta_kernels(training: bool) -> None:
+    """The shortcut for Conv2d, BatchNorm2d and activations gives the meta kernels' output
+    shapes and FlopCounterMode's FLOPs, and declines what it does not handle."""
+    from torch import nn
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gpurec.ops.extract import _analytic_leaf
+
+    convs = [nn.Conv2d(8, 16, 3), nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False),
+             nn.Conv2d(8, 8, 5, padding=2, groups=8), nn.Conv2d(8, 12, (1, 3), stride=(2, 1), padding=(0, 1)),
+             nn.Conv2d(8, 4, 3, dilation=2, padding=2), nn.Conv2d(8, 24, 7, stride=3, padding=3, groups=4),
+             nn.Conv2d(8, 16, 1)]
+    others = [nn.BatchNorm2d(8), nn.ReLU(), nn.ReLU(inplace=True), nn.ReLU6(inplace=True), nn.SiLU(), nn.GELU(),
+              nn.Hardswish(), nn.Hardsigmoid(), nn.Sigmoid(), nn.Tanh(), nn.Hardtanh()]
+    for shape in [(2, 8, 17, 23), (1, 8, 7, 7), (4, 8, 224, 224)]:
+        for mod in convs + others:
+            mod = mod.to("meta").train(training)
+            x = torch.empty(shape, device="meta")
+            got = _analytic_leaf(mod, (x,), {})
+            assert got is not None, mod
+            with FlopCounterMode(display=False) as fc:
+                ref = mod(x.clone())
+            assert got[0].shape == ref.shape and got[0].stride() == ref.stride() and got[0].dtype == ref.dtype, mod
+            assert got[1] == fc.get_total_flops(), mod
+    x = torch.empty(2, 8, 9, 9, device="meta")
+    declined = [(nn.Conv2d(8, 16, 3, padding="same").to("meta"), (x,)),  # string padding
+                (nn.Conv2d(8, 16, 3, padding=1, padding_mode="reflect").to("meta"), (x,)),
+                (nn.Conv2d(4, 16, 3).to("meta"), (x,)),  # wrong channel count: the real call raises
+                (nn.Conv2d(8, 16, 11).to("meta"), (x,)),  # kernel larger than the input
+                (nn.ConvTranspose2d(8, 16, 3).to("meta"), (x,)),
+                (nn.ReLU(), (x.transpose(2, 3),)),  # not contiguous
+                (nn.BatchNorm2d(4).to("meta"), (x,))]
+    for mod, args in declined:
+        assert _analytic_leaf(mod, args, {}) is None, mod
+    one = nn.BatchNorm2d(8).to("meta").train()
+    assert _analytic_leaf(one, (torch.empty(1, 8, 1, 1, device="meta"),), {}) is None

@@ -12,8 +12,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import dataclasses
 import difflib
 import functools
+import gc
 import json
 import operator
 import re
@@ -25,7 +27,7 @@ import torch
 import torch.fx
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gpurec.ops.operation import ActRef, Operation, ParamRef, canonical_value
 
@@ -182,6 +184,23 @@ def _swapped_to_meta(root: nn.Module) -> Any:
 
 
 @contextlib.contextmanager
+def _gc_paused() -> Any:
+    """Python's cyclic garbage collector off for the duration (back on after, if it was on).
+
+    Why: tracing and interpreting allocate many small objects, which set off collections
+    that scan every object of the process; in a NAS loop holding candidate modules this
+    was a third of a fresh extraction.  The cycles made here are collected once it is back on.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
 def _in_mode(root: nn.Module, training: bool) -> Any:
     """``root.train(training)`` for the duration, then every submodule's own flag restored."""
     flags = [(m, m.training) for m in root.modules()]
@@ -207,20 +226,32 @@ def _model_names() -> tuple[str, ...]:
     return tuple(classification_models())
 
 
+@dataclasses.dataclass(frozen=True)
+class _Traced:
+    """A traced forward: the fx graph and the module whose paths its nodes name.
+
+    Not a torch.fx.GraphModule: building one copies the module tree and compiles Python code
+    for a forward that extraction never calls (about a sixth of a fresh module's extraction).
+    """
+
+    root: nn.Module
+    graph: torch.fx.Graph
+
+
 @functools.lru_cache(maxsize=64)
-def _trace_torchvision(name: str, training: bool) -> torch.fx.GraphModule:
+def _trace_torchvision(name: str, training: bool) -> _Traced:
     root = copy.deepcopy(_build_torchvision_meta(name))
     root.train(training)
     return _trace(root)
 
 
-def _trace(root: nn.Module) -> torch.fx.GraphModule:
+def _trace(root: nn.Module) -> _Traced:
     tracer = _Tracer()
     try:
         graph = tracer.trace(root)
     except Exception as exc:
         raise ExtractionError(f"torch.fx could not trace {type(root).__name__}: {exc}") from exc
-    return torch.fx.GraphModule(tracer.root, graph, type(root).__name__)
+    return _Traced(root, graph)
 
 
 # --------------------------------------------------------------------------------------------
@@ -358,24 +389,25 @@ def extract_operations(
     shape = _normalise_input_shape(input_shape)
     training = mode == "training"
     with contextlib.ExitStack() as scope:
+        scope.enter_context(_gc_paused())
         if isinstance(model, str):
             name = _check_name(model)
-            gm = _trace_torchvision(name, training)
+            traced = _trace_torchvision(name, training)
         elif keep_sources or not isinstance(model, nn.Module):
             # Operations keep their modules as sources: work on a meta copy, never on the caller's.
             name, meta = resolve_model(model)
             meta.train(training)
-            gm = _trace(meta)
+            traced = _trace(meta)
         else:
             # Fast path (prediction): trace the caller's module in place and run it with its
             # tensors swapped to meta; its tensors and train/eval flags are restored on leaving.
             # Leaf modules read their train/eval flag while interpreted, so the mode holds throughout.
             name = type(model).__name__
             scope.enter_context(_in_mode(model, training))
-            gm = _trace(model)
-            scope.enter_context(_swapped_to_meta(gm))
+            traced = _trace(model)
+            scope.enter_context(_swapped_to_meta(model))
         try:
-            ops = _interpret(gm, shape, dtype, training, keep_sources)
+            ops = _interpret(traced, shape, dtype, training, keep_sources)
         except ExtractionError:
             raise
         except Exception as exc:  # shape errors surface here: the model cannot take this input
@@ -386,14 +418,15 @@ def extract_operations(
     return ops
 
 
-def _interpret(gm: torch.fx.GraphModule, shape: tuple[int, ...], dtype: torch.dtype, training: bool,
+def _interpret(traced: _Traced, shape: tuple[int, ...], dtype: torch.dtype, training: bool,
                keep_sources: bool) -> list[Operation]:
     env: dict[str, Any] = {}
     grad: dict[str, bool] = {}  # does the node's value require grad in training?
     ops: list[Operation] = []
     counter = _NodeFlops()
-    modules = dict(gm.named_modules())
+    modules = dict(traced.root.named_modules())
     placeholders_seen = 0
+    elem_size = torch.empty((), dtype=dtype).element_size()
 
     def load(a: Any) -> Any:
         return _map_nodes(a, lambda n: env[n.name])
@@ -410,97 +443,95 @@ def _interpret(gm: torch.fx.GraphModule, shape: tuple[int, ...], dtype: torch.dt
             return not _is_tensor(args[0])
         return False
 
-    with counter:
-        for node in gm.graph.nodes:
-            if node.op == "placeholder":
-                if placeholders_seen == 0:
-                    env[node.name] = torch.empty(shape, dtype=dtype, device="meta")
-                else:
-                    env[node.name] = node.args[0] if node.args else None
-                grad[node.name] = False  # the first layer's input needs no gradient
-                placeholders_seen += 1
-                continue
-            if node.op == "get_attr":
-                value = operator.attrgetter(node.target)(gm)
-                env[node.name] = value
-                grad[node.name] = training and isinstance(value, nn.Parameter) and value.requires_grad
-                continue
-            if node.op == "output":
-                break
-            args, kwargs = load(node.args), load(node.kwargs)
-            in_nodes = [n for n in node.all_input_nodes]
-            in_grad = any(grad.get(n.name, False) for n in in_nodes)
-            if is_view_or_bookkeeping(node, args):
-                counter.current = 0
-                env[node.name] = _run_node(gm, modules, node, args, kwargs)
-                grad[node.name] = in_grad
-                continue
-            # Settings of a leaf module: computed once, used by the memo key and the record.
-            settings = _module_settings(modules[node.target]) if node.op == "call_module" else {}
-            out, mm_flops = _run_counted(gm, modules, node, args, kwargs, counter, training, settings)
-            env[node.name] = out
-            has_params = False
-            if node.op == "call_module":
-                mod = modules[node.target]
-                if isinstance(mod, nn.Identity) or (not training and isinstance(mod, _EVAL_NOOPS + _leaf_types())):
-                    grad[node.name] = in_grad  # no-ops: Identity always, dropout-likes in eval
-                    continue
-                has_params = any(p.requires_grad for p in mod.parameters())
-                kind = type(mod).__name__
+    for node in traced.graph.nodes:
+        if node.op == "placeholder":
+            if placeholders_seen == 0:
+                env[node.name] = torch.empty(shape, dtype=dtype, device="meta")
             else:
-                if node.op == "call_function" and _is_disabled_dropout(node.target, args, kwargs):
-                    grad[node.name] = in_grad  # returns its input: no kernel
-                    continue
-                kind = _function_kind(node)
-            # Split the arguments into activation inputs, parameters and constants.
-            split = _ArgSplitter(env, training)
-            arg_template = _map_nodes(node.args, split)
-            kwarg_template = _map_nodes(dict(node.kwargs), split)
-            act_nodes, act_values = split.act_nodes, split.act_values
-            has_params = has_params or split.has_params
-            out_tensors = [t for t in tree_flatten(out)[0] if _is_tensor(t)]
-            if not out_tensors:
-                grad[node.name] = in_grad
+                env[node.name] = node.args[0] if node.args else None
+            grad[node.name] = False  # the first layer's input needs no gradient
+            placeholders_seen += 1
+            continue
+        if node.op == "get_attr":
+            value = operator.attrgetter(node.target)(traced.root)
+            env[node.name] = value
+            grad[node.name] = training and isinstance(value, nn.Parameter) and value.requires_grad
+            continue
+        if node.op == "output":
+            break
+        args, kwargs = load(node.args), load(node.kwargs)
+        in_nodes = [n for n in node.all_input_nodes]
+        in_grad = any(grad.get(n.name, False) for n in in_nodes)
+        if is_view_or_bookkeeping(node, args):
+            env[node.name] = _run_node(modules, node, args, kwargs)
+            grad[node.name] = in_grad
+            continue
+        # Settings of a leaf module: computed once, used by the memo key and the record.
+        settings = _module_settings(modules[node.target]) if node.op == "call_module" else {}
+        out, mm_flops = _run_counted(modules, node, args, kwargs, counter, training, settings)
+        env[node.name] = out
+        has_params = False
+        if node.op == "call_module":
+            mod = modules[node.target]
+            if isinstance(mod, nn.Identity) or (not training and isinstance(mod, _EVAL_NOOPS + _leaf_types())):
+                grad[node.name] = in_grad  # no-ops: Identity always, dropout-likes in eval
                 continue
-            requires_grad = [bool(training and grad.get(n, False)) for n in act_nodes]
-            grad[node.name] = bool(training and (has_params or any(requires_grad)))
-            in_numel = sum(t.numel() for t in act_values)
-            out_numel = sum(t.numel() for t in out_tensors)
-            elem_size = torch.empty((), dtype=dtype).element_size()
-            param_numel = 0
+            mod_params = list(mod.parameters())
+            has_params = any(p.requires_grad for p in mod_params)
+            kind = type(mod).__name__
+        else:
+            if node.op == "call_function" and _is_disabled_dropout(node.target, args, kwargs):
+                grad[node.name] = in_grad  # returns its input: no kernel
+                continue
+            kind = _function_kind(node)
+        # Split the arguments into activation inputs, parameters and constants.
+        split = _ArgSplitter(env, training)
+        arg_template = _map_nodes(node.args, split)
+        kwarg_template = _map_nodes(dict(node.kwargs), split)
+        act_nodes, act_values = split.act_nodes, split.act_values
+        has_params = has_params or split.has_params
+        out_tensors = [t for t in _leaves(out) if _is_tensor(t)]
+        if not out_tensors:
+            grad[node.name] = in_grad
+            continue
+        requires_grad = [bool(training and grad.get(n, False)) for n in act_nodes]
+        grad[node.name] = bool(training and (has_params or any(requires_grad)))
+        in_numel = sum(t.numel() for t in act_values)
+        out_numel = sum(t.numel() for t in out_tensors)
+        param_numel = 0
+        if node.op == "call_module":
+            param_numel = sum(p.numel() for p in mod_params)
+        else:
+            param_numel = sum(int(torch.Size(p.shape).numel()) for p in _leaves((arg_template, kwarg_template))
+                              if isinstance(p, ParamRef))
+        settings = dict(settings)
+        settings["args"] = _strip_acts(arg_template)
+        settings["kwargs"] = _strip_acts(kwarg_template)
+        elementwise = _flops_elementwise(kind, in_numel, out_numel, settings, training)
+        op = Operation(
+            kind=kind,
+            category=node.op.replace("call_", ""),
+            settings=settings,
+            input_shapes=[list(_shape(t)) for t in act_values],
+            input_requires_grad=requires_grad,
+            output_shapes=[list(_shape(t)) for t in out_tensors],
+            dtype=str(dtype).replace("torch.", ""),
+            mode="training" if training else "inference",
+            params=int(param_numel),
+            flops=int(mm_flops),
+            flops_elementwise=int(elementwise),
+            flops_bwd=(_backward_flops(int(mm_flops), has_params, sum(map(bool, requires_grad)), elementwise)
+                       if training else 0),
+            bytes_read=int((in_numel + param_numel) * elem_size),
+            bytes_written=int(out_numel * elem_size),
+            name=str(node.target) if node.op == "call_module" else node.name,
+        )
+        if keep_sources:
             if node.op == "call_module":
-                param_numel = sum(p.numel() for p in modules[node.target].parameters())
+                op.source = ("module", modules[node.target], arg_template, kwarg_template)
             else:
-                param_numel = sum(int(torch.Size(p.shape).numel()) for p in tree_flatten((arg_template, kwarg_template))[0]
-                                  if isinstance(p, ParamRef))
-            settings = dict(settings)
-            settings["args"] = _strip_acts(arg_template)
-            settings["kwargs"] = _strip_acts(kwarg_template)
-            elementwise = _flops_elementwise(kind, in_numel, out_numel, settings, training)
-            op = Operation(
-                kind=kind,
-                category=node.op.replace("call_", ""),
-                settings=settings,
-                input_shapes=[list(_shape(t)) for t in act_values],
-                input_requires_grad=requires_grad,
-                output_shapes=[list(_shape(t)) for t in out_tensors],
-                dtype=str(dtype).replace("torch.", ""),
-                mode="training" if training else "inference",
-                params=int(param_numel),
-                flops=int(mm_flops),
-                flops_elementwise=int(elementwise),
-                flops_bwd=(_backward_flops(int(mm_flops), has_params, sum(map(bool, requires_grad)), elementwise)
-                           if training else 0),
-                bytes_read=int((in_numel + param_numel) * elem_size),
-                bytes_written=int(out_numel * elem_size),
-                name=str(node.target) if node.op == "call_module" else node.name,
-            )
-            if keep_sources:
-                if node.op == "call_module":
-                    op.source = ("module", modules[node.target], arg_template, kwarg_template)
-                else:
-                    op.source = (node.op.replace("call_", ""), node.target, arg_template, kwarg_template)
-            ops.append(op)
+                op.source = (node.op.replace("call_", ""), node.target, arg_template, kwarg_template)
+        ops.append(op)
     return ops
 
 
@@ -521,6 +552,40 @@ def _map_nodes(a: Any, fn: Any) -> Any:
     if isinstance(a, dict):
         return {k: _map_nodes(v, fn) for k, v in a.items()}
     return a
+
+
+def _map_leaves(a: Any, fn: Any) -> Any:
+    """``fn`` applied to every leaf of nested tuples (torch.Size and namedtuples included), lists
+    and dicts, keeping the containers: torch's tree_map for these, without its per-node
+    dispatch (it took a fifth of a fresh module's extraction)."""
+    if isinstance(a, tuple):
+        mapped = [_map_leaves(x, fn) for x in a]
+        if isinstance(a, torch.Size):
+            return torch.Size(mapped)
+        return type(a)(*mapped) if hasattr(a, "_fields") else tuple(mapped)
+    if isinstance(a, list):
+        return [_map_leaves(x, fn) for x in a]
+    if isinstance(a, dict):
+        return {k: _map_leaves(v, fn) for k, v in a.items()}
+    return fn(a)
+
+
+def _leaves(a: Any) -> list[Any]:
+    """The leaves of nested tuples, lists and dicts, in tree_flatten's order."""
+    out: list[Any] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, (tuple, list)):
+            for v in x:
+                walk(v)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        else:
+            out.append(x)
+
+    walk(a)
+    return out
 
 
 class _ArgSplitter:
@@ -559,7 +624,7 @@ def _strip_acts(template: Any) -> Any:
             return {"param": list(x.shape), "dtype": x.dtype}
         return canonical_value(x)
 
-    out = tree_map(conv, template)
+    out = _map_leaves(template, conv)
     if isinstance(out, tuple):
         out = list(out)
     return out
@@ -598,8 +663,8 @@ def _leaf_key(mod: nn.Module, args: Any, kwargs: Any, training: bool, settings: 
     return (type(mod).__qualname__, json.dumps(settings, sort_keys=True, default=str), a, k, training)
 
 
-def _run_counted(gm: torch.fx.GraphModule, modules: dict[str, nn.Module], node: torch.fx.Node, args: Any,
-                 kwargs: Any, counter: _NodeFlops, training: bool, settings: dict[str, Any]) -> tuple[Any, int]:
+def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, kwargs: Any, counter: _NodeFlops,
+                 training: bool, settings: dict[str, Any]) -> tuple[Any, int]:
     """Run one node on meta and count its FLOPs, reusing memoised leaf-module results."""
     key = (_leaf_key(modules[node.target], args, kwargs, training, settings)
            if node.op == "call_module" else None)
@@ -610,20 +675,72 @@ def _run_counted(gm: torch.fx.GraphModule, modules: dict[str, nn.Module], node: 
         made = [torch.empty_strided(v[0], v[1], dtype=v[2], device="meta") if isinstance(v, tuple) else v
                 for v in leaves]
         return tree_unflatten(made, spec), flops
-    counter.current = 0
-    out = _run_node(gm, modules, node, args, kwargs)
+    known = _analytic_leaf(modules[node.target], args, kwargs) if key is not None else None
+    if known is not None:
+        out, flops = known
+    else:
+        counter.current = 0
+        with counter:  # only around real meta calls: the mode makes every dispatch a Python call
+            out = _run_node(modules, node, args, kwargs)
+        flops = counter.current
     if key is not None:
         leaves, spec = tree_flatten(out)
         if all(_is_tensor(v) or v is None for v in leaves):
             _LEAF_MEMO[key] = (spec, [(tuple(v.shape), tuple(v.stride()), v.dtype) if _is_tensor(v) else v
-                                      for v in leaves], counter.current)
+                                      for v in leaves], flops)
             if len(_LEAF_MEMO) > _LEAF_MEMO_SIZE:
                 _LEAF_MEMO.popitem(last=False)
-    return out, counter.current
+    return out, flops
 
 
-def _run_node(gm: torch.fx.GraphModule, modules: dict[str, nn.Module], node: torch.fx.Node, args: Any,
-              kwargs: Any) -> Any:
+# Shape-preserving leaves whose FLOPs FlopCounterMode counts as zero (our own per-element counts
+# come from _flops_elementwise).
+_UNARY_LEAVES: tuple[type[nn.Module], ...] = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.SiLU, nn.GELU, nn.Hardswish,
+                                              nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.BatchNorm2d)
+
+
+def _analytic_leaf(mod: nn.Module, args: Any, kwargs: Any) -> tuple[torch.Tensor, int] | None:
+    """Output and FLOPs of the commonest CNN leaves without running their meta kernels.
+
+    Why: for a candidate whose layer shapes were never seen (a NAS width search), the meta
+    kernels of Conv2d, BatchNorm2d and activations were half of extraction.  Only the plain
+    case is handled (one contiguous 4-D or unary input, zero padding given as numbers,
+    contiguous weights); anything else, and any input the real call would reject, returns
+    None and runs on meta.  FLOPs use FlopCounterMode's own convolution formula;
+    tests/test_ops.py checks both against meta on many configurations.
+    """
+    if kwargs or len(args) != 1 or not _is_tensor(args[0]):
+        return None
+    x = args[0]
+    if x.device.type != "meta" or not x.is_contiguous():
+        return None
+    kind = type(mod)
+    if kind in _UNARY_LEAVES:
+        if kind is nn.BatchNorm2d:
+            if x.dim() != 4 or x.shape[1] != mod.num_features:
+                return None
+            if mod.training and x.shape[0] * x.shape[2] * x.shape[3] == 1:
+                return None  # the real call raises "Expected more than 1 value per channel"
+        return torch.empty(x.shape, dtype=x.dtype, device="meta"), 0
+    if kind is not nn.Conv2d or mod.padding_mode != "zeros" or isinstance(mod.padding, str):
+        return None
+    w = mod.weight
+    if x.dim() != 4 or x.shape[1] != mod.in_channels or w.dtype != x.dtype or not w.is_contiguous():
+        return None
+    spatial = []
+    for size, k, s, p, d in zip(x.shape[2:], mod.kernel_size, mod.stride, mod.padding, mod.dilation, strict=True):
+        out = (size + 2 * p - d * (k - 1) - 1) // s + 1
+        if out <= 0:
+            return None
+        spatial.append(out)
+    out_shape = [x.shape[0], mod.out_channels, *spatial]
+    from torch.utils.flop_counter import conv_flop_count
+
+    flops = conv_flop_count(list(x.shape), list(w.shape), out_shape, transposed=False)
+    return torch.empty(out_shape, dtype=x.dtype, device="meta"), int(flops)
+
+
+def _run_node(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
     if node.op == "call_module":
         return modules[node.target](*args, **kwargs)
     if node.op == "call_function":
