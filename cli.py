@@ -150,9 +150,10 @@ def ops(
 
         typer.echo(pd.DataFrame(records).to_csv(index=False), nl=False)
     else:
-        _table([{**r, "params": int(r["params"])} for r in records], [("name", "layer"), ("op_kind", "kind"), ("input_shapes", "input"), ("flops", "FLOPs"),
-                         ("bytes_total", "bytes"), ("arithmetic_intensity", "FLOP/B"), ("params", "params"),
-                         ("op_signature", "signature")],
+        rows = [{**r, "params": int(r["params"])} for r in records]
+        _table(rows, [("name", "layer"), ("op_kind", "kind"), ("input_shapes", "input"), ("flops", "FLOPs"),
+                      ("bytes_total", "bytes"), ("arithmetic_intensity", "FLOP/B"), ("params", "params"),
+                      ("op_signature", "signature")],
                title=f"{model} {list(shape)} {mode}: {totals['operations']} operations, "
                      f"{totals['distinct_operations']} distinct, {totals['flops'] / 1e9:.2f} GFLOPs forward")
 

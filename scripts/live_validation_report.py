@@ -68,7 +68,8 @@ def _current_errors(recs: list[dict[str, Any]]) -> tuple[list[tuple[float, float
             print(f"current models: {r['model']} b{r['batch_size']} {r['mode']}: {exc}")
             errors.append(None)
             continue
-        errors.append((100 * (est.time_ms / r["measured_time_ms"] - 1), 100 * (est.energy_mj / r["measured_energy_mj"] - 1)))
+        errors.append((100 * (est.time_ms / r["measured_time_ms"] - 1),
+                       100 * (est.energy_mj / r["measured_energy_mj"] - 1)))
     manifest = json.loads((ROOT / "models" / "manifest.json").read_text())
     return errors, {"created": manifest.get("created", "?"),
                     "operations": manifest.get("training_data", {}).get("operations")}

@@ -231,7 +231,7 @@ class _Traced:
     """A traced forward: the fx graph and the module whose paths its nodes name.
 
     Not a torch.fx.GraphModule: building one copies the module tree and compiles Python code
-    for a forward that extraction never calls (about a sixth of a fresh module's extraction).
+    for a forward that extraction never calls (a tenth of a fresh mobilenet_v2's extraction).
     """
 
     root: nn.Module
@@ -556,8 +556,8 @@ def _map_nodes(a: Any, fn: Any) -> Any:
 
 def _map_leaves(a: Any, fn: Any) -> Any:
     """``fn`` applied to every leaf of nested tuples (torch.Size and namedtuples included), lists
-    and dicts, keeping the containers: torch's tree_map for these, without its per-node
-    dispatch (it took a fifth of a fresh module's extraction)."""
+    and dicts, keeping the containers: torch's tree_map for these, without its per-node type
+    dispatch (several times cheaper on the argument templates of a network)."""
     if isinstance(a, tuple):
         mapped = [_map_leaves(x, fn) for x in a]
         if isinstance(a, torch.Size):
