@@ -188,8 +188,8 @@ def _gc_paused() -> Any:
     """Python's cyclic garbage collector off for the duration (back on after, if it was on).
 
     Why: tracing and interpreting allocate many small objects, which set off collections
-    that scan every object of the process; in a NAS loop holding candidate modules this
-    was a third of a fresh extraction.  The cycles made here are collected once it is back on.
+    that scan every object of the process, which is large in a NAS loop holding candidate
+    modules.  The cycles made here are collected once it is back on.
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -231,7 +231,7 @@ class _Traced:
     """A traced forward: the fx graph and the module whose paths its nodes name.
 
     Not a torch.fx.GraphModule: building one copies the module tree and compiles Python code
-    for a forward that extraction never calls (a tenth of a fresh mobilenet_v2's extraction).
+    for a forward that extraction never calls.
     """
 
     root: nn.Module
@@ -306,8 +306,9 @@ def _function_kind(node: torch.fx.Node) -> str:
     return name
 
 
-def _module_settings(m: nn.Module) -> dict[str, Any]:
-    """Constructor-like settings: public attributes of simple types, plus parameter shapes."""
+def _module_settings(m: nn.Module, named_params: list[tuple[str, nn.Parameter]]) -> dict[str, Any]:
+    """Constructor-like settings: public attributes of simple types, plus parameter shapes
+    (``named_params`` is ``list(m.named_parameters())``, listed once by the caller)."""
     settings: dict[str, Any] = {}
     for key, value in sorted(vars(m).items()):
         if key.startswith("_") or key in ("training",):
@@ -316,7 +317,7 @@ def _module_settings(m: nn.Module) -> dict[str, Any]:
             isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float, str)) for v in value)
         ):
             settings[key] = canonical_value(value)
-    settings["param_shapes"] = {n: list(p.shape) for n, p in sorted(m.named_parameters(recurse=True))}
+    settings["param_shapes"] = {n: list(p.shape) for n, p in sorted(named_params, key=lambda np_: np_[0])}
     return settings
 
 
@@ -467,7 +468,8 @@ def _interpret(traced: _Traced, shape: tuple[int, ...], dtype: torch.dtype, trai
             grad[node.name] = in_grad
             continue
         # Settings of a leaf module: computed once, used by the memo key and the record.
-        settings = _module_settings(modules[node.target]) if node.op == "call_module" else {}
+        named_params = list(modules[node.target].named_parameters()) if node.op == "call_module" else []
+        settings = _module_settings(modules[node.target], named_params) if node.op == "call_module" else {}
         out, mm_flops = _run_counted(modules, node, args, kwargs, counter, training, settings)
         env[node.name] = out
         has_params = False
@@ -476,7 +478,7 @@ def _interpret(traced: _Traced, shape: tuple[int, ...], dtype: torch.dtype, trai
             if isinstance(mod, nn.Identity) or (not training and isinstance(mod, _EVAL_NOOPS + _leaf_types())):
                 grad[node.name] = in_grad  # no-ops: Identity always, dropout-likes in eval
                 continue
-            mod_params = list(mod.parameters())
+            mod_params = [p for _, p in named_params]
             has_params = any(p.requires_grad for p in mod_params)
             kind = type(mod).__name__
         else:
@@ -703,7 +705,7 @@ def _analytic_leaf(mod: nn.Module, args: Any, kwargs: Any) -> tuple[torch.Tensor
     """Output and FLOPs of the commonest CNN leaves without running their meta kernels.
 
     Why: for a candidate whose layer shapes were never seen (a NAS width search), the meta
-    kernels of Conv2d, BatchNorm2d and activations were half of extraction.  Only the plain
+    kernels of Conv2d, BatchNorm2d and activations dominated extraction.  Only the plain
     case is handled (one contiguous 4-D or unary input, zero padding given as numbers,
     contiguous weights); anything else, and any input the real call would reject, returns
     None and runs on meta.  FLOPs use FlopCounterMode's own convolution formula;
