@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpurec.calibrate import summary  # noqa: E402
+from scripts._markdown import table  # noqa: E402
 
 DATA = ROOT / "datasets"
 DOCS = ROOT / "docs"
@@ -50,12 +51,6 @@ def pct(x: Any, digits: int = 1) -> str:
 
 def yes(b: Any) -> str:
     return "**pass**" if b else "**FAIL**"
-
-
-def table(header: list[str], rows: list[list[Any]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
 
 
 def mib(b: Any) -> str:

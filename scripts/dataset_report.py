@@ -20,7 +20,7 @@ import math
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from gpurec.dataset.store import read_jsonl  # noqa: E402
+from scripts._markdown import table  # noqa: E402
 
 TINY_MS = 0.02  # ops faster than 20 us per call are launch-bound
 HOST_MS = 0.3  # below this, training ops are mostly autograd/host time (see the repeatability section)
@@ -117,13 +118,6 @@ def fsig(x: Any, sig: int = 3) -> str:
 
 def fpct(x: Any, digits: int = 1) -> str:
     return "—" if _nan(x) else f"{100 * float(x):.{digits}f}%"
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    for r in rows:
-        out.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in r) + " |")
-    return "\n".join(out)
 
 
 def col(df: pd.DataFrame, name: str, default: Any = np.nan) -> pd.Series:

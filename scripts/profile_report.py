@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpurec.profile import ProfileResult, analyze, ncu_io, save_plots  # noqa: E402
+from scripts._markdown import table  # noqa: E402
 
 DATA = ROOT / "datasets"
 DOCS = ROOT / "docs"
@@ -87,12 +88,6 @@ def plural(n: int, word: str) -> str:
 
 def holds(b: bool) -> str:
     return "**holds**" if b else "**does not hold**"
-
-
-def table(header: list[str], rows: list[list[Any]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
 
 
 def lab(k: Key) -> str:
