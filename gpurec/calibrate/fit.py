@@ -124,6 +124,12 @@ def lower_bounds(fits: list[dict[str, Any]], levels: Iterable[str], r2_min: floa
 
 
 THREADS_PER_SECTOR = 4  # 8-byte loads: 4 threads share one 32-byte sector (cuda/README.md)
+SHAPE_KEYS = ("level", "threads", "blocks", "array_bytes")
+
+
+def load_fits_by_shape(fits: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The LOAD-only fits keyed by configuration shape: the baseline of each LOAD+DIV fit."""
+    return {tuple(f[k] for k in SHAPE_KEYS): f for f in fits if not f["div"]}
 
 
 def div_energy(fits: list[dict[str, Any]]) -> dict[str, Any]:
@@ -139,14 +145,14 @@ def div_energy(fits: list[dict[str, Any]]) -> dict[str, Any]:
     "one DIV" is tens of SASS instructions, and the DIV run is ~14x slower per sector, so any
     power that scales with run time (not with work) lands in these numbers too.
     """
-    load = {(f["level"], f["threads"], f["blocks"], f["array_bytes"]): f for f in fits if not f["div"]}
+    load = load_fits_by_shape(fits)
     per_level: dict[str, float] = {}
     per_sector: dict[str, float] = {}
     per_thread: dict[str, float] = {}
     for f in fits:
         if not f["div"]:
             continue
-        base = load.get((f["level"], f["threads"], f["blocks"], f["array_bytes"]))
+        base = load.get(tuple(f[k] for k in SHAPE_KEYS))
         if base is None or "sectors_per_div_inst" not in f:
             continue
         delta_pj = f["pj_per_sector"] - base["pj_per_sector"]

@@ -76,16 +76,15 @@ def div_summary(cal: dict[str, Any]) -> dict[str, Any]:
     Recomputed from the fits in provenance, so older calibration.json files (which stored
     only the per-warp ``div_nj``) get the normalisations too.
     """
-    from gpurec.calibrate.fit import div_energy
+    from gpurec.calibrate.fit import SHAPE_KEYS, div_energy, load_fits_by_shape
 
     fits = (cal.get("provenance") or {}).get("fits") or []
     d = div_energy(fits)
+    load = load_fits_by_shape(fits)
     rates = {}
     for f in fits:
-        if f.get("div"):
-            base = next((g for g in fits if not g.get("div") and all(g[k] == f[k] for k in
-                                                                   ("level", "threads", "blocks", "array_bytes"))),
-                        None)
+        if f["div"]:
+            base = load.get(tuple(f[k] for k in SHAPE_KEYS))
             if base is not None:
                 rates[f"{f['level']}-t{f['threads']}"] = {"eps_load_pj": base["pj_per_sector"],
                                                           "eps_load_div_pj": f["pj_per_sector"],
