@@ -57,6 +57,7 @@ def _current_errors(recs: list[dict[str, Any]]) -> tuple[list[tuple[float, float
     been retrained on more rows since, so both are reported (nothing in the log is rewritten).
     """
     from gpurec.model import load_predictor
+    from gpurec.validate import prediction_fields
 
     predictor = load_predictor()
     errors: list[tuple[float, float] | None] = []
@@ -68,8 +69,8 @@ def _current_errors(recs: list[dict[str, Any]]) -> tuple[list[tuple[float, float
             print(f"current models: {r['model']} b{r['batch_size']} {r['mode']}: {exc}")
             errors.append(None)
             continue
-        errors.append((100 * (est.time_ms / r["measured_time_ms"] - 1),
-                       100 * (est.energy_mj / r["measured_energy_mj"] - 1)))
+        now = prediction_fields(est, r["measured_time_ms"], r["measured_energy_mj"])
+        errors.append((now["time_error_pct"], now["energy_error_pct"]))
     manifest = json.loads((ROOT / "models" / "manifest.json").read_text())
     return errors, {"created": manifest.get("created", "?"),
                     "operations": manifest.get("training_data", {}).get("operations")}

@@ -82,11 +82,7 @@ def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "in
         "provenance": {k: meas.get(k) for k in ("driver", "torch", "host_cpu")},
     }
     if est is not None:
-        record.update({"predicted_time_ms": est.time_ms, "predicted_energy_mj": est.energy_mj,
-                       "predicted_power_w": est.power_w,
-                       "gpu_measured_in_training": bool(getattr(est, "measured_gpu", False)),
-                       "time_error_pct": (est.time_ms / meas["time_ms"] - 1.0) * 100.0,
-                       "energy_error_pct": (est.energy_mj / meas["energy_mj"] - 1.0) * 100.0})
+        record.update(prediction_fields(est, meas["time_ms"], meas["energy_mj"]))
     else:
         record["prediction"] = "pending: the predictors need xgboost, which is not installed here"
     sums = sum_of_measured_ops(model, shape, mode, meas["gpu"])
@@ -98,6 +94,15 @@ def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "in
         with JsonlShard(log_path) as log:
             log.append(record)
     return record
+
+
+def prediction_fields(est: Any, measured_time_ms: float, measured_energy_mj: float) -> dict[str, Any]:
+    """A prediction and its error against a measurement, as a log record stores them
+    (errors are (predicted - measured) / measured, in per cent)."""
+    return {"predicted_time_ms": est.time_ms, "predicted_energy_mj": est.energy_mj,
+            "predicted_power_w": est.power_w, "gpu_measured_in_training": bool(getattr(est, "measured_gpu", False)),
+            "time_error_pct": (est.time_ms / measured_time_ms - 1.0) * 100.0,
+            "energy_error_pct": (est.energy_mj / measured_energy_mj - 1.0) * 100.0}
 
 
 def _load_predictor_or_none() -> Any:
@@ -128,10 +133,7 @@ def complete_log(path: Path | str, predictor: Any = None) -> int:
         shape = (int(r["batch_size"]), 3, int(r["resolution"]), int(r["resolution"]))
         est = predictor.predict(r["model"], input_shape=shape, mode=r["mode"], gpu=r["gpu"])
         r.pop("prediction")
-        r.update({"predicted_time_ms": est.time_ms, "predicted_energy_mj": est.energy_mj,
-                  "predicted_power_w": est.power_w, "gpu_measured_in_training": bool(est.measured_gpu),
-                  "time_error_pct": (est.time_ms / r["measured_time_ms"] - 1.0) * 100.0,
-                  "energy_error_pct": (est.energy_mj / r["measured_energy_mj"] - 1.0) * 100.0})
+        r.update(prediction_fields(est, r["measured_time_ms"], r["measured_energy_mj"]))
     atomic_write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in recs))
     return len(pending)
 
