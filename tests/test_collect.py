@@ -42,7 +42,7 @@ from gpurec.device import nvml, open_gpu
 from gpurec.device.sampler import Sampler
 
 SET = ModelInputSet("resnet18", 2, 32)  # tiny input: CPU steps take well under a millisecond
-FAST = WindowConfig(min_run_time_s=0.01, min_window_s=0.05, tick_timeout_s=10.0)
+FAST = WindowConfig(min_window_s=0.05, tick_timeout_s=10.0, gpu_blocks=3, gpu_min_block_ms=1.0)
 
 
 # -- planning ----------------------------------------------------------------------------------

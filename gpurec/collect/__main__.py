@@ -40,9 +40,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--plan", type=Path, default=None, help="precomputed plan JSON (skips planning)")
     p.add_argument("--what", choices=["all", "ops", "networks"], default="all")
-    p.add_argument("--min-run-time", type=float, default=0.05, help="Timer min_run_time, seconds")
-    p.add_argument("--min-window", type=float, default=0.39, help="energy window, seconds")
-    p.add_argument("--warmup", type=float, default=0.0)
+    p.add_argument("--min-window", type=float, default=0.3, help="energy window, seconds")
+    p.add_argument("--target-replay-ms", type=float, default=2.0, help="GPU time of one graph replay")
+    p.add_argument("--no-capture", action="store_true", help="eager only (no CUDA graphs)")
+    p.add_argument("--no-in-network", action="store_true", help="skip the profiler attribution pass")
     p.add_argument("--max-instances", type=int, default=4)
     p.add_argument("--time-budget-s", type=float, default=None)
     p.add_argument("--repeat-every", type=int, default=40)
@@ -87,9 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"items": len(mine), "of": len(items), "shard": f"{index}/{count}", "kinds": kinds}, indent=1))
         return 0
     cfg = CollectConfig(
-        window=WindowConfig(min_run_time_s=args.min_run_time, min_window_s=args.min_window, warmup_s=args.warmup),
+        window=WindowConfig(min_window_s=args.min_window, target_replay_ms=args.target_replay_ms,
+                            capture=not args.no_capture),
         max_instances=args.max_instances, time_budget_s=args.time_budget_s, repeat_every=args.repeat_every,
-        retry_failed=args.retry_failed,
+        retry_failed=args.retry_failed, in_network=not args.no_in_network,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     clocks = parse_clock_list(args.sm_clocks)

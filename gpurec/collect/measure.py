@@ -1,140 +1,278 @@
-"""Time and energy of one repeated step (an operation or a whole network) on one GPU.
+"""Time and energy of one repeated step (an operation or a whole network) on one GPU, with
+the GPU's work measured apart from the host's.
 
-The window design, chosen to spend little GPU time yet repeat within a few per cent:
+A step's eager time is GPU work plus the host's Python/ATen/autograd/launch work, and the
+host part moves a lot between (and within) lent machines while the GPU part repeats within
+1-2 %.  So each step is measured three ways:
 
-1. warm up for ``warmup_s`` (cuDNN/cuBLAS heuristics, allocator, clocks ramp);
-2. keep running until the energy counter ticks: that tick opens the window (t_a, e_a);
-3. ``torch.utils.benchmark.Timer.blocked_autorange(min_run_time)`` gives the per-call
-   median and IQR;
-4. keep running until a tick at least ``min_window_s`` after t_a closes the window.
+1. **eager** (``time_ms``, ``host_ms``): blocks of back-to-back calls, synchronised at the
+   end of each block.  ``host_ms`` is the wall time to *enqueue* one call (no
+   synchronisation; autograd included in training), taken in the same blocks before the
+   synchronise, with the NVML poller paused so it does not steal the interpreter.  Blocks
+   are short enough that the launch queue never fills, so the enqueue is never throttled by
+   the GPU.  The median of several blocks is reported, with its inter-quartile range.
+2. **host-free** (``gpu_time_ms``, ``gpu_power_w``, ``gpu_energy_mj``): the step is captured
+   once as a CUDA graph holding enough back-to-back calls that one replay lasts about
+   ``target_replay_ms``; replays are timed with CUDA events (several blocks: a real spread)
+   and run inside an energy window.  Energy per call = window power x GPU time per call.
+   A step that cannot be captured falls back to eager timing with ``captured = False`` and
+   the reason; the row is never dropped.
+3. (networks) an in-network attribution pass, see :mod:`gpurec.collect.in_network`.
 
-Average power is (e_b - e_a) / (t_b - t_a) over a window in which the GPU ran nothing but
-this step, so energy per call is power x median time, with dynamic energy using the idle
-power measured in the same state.  Both window ends sit on counter updates, so the counter's
-100 ms granularity costs nothing; the sensor's partial sampling averages out over windows of
-several updates of a stationary load.
+Energy windows open and close on updates of the board's energy counter
+(:class:`gpurec.device.window.EnergyMonitor`).  A window whose average power falls outside
+[idle power, power limit] is physically impossible for a busy board, so it is measured
+again over a window three times as long; if it is still outside, the row keeps the longer
+window's value and says so in ``power_out_of_range``.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpurec.device.nvml import decode_throttle
+from gpurec.device.graphs import CaptureFailed, Replay, StepBackend
 from gpurec.device.sampler import Sampler
+from gpurec.device.window import EnergyMonitor, Measurement
+
+ROW_SCHEMA = 2  # 2: host-free columns (gpu_time_ms, gpu_power_w, gpu_energy_mj, host_ms, captured)
 
 
 @dataclass
 class WindowConfig:
-    min_run_time_s: float = 0.05
-    min_window_s: float = 0.39  # four 100 ms counter intervals
-    warmup_s: float = 0.0  # waiting for the opening tick (~50 ms on average) already warms up
+    min_window_s: float = 0.3  # three 100 ms counter intervals, on a stationary (graph) load
+    eager_blocks: int = 5
+    eager_min_block_s: float = 0.003
+    eager_max_calls: int = 40  # keeps a block's launches far below the launch-queue depth
+    target_replay_ms: float = 2.0
+    max_graph_calls: int = 512
+    gpu_blocks: int = 5
+    gpu_min_block_ms: float = 8.0
     tick_timeout_s: float = 2.0
+    capture: bool = True
+    retry_window_factor: float = 3.0
 
 
-def _sync() -> None:
-    import torch
+def _median_iqr(values: list[float]) -> tuple[float, float]:
+    med = statistics.median(values)
+    if len(values) >= 4:
+        q = statistics.quantiles(values, n=4)
+        return med, q[2] - q[0]
+    return med, (max(values) - min(values)) if len(values) > 1 else float("nan")
 
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
-
-def _run_until(step: Callable[[], None], cond: Callable[[], bool], timeout_s: float) -> int:
-    calls = 0
-    t_end = time.perf_counter() + timeout_s
-    while not cond():
+def eager_blocks(step: Callable[[], None], backend: StepBackend, cfg: WindowConfig,
+                 sampler: Sampler | None) -> dict[str, Any]:
+    """Eager per-call time and host enqueue time (see the module docstring)."""
+    def run() -> dict[str, Any]:
+        backend.sync()
+        t0 = time.perf_counter()
         step()
-        calls += 1
-        if time.perf_counter() > t_end:
-            raise TimeoutError("the GPU energy counter did not update within the timeout")
-    return calls
+        backend.sync()
+        one_s = max(time.perf_counter() - t0, 1e-7)
+        n = max(1, min(cfg.eager_max_calls, math.ceil(cfg.eager_min_block_s / one_s)))
+        host, total = [], []
+        for _ in range(cfg.eager_blocks):
+            backend.sync()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                step()
+            t1 = time.perf_counter()
+            backend.sync()
+            t2 = time.perf_counter()
+            host.append((t1 - t0) / n * 1e3)
+            total.append((t2 - t0) / n * 1e3)
+        time_ms, time_iqr = _median_iqr(total)
+        host_ms, host_iqr = _median_iqr(host)
+        return {"time_ms": time_ms, "time_iqr_ms": time_iqr, "host_ms": host_ms, "host_iqr_ms": host_iqr,
+                "host_min_ms": min(host), "eager_calls_per_block": n, "eager_blocks": len(total)}
+
+    if sampler is None:
+        return run()
+    with sampler.paused():
+        return run()
 
 
-def _wait_tick(sampler: Sampler, step: Callable[[], None], after_s: float, timeout_s: float) -> Any:
-    """Run ``step`` until the sampler has seen a tick later than ``after_s``; return it."""
-    _run_until(step, lambda: sampler.last_tick().t_s > after_s, timeout_s)
-    return sampler.last_tick()
+def _power_ok(m: Measurement, idle_power_w: float | None, power_limit_w: float | None) -> bool:
+    if not math.isfinite(m.power_w):
+        return False
+    if power_limit_w is not None and m.power_w > power_limit_w:
+        return False
+    return not (idle_power_w is not None and m.power_w < idle_power_w)
 
 
-def measure_step(step: Callable[[], None], sampler: Sampler, cfg: WindowConfig,
-                 idle_power_w: float | None, inference: bool) -> dict[str, Any]:
-    """Measure ``step`` (one call) as described in the module docstring."""
+def timed_window(busy: Callable[[], None], timed: Callable[[], list[float]], monitor: EnergyMonitor,
+                 cfg: WindowConfig, idle_power_w: float | None, power_limit_w: float | None,
+                 extra_timeout_s: float = 0.0) -> tuple[list[float], Measurement, dict[str, Any]]:
+    """Open a window on a tick while ``busy`` runs, take ``timed()`` inside it, keep ``busy``
+    running until the window is long enough, close on a tick.  Re-measured once over a
+    longer window when the power is impossible (see the module docstring)."""
+    start = monitor.begin_window(busy, extra_timeout_s)
+    times = timed()
+    m = monitor.end_window(start, busy, cfg.min_window_s, time.perf_counter(), extra_timeout_s)
+    info: dict[str, Any] = {"window_retried": False, "power_out_of_range": False}
+    if not _power_ok(m, idle_power_w, power_limit_w):
+        info["window_retried"] = True
+        info["first_window_power_w"] = m.power_w
+        start = monitor.begin_window(busy, extra_timeout_s)
+        m = monitor.end_window(start, busy, cfg.min_window_s * cfg.retry_window_factor, None,
+                               extra_timeout_s + cfg.min_window_s * cfg.retry_window_factor)
+        info["power_out_of_range"] = not _power_ok(m, idle_power_w, power_limit_w)
+    return times, m, info
+
+
+def capture_step(step: Callable[[], None], backend: StepBackend, cfg: WindowConfig, est_call_ms: float,
+                 multiple_of: int = 1) -> tuple[Replay, int, float]:
+    """Capture enough calls of ``step`` that one replay lasts about ``target_replay_ms``;
+    returns the replay, its call count and one replay's GPU milliseconds."""
+    def calls_for(call_ms: float) -> int:
+        n = math.ceil(cfg.target_replay_ms / max(call_ms, 1e-6))
+        n = max(multiple_of, min(cfg.max_graph_calls, n))
+        return max(multiple_of, n // multiple_of * multiple_of)
+
+    calls = calls_for(est_call_ms)
+    replay = backend.capture(step, calls)
+    one_ms = backend.time_gpu_ms(replay.replay, 1)
+    if one_ms < cfg.target_replay_ms / 2 and calls < cfg.max_graph_calls:
+        # the eager estimate held host time: size the graph on the GPU's own time
+        better = calls_for(one_ms / calls)
+        if better > calls:
+            del replay
+            calls = better
+            replay = backend.capture(step, calls)
+            one_ms = backend.time_gpu_ms(replay.replay, 1)
+    return replay, calls, one_ms
+
+
+def host_free(step: Callable[[], None], backend: StepBackend, monitor: EnergyMonitor, cfg: WindowConfig,
+              est_call_ms: float, idle_power_w: float | None, power_limit_w: float | None,
+              multiple_of: int = 1) -> dict[str, Any]:
+    """GPU time per call, window power and energy per call of ``step`` replayed as a graph
+    (eager fallback with the reason when it cannot be captured)."""
+    row: dict[str, Any] = {}
+    busy: Callable[[], None]
+    if cfg.capture:
+        try:
+            replay, calls, one_ms = capture_step(step, backend, cfg, est_call_ms, multiple_of)
+            row.update({"captured": True, "graph_calls": calls})
+            busy = replay.replay
+        except CaptureFailed as exc:
+            row.update({"captured": False, "capture_error": str(exc)})
+    else:
+        row.update({"captured": False, "capture_error": "capture disabled"})
+    if not row["captured"]:
+        calls = 1
+        busy = step
+        one_ms = backend.time_gpu_ms(step, 1)
+    reps = max(1, math.ceil(cfg.gpu_min_block_ms / max(one_ms, 1e-6)))
+
+    def timed() -> list[float]:
+        return [backend.time_gpu_ms(busy, reps) / (reps * calls) for _ in range(cfg.gpu_blocks)]
+
+    times, m, info = timed_window(busy, timed, monitor, cfg, idle_power_w, power_limit_w,
+                                  extra_timeout_s=one_ms / 1e3 * 2)
+    gpu_ms, gpu_iqr = _median_iqr(times)
+    row.update({
+        "gpu_time_ms": gpu_ms,
+        "gpu_time_iqr_ms": gpu_iqr,
+        "gpu_timer_blocks": len(times),
+        "gpu_calls_per_block": reps * calls,
+        "gpu_power_w": m.power_w,
+        "gpu_energy_mj": m.power_w * gpu_ms,  # W x ms = mJ
+        **m.as_row("gpu_"),
+        **{f"gpu_{k}": v for k, v in info.items()},
+    })
+    row.pop("gpu_calls", None)
+    if idle_power_w is not None:
+        row["gpu_dynamic_energy_mj"] = (m.power_w - idle_power_w) * gpu_ms
+    return row
+
+
+def measure_op(step: Callable[[], None], monitor: EnergyMonitor, cfg: WindowConfig, backend: StepBackend,
+               inference: bool, idle_power_w: float | None = None, power_limit_w: float | None = None,
+               instances: int = 1) -> dict[str, Any]:
+    """One operation: eager time and host cost, then host-free time, power and energy."""
     import torch
-    from torch.utils.benchmark import Timer
 
     ctx = torch.inference_mode() if inference else torch.enable_grad()
     with ctx:
         t0 = time.perf_counter()
         step()
-        _sync()
-        first_call_s = time.perf_counter() - t0
-        t_w = time.perf_counter() + cfg.warmup_s
-        while time.perf_counter() < t_w:
+        backend.sync()
+        row: dict[str, Any] = {"schema": ROW_SCHEMA, "first_call_ms": (time.perf_counter() - t0) * 1e3}
+        for _ in range(2):
             step()
-        _sync()
-        tick_a = _wait_tick(sampler, step, time.perf_counter(), cfg.tick_timeout_s + first_call_s)
-        m = Timer(stmt="step()", globals={"step": step}).blocked_autorange(min_run_time=cfg.min_run_time_s)
-        t_timer_end = time.perf_counter()
-        deadline = max(tick_a.t_s + cfg.min_window_s, t_timer_end)
-        tick_b = _wait_tick(sampler, step, deadline, cfg.tick_timeout_s + cfg.min_window_s + first_call_s)
-        _sync()
-    window_s = tick_b.t_s - tick_a.t_s
-    window_mj = tick_b.energy_mj - tick_a.energy_mj
-    power_w = window_mj / 1000.0 / window_s if window_s > 0 else float("nan")
-    ticks = sampler.ticks_between(tick_a.t_s, tick_b.t_s)
-    tick_powers = [
-        (b.energy_mj - a.energy_mj) / 1000.0 / (b.t_s - a.t_s)
-        for a, b in zip(ticks, ticks[1:], strict=False) if b.t_s > a.t_s
-    ]
-    states = sampler.states_between(tick_a.t_s, tick_b.t_s)
-    time_ms = m.median * 1000.0
-    mask = 0
-    for s in states:
-        mask |= s.throttle_mask
-    row: dict[str, Any] = {
-        "time_ms": time_ms,
-        "time_iqr_ms": m.iqr * 1000.0,
-        "time_mean_ms": m.mean * 1000.0,
-        "timer_runs": len(m.times),
-        "timer_number_per_run": int(m.number_per_run),
-        "first_call_ms": first_call_s * 1000.0,
-        "power_w": power_w,
-        "energy_mj": power_w * time_ms,  # W x ms = mJ
-        "window_s": window_s,
-        "window_energy_mj": window_mj,
-        "window_ticks": max(0, len(ticks) - 1),
-        "tick_power_cv": (statistics.pstdev(tick_powers) / statistics.mean(tick_powers)
-                          if len(tick_powers) >= 2 and statistics.mean(tick_powers) > 0 else float("nan")),
-        "sampled_power_w": statistics.mean(s.power_w for s in states) if states else float("nan"),
-        "sm_clock_mhz": statistics.mean(s.sm_clock_mhz for s in states) if states else float("nan"),
-        "sm_clock_min_mhz": min((s.sm_clock_mhz for s in states), default=float("nan")),
-        "mem_clock_mhz": statistics.mean(s.mem_clock_mhz for s in states) if states else float("nan"),
-        "temperature_c": max((s.temperature_c for s in states), default=float("nan")),
-        "throttle_reasons": ",".join(r for r in decode_throttle(mask) if r != "gpu_idle"),
-    }
+        row.update(eager_blocks(step, backend, cfg, monitor.sampler))
+        row.update(host_free(step, backend, monitor, cfg, row["time_ms"], idle_power_w, power_limit_w,
+                             multiple_of=max(1, instances)))
     if idle_power_w is not None:
         row["idle_power_w"] = idle_power_w
-        row["dynamic_power_w"] = power_w - idle_power_w
-        row["dynamic_energy_mj"] = (power_w - idle_power_w) * time_ms
+    return row
+
+
+def measure_network(step: Callable[[], None], monitor: EnergyMonitor, cfg: WindowConfig, backend: StepBackend,
+                    inference: bool, idle_power_w: float | None = None,
+                    power_limit_w: float | None = None) -> dict[str, Any]:
+    """A whole network: eager time and energy (window), host enqueue time of one step, then
+    the step as one CUDA graph (time, power, energy)."""
+    import torch
+
+    ctx = torch.inference_mode() if inference else torch.enable_grad()
+    with ctx:
+        t0 = time.perf_counter()
+        step()
+        backend.sync()
+        row: dict[str, Any] = {"schema": ROW_SCHEMA, "first_call_ms": (time.perf_counter() - t0) * 1e3}
+        step()
+        backend.sync()
+        one_ms = (time.perf_counter() - t0) * 1e3 / 2
+        n = max(1, math.ceil(cfg.eager_min_block_s * 1e3 / max(one_ms, 1e-6)))
+
+        def eager_timed() -> list[float]:
+            out = []
+            for _ in range(cfg.eager_blocks):
+                backend.sync()
+                t = time.perf_counter()
+                for _ in range(n):
+                    step()
+                backend.sync()
+                out.append((time.perf_counter() - t) / n * 1e3)
+            return out
+
+        times, m, info = timed_window(step, eager_timed, monitor, cfg, idle_power_w, power_limit_w,
+                                      extra_timeout_s=one_ms / 1e3 * 2)
+        time_ms, iqr = _median_iqr(times)
+        row.update({"time_ms": time_ms, "time_iqr_ms": iqr, "eager_blocks": len(times),
+                    "eager_calls_per_block": n, "power_w": m.power_w, "energy_mj": m.power_w * time_ms,
+                    **m.as_row(), **info})
+        host = []
+        with monitor.sampler.paused():
+            for _ in range(cfg.eager_blocks):
+                backend.sync()
+                t = time.perf_counter()
+                step()
+                host.append((time.perf_counter() - t) * 1e3)
+            backend.sync()
+        row["host_ms"], row["host_iqr_ms"] = _median_iqr(host)
+        row.update(host_free(step, backend, monitor, cfg, time_ms, idle_power_w, power_limit_w))
+    if idle_power_w is not None:
+        row["idle_power_w"] = idle_power_w
+        row["dynamic_energy_mj"] = (row["power_w"] - idle_power_w) * row["time_ms"]
     return row
 
 
 def measure_idle(sampler: Sampler, duration_s: float = 1.0, timeout_s: float = 3.0) -> dict[str, Any]:
     """Idle board power with the CUDA context alive, between two counter ticks."""
-    _sync()
-    start = time.perf_counter()
-    tick_a = _wait_tick(sampler, lambda: time.sleep(0.001), start, timeout_s)
-    tick_b = _wait_tick(sampler, lambda: time.sleep(0.001), tick_a.t_s + duration_s, timeout_s + duration_s)
-    window_s = tick_b.t_s - tick_a.t_s
-    states = sampler.states_between(tick_a.t_s, tick_b.t_s)
+    m = EnergyMonitor(sampler, timeout_s).idle_window(duration_s)
     return {
-        "idle_power_w": (tick_b.energy_mj - tick_a.energy_mj) / 1000.0 / window_s,
-        "idle_window_s": window_s,
-        "idle_sm_clock_mhz": statistics.mean(s.sm_clock_mhz for s in states) if states else float("nan"),
-        "idle_temperature_c": statistics.mean(s.temperature_c for s in states) if states else float("nan"),
+        "idle_power_w": m.power_w,
+        "idle_window_s": m.window_s,
+        "idle_sm_clock_mhz": m.sm_clock_mhz,
+        "idle_temperature_c": m.temperature_c,
         "t_s": time.time(),
     }
 
@@ -146,3 +284,23 @@ def tick_period_s(sampler: Sampler, duration_s: float = 1.0) -> float:
     ticks = sampler.ticks_between(t0, time.perf_counter())
     gaps = [b.t_s - a.t_s for a, b in zip(ticks, ticks[1:], strict=False)]
     return statistics.median(gaps) if gaps else float("nan")
+
+
+def default_backend() -> StepBackend:
+    """CUDA graphs on a CUDA machine, the eager CPU stand-in elsewhere."""
+    import torch
+
+    if torch.cuda.is_available():
+        from gpurec.device.graphs import CudaBackend
+
+        return CudaBackend()
+    from gpurec.collect.runner import CpuBackend
+
+    return CpuBackend()
+
+
+def measure_step(step: Callable[[], None], sampler: Sampler, cfg: WindowConfig, idle_power_w: float | None,
+                 inference: bool, backend: StepBackend | None = None) -> dict[str, Any]:
+    """:func:`measure_op` for callers that hold a sampler (the probe's sweeps)."""
+    return measure_op(step, EnergyMonitor(sampler, cfg.tick_timeout_s), cfg, backend or default_backend(),
+                      inference, idle_power_w)

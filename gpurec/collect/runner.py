@@ -20,10 +20,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpurec.collect.measure import WindowConfig, measure_idle, measure_step, tick_period_s
+from gpurec.collect.measure import (
+    ROW_SCHEMA,
+    WindowConfig,
+    measure_idle,
+    measure_network,
+    measure_op,
+    tick_period_s,
+)
 from gpurec.collect.plan import ModelInputSet, WorkItem
 from gpurec.dataset.store import JsonlShard, atomic_write_json, read_jsonl
-from gpurec.host import host_cpu
+from gpurec.device.graphs import CaptureFailed, StepBackend
+from gpurec.device.window import EnergyMonitor
+from gpurec.host import host_cpu, run_host_bench
 
 L2_BYTES_DEFAULT = 50 * 2**20
 
@@ -44,6 +53,9 @@ class CollectConfig:
     max_consecutive_failures: int = 12
     retry_failed: bool = False
     seed: int = 0
+    min_schema: int = ROW_SCHEMA  # rows measured by an older method count as not done
+    in_network: bool = True  # the profiler attribution pass for network rows (CUDA only)
+    host_bench_blocks: int = 7  # host-bench at a run's start and end (0: skip, tests only)
 
 
 def provenance(gpu_info: dict[str, Any], cfg: CollectConfig) -> dict[str, Any]:
@@ -92,17 +104,22 @@ class OperationSource:
     def __init__(self) -> None:
         self._cache: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def get(self, set_key: str, mode: str, signature: str) -> Any:
+    def ops(self, set_key: str, mode: str) -> list[Any]:
+        """The set's operations in execution order."""
         from gpurec.ops import extract_operations
 
         k = (set_key, mode)
         if k not in self._cache:
             s = ModelInputSet.parse(set_key)
             ops = extract_operations(s.arch, s.input_shape, mode=mode)
-            self._cache[k] = {}
+            self._cache[k] = {"__order__": ops}
             for op in ops:
                 self._cache[k].setdefault(op.signature, op)
-        op = self._cache[k].get(signature)
+        return self._cache[k]["__order__"]
+
+    def get(self, set_key: str, mode: str, signature: str) -> Any:
+        self.ops(set_key, mode)
+        op = self._cache[(set_key, mode)].get(signature)
         if op is None:
             raise LookupError(f"signature {signature} not found in {set_key} ({mode}): extraction differs "
                               "between the planning and measuring torch versions")
@@ -150,12 +167,17 @@ class NetworkUnit:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
 
-def done_ids(out_dir: Path, retry_failed: bool = False) -> set[str]:
-    """Rows already measured in any shard of ``out_dir`` (failed ones too, unless retried)."""
+def done_ids(out_dir: Path, retry_failed: bool = False, min_schema: int = 1) -> set[str]:
+    """Rows already measured in any shard of ``out_dir`` (failed ones too, unless retried).
+
+    Rows of an older measuring method (``schema`` below ``min_schema``; rows without one are
+    schema 1, eager only) are kept in the data but do not count as done."""
     ids: set[str] = set()
     for p in sorted(out_dir.glob("*rows-*.jsonl")):  # includes seed-rows-* copied from datasets/
         for row in read_jsonl(p):
             if row.get("repeat") or (retry_failed and row.get("status") != "ok"):
+                continue
+            if int(row.get("schema", 1)) < min_schema:
                 continue
             ids.add(row["id"])
     return ids
@@ -177,12 +199,39 @@ def _match_nvml_index(cuda_index: int) -> int:
     return cuda_index
 
 
+class CpuBackend:
+    """The CPU stand-in for :class:`gpurec.device.graphs.CudaBackend`: nothing to capture
+    (every row falls back to eager timing, with the reason), wall-clock timing."""
+
+    def capture(self, fn: Callable[[], None], reps: int) -> Any:
+        raise CaptureFailed("CUDA graphs need a CUDA device")
+
+    def time_gpu_ms(self, fn: Callable[[], None], calls: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    def sync(self) -> None:
+        pass
+
+
+def _host_bench(cfg: CollectConfig, use_gpu: bool) -> dict[str, Any] | None:
+    if cfg.host_bench_blocks <= 0:
+        return None
+    try:
+        return run_host_bench(use_gpu=use_gpu, blocks=cfg.host_bench_blocks).to_dict()
+    except Exception as exc:  # a failed benchmark is recorded, never a reason to lose the run
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def run_worker(items: Sequence[WorkItem], out_dir: Path, cfg: CollectConfig, shard_name: str = "0",
-               device: str = "cuda:0", log: Callable[[str], None] = print) -> dict[str, Any]:
+               device: str = "cuda:0", log: Callable[[str], None] = print,
+               backend: StepBackend | None = None) -> dict[str, Any]:
     """Measure ``items`` not yet in ``out_dir`` on one GPU; return a summary.
 
     ``device="cpu"`` runs the same path on the CPU against whatever NVML backend is set
-    (the tests' fake)."""
+    (the tests' fake) and ``backend`` (default: CUDA graphs on CUDA, eager on the CPU)."""
     import torch
 
     from gpurec.device import open_gpu
@@ -199,12 +248,18 @@ def run_worker(items: Sequence[WorkItem], out_dir: Path, cfg: CollectConfig, sha
     else:
         gpu = open_gpu(0)
     device = dev
+    if backend is None:
+        from gpurec.device.graphs import CudaBackend
+
+        backend = CudaBackend() if dev.type == "cuda" else CpuBackend()
     info = gpu.info().as_dict()
     run_id = f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{shard_name}-{uuid.uuid4().hex[:6]}"
     prov = provenance(info, cfg)
     prov["run_id"] = run_id
-    atomic_write_json(out_dir / f"provenance-{run_id}.json", prov)
-    done = done_ids(out_dir, cfg.retry_failed)
+    prov["host_bench"] = _host_bench(cfg, dev.type == "cuda")
+    prov_path = out_dir / f"provenance-{run_id}.json"
+    atomic_write_json(prov_path, prov)
+    done = done_ids(out_dir, cfg.retry_failed, cfg.min_schema)
     todo = [w for w in items if w.id not in done]
     log(f"[{shard_name}] {info['name']} (nvml {gpu.index}): {len(todo)} to measure, {len(items) - len(todo)} done")
     source = OperationSource()
@@ -212,7 +267,9 @@ def run_worker(items: Sequence[WorkItem], out_dir: Path, cfg: CollectConfig, sha
     measured: list[WorkItem] = []
     summary = {"run_id": run_id, "ok": 0, "failed": 0, "repeats": 0, "gpu": info["name"]}
     t_start = time.perf_counter()
+    ctx = _Ctx(source, device, cfg, backend, info.get("power_limit_w"))
     with Sampler(gpu) as sampler, JsonlShard(out_dir / f"rows-{shard_name}.jsonl") as shard:
+        ctx.monitor = EnergyMonitor(sampler, cfg.window.tick_timeout_s)
         idle = measure_idle(sampler, 1.0)
         period = tick_period_s(sampler, 0.5)
         summary["tick_period_s"] = period
@@ -229,7 +286,7 @@ def run_worker(items: Sequence[WorkItem], out_dir: Path, cfg: CollectConfig, sha
                 idle = measure_idle(sampler, 0.5)
                 shard.append({"id": f"idle:{run_id}:{n + 1}", "item": "idle", "run_id": run_id, "repeat": True,
                               "gpu": info["name"], **idle})
-            row = _measure_item(w, source, device, sampler, cfg, idle["idle_power_w"])
+            row = _measure_item(w, ctx, idle["idle_power_w"])
             row.update({"run_id": run_id, "gpu": info["name"], "gpu_uuid": info["uuid"]})
             shard.append(row)
             if row.get("fatal"):
@@ -248,7 +305,7 @@ def run_worker(items: Sequence[WorkItem], out_dir: Path, cfg: CollectConfig, sha
                     raise TooManyFailures(f"{consecutive} consecutive failures; last: {row['error'][:300]}")
             if cfg.repeat_every and measured and (n + 1) % cfg.repeat_every == 0:
                 again = rng.choice(measured)
-                rep = _measure_item(again, source, device, sampler, cfg, idle["idle_power_w"])
+                rep = _measure_item(again, ctx, idle["idle_power_w"])
                 rep.update({"run_id": run_id, "gpu": info["name"], "repeat": True, "id": again.id + ":rep"})
                 shard.append(rep)
                 summary["repeats"] += 1
@@ -257,14 +314,31 @@ def run_worker(items: Sequence[WorkItem], out_dir: Path, cfg: CollectConfig, sha
                 log(f"[{shard_name}] {n + 1}/{len(todo)} rows, {rate:.2f} rows/s, "
                     f"ETA {(len(todo) - n - 1) / rate / 60:.1f} min")
             sampler.trim(time.perf_counter() - 30.0)
+    prov["host_bench_end"] = _host_bench(cfg, dev.type == "cuda")
+    atomic_write_json(prov_path, prov)
     summary["elapsed_s"] = time.perf_counter() - t_start
     log(f"[{shard_name}] done: {json.dumps(summary)}")
     return summary
 
 
-def _measure_item(w: WorkItem, source: OperationSource, device: Any, sampler: Any, cfg: CollectConfig,
-                  idle_power_w: float) -> dict[str, Any]:
+@dataclass
+class _Ctx:
+    """What every row's measurement needs from the run."""
+
+    source: OperationSource
+    device: Any
+    cfg: CollectConfig
+    backend: StepBackend
+    power_limit_w: float | None
+    monitor: EnergyMonitor | None = None
+
+
+def _measure_item(w: WorkItem, ctx: _Ctx, idle_power_w: float) -> dict[str, Any]:
     import torch
+
+    source, device, cfg, monitor = ctx.source, ctx.device, ctx.cfg, ctx.monitor
+    assert monitor is not None
+    inference = w.mode == "inference"
 
     t0 = time.perf_counter()
     row: dict[str, Any] = {"id": w.id, "item": w.item, "mode": w.mode, "op_kind": w.kind,
@@ -282,10 +356,16 @@ def _measure_item(w: WorkItem, source: OperationSource, device: Any, sampler: An
             unit = op.materialize(device=device, instances=auto_instances(param_bytes, cfg), seed=cfg.seed)
         row["instances"] = unit.instances
         row["backward"] = bool(getattr(unit, "backward", False))
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        ctx.backend.sync()
         row["setup_ms"] = (time.perf_counter() - t0) * 1000.0
-        row.update(measure_step(unit.step, sampler, cfg.window, idle_power_w, inference=w.mode == "inference"))
+        if w.item == "network":
+            row.update(measure_network(unit.step, monitor, cfg.window, ctx.backend, inference, idle_power_w,
+                                       ctx.power_limit_w))
+            if cfg.in_network and getattr(device, "type", str(device)) == "cuda":
+                row.update(_in_network(unit, source, w, inference))
+        else:
+            row.update(measure_op(unit.step, monitor, cfg.window, ctx.backend, inference, idle_power_w,
+                                  ctx.power_limit_w, instances=unit.instances))
         row["status"] = "ok"
     except torch.cuda.OutOfMemoryError as exc:
         row.update({"status": "failed", "error": f"CUDA out of memory: {str(exc)[:300]}"})
@@ -299,6 +379,18 @@ def _measure_item(w: WorkItem, source: OperationSource, device: Any, sampler: An
             torch.cuda.empty_cache()
     row["row_wall_ms"] = (time.perf_counter() - t0) * 1000.0
     return row
+
+
+def _in_network(unit: NetworkUnit, source: OperationSource, w: WorkItem, inference: bool) -> dict[str, Any]:
+    """The attribution pass; its failure is recorded on the row, never a lost row."""
+    from gpurec.collect.in_network import columnar, profile_network
+
+    try:
+        ops = source.ops(w.key, w.mode)
+        rows, summary = profile_network(unit.model, unit.x, None if inference else unit._grads, ops, inference)
+    except Exception as exc:
+        return {"in_network_error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+    return {"in_network": columnar(rows), **{f"in_network_{k}": v for k, v in summary.items()}}
 
 
 def _cuda_context_lost() -> bool:

@@ -9,9 +9,11 @@ and stop on ticks and divide energy by the time between them.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gpurec.device.nvml import GPU
@@ -43,6 +45,7 @@ class Sampler:
     ticks: list[Tick] = field(default_factory=list)
     states: list[StateSample] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _pause: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _old_switch: float = 0.005
 
@@ -70,10 +73,23 @@ class Sampler:
             self._thread.join(timeout=2.0)
         sys.setswitchinterval(self._old_switch)
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Stop polling (and taking the GIL) while the host's own cost is timed.  Ticks that
+        fall inside are missed, so no window may span a pause."""
+        self._pause.set()
+        try:
+            yield
+        finally:
+            self._pause.clear()
+
     def _run(self) -> None:
         last_e = self.ticks[-1].energy_mj
         next_state = 0.0
         while not self._stop.is_set():
+            if self._pause.is_set():
+                time.sleep(0.002)
+                continue
             now = time.perf_counter()
             e = self.gpu.energy_mj()
             if e != last_e:

@@ -527,6 +527,7 @@ def _interpret(traced: _Traced, shape: tuple[int, ...], dtype: torch.dtype, trai
             bytes_read=int((in_numel + param_numel) * elem_size),
             bytes_written=int(out_numel * elem_size),
             name=str(node.target) if node.op == "call_module" else node.name,
+            node=node.name,
         )
         if keep_sources:
             if node.op == "call_module":

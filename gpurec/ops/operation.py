@@ -84,6 +84,7 @@ class Operation:
     bytes_written: int
     name: str = ""  # where it sits in the model (module path or fx node name)
     model: str = ""
+    node: str = ""  # the fx node that issued it (unique per call; in-network attribution keys on it)
     source: Any = field(default=None, repr=False)
 
     # -- identity ---------------------------------------------------------------------------

@@ -37,15 +37,20 @@ def sum_of_measured_ops(model: str, input_shape: tuple[int, ...], mode: str, gpu
 
 
 def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_index: int = 0,
-                    min_window_s: float = 1.0) -> dict[str, Any]:
-    """Whole-network time, energy, power and clocks on local GPU ``gpu_index``."""
+                    min_window_s: float = 1.0, in_network: bool = True) -> dict[str, Any]:
+    """Whole-network figures on local GPU ``gpu_index``, measured the three ways collection
+    measures them (eager, host-free as one CUDA graph, in-network attribution), plus this
+    host's ``host-bench`` profile."""
     import torch
 
-    from gpurec.collect.measure import WindowConfig, measure_idle, measure_step
-    from gpurec.collect.runner import NetworkUnit, _match_nvml_index
+    from gpurec.collect.measure import WindowConfig, measure_idle
+    from gpurec.collect.measure import measure_network as measure_three_ways
+    from gpurec.collect.runner import NetworkUnit, OperationSource, _match_nvml_index
     from gpurec.device import NVMLUnavailable, open_gpu
+    from gpurec.device.graphs import CudaBackend
     from gpurec.device.sampler import Sampler
-    from gpurec.host import host_cpu
+    from gpurec.device.window import EnergyMonitor
+    from gpurec.host import host_cpu, run_host_bench
 
     if not torch.cuda.is_available():
         raise NVMLUnavailable("No CUDA GPU is visible to torch: `gpurec validate` measures on the GPU at hand. "
@@ -53,14 +58,27 @@ def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_ind
     torch.cuda.set_device(gpu_index)
     device = torch.device("cuda", gpu_index)
     gpu = open_gpu(_match_nvml_index(gpu_index))
+    info = gpu.info()
+    host = run_host_bench(use_gpu=True)
     unit = NetworkUnit(model, input_shape, mode, device)
+    inference = mode == "inference"
     with Sampler(gpu) as sampler:
         idle = measure_idle(sampler, 1.0)
-        row = measure_step(unit.step, sampler, WindowConfig(min_window_s=min_window_s), idle["idle_power_w"],
-                           inference=mode == "inference")
-    info = gpu.info()
+        row = measure_three_ways(unit.step, EnergyMonitor(sampler), WindowConfig(min_window_s=min_window_s),
+                                 CudaBackend(), inference, idle["idle_power_w"], info.power_limit_w)
+    if in_network:
+        from gpurec.collect.in_network import columnar, profile_network
+
+        set_key = f"{model}:b{input_shape[0]}:r{input_shape[-1]}"
+        try:
+            ops = OperationSource().ops(set_key, mode)
+            rows, summary = profile_network(unit.model, unit.x, None if inference else unit._grads, ops, inference)
+            row["in_network"] = columnar(rows)
+            row.update({f"in_network_{k}": v for k, v in summary.items()})
+        except Exception as exc:  # recorded, never silently skipped
+            row["in_network_error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
     row.update({"gpu": info.name, "driver": info.driver_version, "torch": torch.__version__,
-                "host_cpu": host_cpu()})
+                "host_cpu": host_cpu(), "host_bench": host.to_dict()})
     return row
 
 
