@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpurec.device.graphs import CaptureFailed, Replay, StepBackend
+from gpurec.device.graphs import CaptureFailed, Paced, Replay, StepBackend
 from gpurec.device.sampler import Sampler
 from gpurec.device.window import EnergyMonitor, Measurement
 
@@ -168,6 +168,7 @@ def host_free(step: Callable[[], None], backend: StepBackend, monitor: EnergyMon
         calls = 1
         busy = step
         one_ms = backend.time_gpu_ms(step, 1)
+    busy = Paced(busy, backend, depth=2 if one_ms >= 0.5 else 8)
     reps = max(1, math.ceil(cfg.gpu_min_block_ms / max(one_ms, 1e-6)))
 
     def timed() -> list[float]:
@@ -243,7 +244,8 @@ def measure_network(step: Callable[[], None], monitor: EnergyMonitor, cfg: Windo
                 out.append((time.perf_counter() - t) / n * 1e3)
             return out
 
-        times, m, info = timed_window(step, eager_timed, monitor, cfg, idle_power_w, power_limit_w,
+        times, m, info = timed_window(Paced(step, backend, 2), eager_timed, monitor, cfg, idle_power_w,
+                                      power_limit_w,
                                       extra_timeout_s=one_ms / 1e3 * 2)
         time_ms, iqr = _median_iqr(times)
         row.update({"time_ms": time_ms, "time_iqr_ms": iqr, "eager_blocks": len(times),
@@ -251,13 +253,14 @@ def measure_network(step: Callable[[], None], monitor: EnergyMonitor, cfg: Windo
                     **m.as_row(), **info})
         host = []
         with monitor.sampler.paused():
-            for _ in range(cfg.eager_blocks):
+            for _ in range(cfg.eager_blocks + 4):
                 backend.sync()
                 t = time.perf_counter()
                 step()
                 host.append((time.perf_counter() - t) * 1e3)
             backend.sync()
         row["host_ms"], row["host_iqr_ms"] = _median_iqr(host)
+        row["host_min_ms"] = min(host)
         row.update(host_free(step, backend, monitor, cfg, time_ms, idle_power_w, power_limit_w))
     if idle_power_w is not None:
         row["idle_power_w"] = idle_power_w

@@ -183,6 +183,16 @@ def done_ids(out_dir: Path, retry_failed: bool = False, min_schema: int = 1) -> 
     return ids
 
 
+def _grouped_by_set(items: list[WorkItem]) -> list[WorkItem]:
+    """Items of one (set, mode) together, sets in plan order: each set is extracted once per
+    worker while its rows are measured (extraction takes ~1 s a set on the GPU hosts, which
+    the plan's round-robin order paid again and again)."""
+    first: dict[tuple[str, str], int] = {}
+    for i, w in enumerate(items):
+        first.setdefault((w.set_key, w.mode), i)
+    return sorted(items, key=lambda w: first[(w.set_key, w.mode)])
+
+
 def _match_nvml_index(cuda_index: int) -> int:
     """NVML index of the board torch calls ``cuda:cuda_index`` (matched by UUID)."""
     import torch
@@ -213,6 +223,14 @@ class CpuBackend:
         return (time.perf_counter() - t0) * 1e3
 
     def sync(self) -> None:
+        pass
+
+    def mark(self) -> Any:
+        return _NoMark()
+
+
+class _NoMark:
+    def synchronize(self) -> None:
         pass
 
 
@@ -260,7 +278,7 @@ def run_worker(items: Sequence[WorkItem], out_dir: Path, cfg: CollectConfig, sha
     prov_path = out_dir / f"provenance-{run_id}.json"
     atomic_write_json(prov_path, prov)
     done = done_ids(out_dir, cfg.retry_failed, cfg.min_schema)
-    todo = [w for w in items if w.id not in done]
+    todo = _grouped_by_set([w for w in items if w.id not in done])
     log(f"[{shard_name}] {info['name']} (nvml {gpu.index}): {len(todo)} to measure, {len(items) - len(todo)} done")
     source = OperationSource()
     rng = random.Random(f"{cfg.seed}-{shard_name}")

@@ -20,14 +20,21 @@ class Replay(Protocol):
     def replay(self) -> None: ...
 
 
+class Mark(Protocol):
+    def synchronize(self) -> None: ...
+
+
 class StepBackend(Protocol):
-    """What the measurement needs from the device: capture, GPU-side timing, synchronise."""
+    """What the measurement needs from the device: capture, GPU-side timing, synchronise,
+    and a mark in the stream to wait for (pacing)."""
 
     def capture(self, fn: Callable[[], None], reps: int) -> Replay: ...
 
     def time_gpu_ms(self, fn: Callable[[], None], calls: int) -> float: ...
 
     def sync(self) -> None: ...
+
+    def mark(self) -> Mark: ...
 
 
 class _CudaReplay:
@@ -91,3 +98,32 @@ class CudaBackend:
         import torch
 
         torch.cuda.synchronize()
+
+    def mark(self) -> Mark:
+        import torch
+
+        ev = torch.cuda.Event()
+        ev.record()
+        return ev
+
+
+class Paced:
+    """Calls ``fn`` with at most ``depth`` calls queued on the GPU.
+
+    Without pacing the host enqueues seconds of work ahead of the GPU: a window then closes
+    seconds after its closing tick and timed blocks wait behind the backlog.  Waiting on the
+    oldest call keeps the GPU fed (``depth`` >= 2) while the host stays close to it."""
+
+    def __init__(self, fn: Callable[[], None], backend: StepBackend, depth: int = 2):
+        from collections import deque
+
+        self.fn = fn
+        self.backend = backend
+        self.depth = max(1, depth)
+        self._marks: Any = deque()
+
+    def __call__(self) -> None:
+        self.fn()
+        self._marks.append(self.backend.mark())
+        while len(self._marks) > self.depth:
+            self._marks.popleft().synchronize()
