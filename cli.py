@@ -61,7 +61,9 @@ def _check_shape(batch_size: int, resolution: int) -> tuple[int, int, int, int]:
 
 
 def _check_mode(mode: str) -> None:
-    if mode not in ("inference", "training"):
+    from gpurec.sets import MODES
+
+    if mode not in MODES:
         _fail(f"--mode must be inference or training, not '{mode}'")
 
 

@@ -24,6 +24,7 @@ from gpurec.collect.measure import WindowConfig, measure_idle, measure_step, tic
 from gpurec.collect.plan import ModelInputSet, WorkItem
 from gpurec.dataset.store import JsonlShard, atomic_write_json, read_jsonl
 from gpurec.host import host_cpu
+from gpurec.ops.cache import SetOperations
 
 L2_BYTES_DEFAULT = 50 * 2**20
 
@@ -86,27 +87,8 @@ def auto_instances(param_bytes: int, cfg: CollectConfig) -> int:
     return max(1, int(n))
 
 
-class OperationSource:
-    """Finds the live operation for a planned signature (extraction cached per set, mode)."""
-
-    def __init__(self) -> None:
-        self._cache: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def get(self, set_key: str, mode: str, signature: str) -> Any:
-        from gpurec.ops import extract_operations
-
-        k = (set_key, mode)
-        if k not in self._cache:
-            s = ModelInputSet.parse(set_key)
-            ops = extract_operations(s.arch, s.input_shape, mode=mode)
-            self._cache[k] = {}
-            for op in ops:
-                self._cache[k].setdefault(op.signature, op)
-        op = self._cache[k].get(signature)
-        if op is None:
-            raise LookupError(f"signature {signature} not found in {set_key} ({mode}): extraction differs "
-                              "between the planning and measuring torch versions")
-        return op
+# Planned signatures are looked up in the one shared extraction cache.
+OperationSource = SetOperations
 
 
 class NetworkUnit:

@@ -24,8 +24,8 @@ from gpurec.profile import ncu_io
 from gpurec.profile.matching import MatchResult, match_kernels, normalize_kernel_name
 from gpurec.profile.metrics import frame_records, group_metrics, iteration_metrics, merge_kernels
 from gpurec.profile.trace import load_trace
+from gpurec.sets import MODES
 
-MODES = ("inference", "training")
 TRACE_FILE = "trace.json.gz"
 META_FILE = "worker_trace.json"
 NCU_CSV = "ncu.csv"
