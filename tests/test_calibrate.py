@@ -17,13 +17,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gpurec.calibrate import build, checks, fit, ncu
+from gpurec.calibrate import build, checks, fit
 from gpurec.calibrate import calibrate as calib
 from gpurec.calibrate.errors import NcuNotFound, ToolNotFound
 from gpurec.calibrate.features import METRICS, memory_energy_features
 from gpurec.calibrate.microbench import BenchConfig, DeviceProps, RunResult
 from gpurec.calibrate.sweep import IdleModel, Sweeper, SweepSettings, finalize_rows
-from gpurec.device import nvml
+from gpurec.device import ncu, nvml
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "calibrate" / "ncu_raw_handwritten.csv"
@@ -204,8 +204,8 @@ def test_run_ncu_always_disables_clock_control(tmp_path: Path, monkeypatch: pyte
 
     def fake_run(args, capture_output=True, text=True, timeout=None, env=None):  # noqa: ANN001
         calls.append(list(args))
-        if "-o" in args:
-            Path(args[args.index("-o") + 1] + ".ncu-rep").write_text("rep")
+        if "--export" in args:
+            Path(args[args.index("--export") + 1] + ".ncu-rep").write_text("rep")
             return SimpleNamespace(returncode=0, stdout="", stderr="")
         return SimpleNamespace(returncode=0, stdout=csv_text, stderr="")
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpurec.calibrate.errors import BuildError, ToolNotFound
+from gpurec.calibrate.errors import BuildError, NvccNotFound, ToolNotFound
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCE = REPO_ROOT / "cuda" / "membench.cu"
@@ -33,7 +33,7 @@ NVCC_FIX = (
 
 
 def find_nvcc() -> Path:
-    """Locate nvcc or raise :class:`ToolNotFound` with the fix."""
+    """Locate nvcc or raise :class:`NvccNotFound` with the fix."""
     found = shutil.which("nvcc")
     if found:
         return Path(found)
@@ -42,7 +42,7 @@ def find_nvcc() -> Path:
         cand = Path(d) / "nvcc"
         if cand.is_file() and os.access(cand, os.X_OK):
             return cand
-    raise ToolNotFound(NVCC_FIX)
+    raise NvccNotFound(NVCC_FIX)
 
 
 def nvcc_version(nvcc: Path | None = None) -> str:

@@ -31,11 +31,11 @@ from typing import Any
 from gpurec.calibrate import build as build_mod
 from gpurec.calibrate import checks as checks_mod
 from gpurec.calibrate import fit as fit_mod
-from gpurec.calibrate import ncu as ncu_mod
 from gpurec.calibrate.errors import CalibrationError, ToolNotFound
 from gpurec.calibrate.microbench import LEVELS, BenchConfig, DeviceProps, Microbench
 from gpurec.calibrate.sweep import Sweeper, SweepSettings, finalize_rows
 from gpurec.dataset.store import atomic_write_text, json_safe
+from gpurec.device import ncu as ncu_mod
 from gpurec.device.errors import NVMLError
 
 log = logging.getLogger("gpurec.calibrate")

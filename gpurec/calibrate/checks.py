@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpurec.calibrate import ncu as ncu_mod
-from gpurec.calibrate.errors import NcuError
+from gpurec.device import ncu as ncu_mod
+from gpurec.device.errors import NcuError
 
 log = logging.getLogger("gpurec.calibrate")
 

@@ -103,8 +103,8 @@ def drive(plan: Path, out: Path, budget_s: float, chunk: int = 80, shard: tuple[
           log: Any = print) -> dict[str, Any]:
     """Profile as many planned operations as ``budget_s`` allows, resumably."""
     from gpurec.calibrate.features import METRICS
-    from gpurec.calibrate.ncu import NcuError, query_metrics, run_ncu, split_available
     from gpurec.collect.plan import shard_items
+    from gpurec.device.ncu import NcuError, query_metrics, run_ncu, split_available
 
     out.mkdir(parents=True, exist_ok=True)
     rows_path = out / "counters.jsonl"

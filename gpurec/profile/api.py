@@ -222,7 +222,7 @@ def profile_network(
     dev = device or f"cuda:{gpu_index}"
     if ncu and not dev.startswith("cuda"):
         raise ValueError("hardware counters need a CUDA device: pass ncu=False for a CPU dry run")
-    ncu_path = ncu_io.find_ncu() if ncu else None
+    ncu_path = str(ncu_io.find_ncu()) if ncu else None
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="gpurec_profile_"))
     out.mkdir(parents=True, exist_ok=True)
 
