@@ -533,7 +533,7 @@ def test_run_calibration_on_fakes_writes_json_shape(world: World, tmp_path: Path
     assert (tmp_path / "plots" / "eps_vs_threads.png").exists()
 
 
-def test_cli_main_on_fakes(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_calibrate_command_on_fakes(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runner = FakeRunner(world, A100_REF)
     monkeypatch.setattr(calib.build_mod, "find_nvcc", lambda: Path("/fake/nvcc"))
     monkeypatch.setattr(calib.build_mod, "nvcc_version", lambda nvcc=None: "13.0.88")
@@ -541,10 +541,13 @@ def test_cli_main_on_fakes(world: World, tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(calib, "Microbench", lambda lib, device: runner)
     monkeypatch.setattr(calib, "_now", world.clock)
     monkeypatch.setattr(calib, "_sleep", world.sleep)
-    monkeypatch.setattr(calib.signal, "signal", lambda *a: None)
-    rc = calib.main(["--out", str(tmp_path), "--budget-s", "200", "--no-ncu", "--levels", "l2,dram",
-                     "--threads", "32", "--no-div", "--window-s", "1.0"])
-    assert rc == 0
+    from typer.testing import CliRunner
+
+    import cli
+
+    res = CliRunner().invoke(cli.app, ["calibrate", "--out", str(tmp_path), "--budget-s", "200", "--no-ncu",
+                                       "--levels", "l2,dram", "--threads", "32", "--no-div", "--window-s", "1.0"])
+    assert res.exit_code == 0, res.output
     d = json.loads((tmp_path / "calibration.json").read_text())
     assert d["levels"]["l2"]["pj_per_sector"] == pytest.approx(368, rel=1e-2)
     assert d["levels"]["l1"]["pj_per_sector"] is None  # not requested
@@ -552,8 +555,10 @@ def test_cli_main_on_fakes(world: World, tmp_path: Path, monkeypatch: pytest.Mon
     assert {(c["level"], c["threads"]) for c in done} <= {("l2", 1024), ("dram", 1024), ("l2", 32), ("dram", 32)}
     assert not any(c["div"] for c in done)
     assert (tmp_path / "calibrate.log").read_text().count("idle") >= 1
-    with pytest.raises(SystemExit):
-        calib.main(["--out", str(tmp_path), "--levels", "l3"])
+    bad = CliRunner().invoke(cli.app, ["calibrate", "--out", str(tmp_path), "--levels", "l3"])
+    assert bad.exit_code == 2 and "unknown level(s) l3" in bad.output
+    bad = CliRunner().invoke(cli.app, ["calibrate", "--out", str(tmp_path), "--threads", "32,x"])
+    assert bad.exit_code == 2 and "--threads" in bad.output
 
 
 def test_ncu_stage_with_perfect_fake_counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
