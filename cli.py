@@ -7,9 +7,11 @@ Bad input exits with code 2 and one line; a missing GPU is a message, not a trac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +63,9 @@ def _check_shape(batch_size: int, resolution: int) -> tuple[int, int, int, int]:
 
 
 def _check_mode(mode: str) -> None:
-    if mode not in ("inference", "training"):
+    from gpurec.sets import MODES
+
+    if mode not in MODES:
         _fail(f"--mode must be inference or training, not '{mode}'")
 
 
@@ -215,12 +219,160 @@ def dataset_merge(shards: list[Path] = typer.Argument(..., help="shard directori
     _print_json(_guard(merge_shards, shards, out))
 
 
-@app.command(context_settings=PASSTHROUGH)
-def calibrate(ctx: typer.Context) -> None:
-    """Memory-energy calibration with CUDA microbenchmarks (needs nvcc, ncu and a GPU)."""
-    from gpurec.calibrate.__main__ import main as calibrate_main
+@contextlib.contextmanager
+def _sigterm_raises(exc: type[BaseException], *args: Any) -> Iterator[None]:
+    """While a slow command runs, SIGTERM (e.g. from ``timeout``) raises ``exc`` so partial
+    results are written and child process groups are killed on the way out."""
+    import signal
 
-    raise typer.Exit(_guard(calibrate_main, list(ctx.args)) or 0)
+    def handler(signum: int, frame: Any) -> None:
+        raise exc(*args)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _log_to(logger_name: str, log_file: Path | None = None) -> None:
+    """Progress of a slow library call on stderr (and into ``log_file``), with timestamps."""
+    import logging
+
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S")
+    logger = logging.getLogger(logger_name)
+    logger.setLevel(logging.INFO)
+    for h in [h for h in logger.handlers if getattr(h, "_gpurec_cli", False)]:
+        logger.removeHandler(h)
+        h.close()
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_file))
+    for h in handlers:
+        h.setFormatter(fmt)
+        h._gpurec_cli = True  # type: ignore[attr-defined]
+        logger.addHandler(h)
+
+
+def _stderr(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not all(v.isdigit() for v in values):
+        _fail(f"{option} takes comma-separated positive integers, such as 256,32,4, not '{text}'")
+    return [int(v) for v in values]
+
+
+@app.command()
+def calibrate(
+    out: Path = typer.Option(..., "--out", help="directory for calibration.json, calibrate.log, plots/ and ncu/"),
+    gpu_index: int = typer.Option(0, "--gpu-index"),
+    budget_s: float = typer.Option(300.0, "--budget-s", help="time budget of the whole calibration"),
+    quick: bool = typer.Option(False, "--quick", help="saturated configurations only, 0.5 s windows"),
+    arch: str = typer.Option(None, "--arch", help="nvcc -arch (sm_90, 90, native; default sm_90)"),
+    no_ncu: bool = typer.Option(False, "--no-ncu", help="skip the Nsight Compute checks"),
+    window_s: float = typer.Option(None, "--window-s", help="energy window per point (default 1.0)"),
+    levels: str = typer.Option("l1,shared,l2,dram", "--levels", help="comma-separated levels, in priority order"),
+    threads: str = typer.Option(None, "--threads", help="threads-per-block sweep after the saturated (1024) runs, "
+                                "in priority order (default 256,32,4,1,128,512,64,16,8,2)"),
+    no_div: bool = typer.Option(False, "--no-div", help="skip the LOAD+DIV cross-validation"),
+) -> None:
+    """Memory-energy calibration with CUDA microbenchmarks (needs nvcc, a GPU and, for the checks, ncu).
+
+    Clocks are never locked.  Progress goes to stderr and OUT/calibrate.log.  Exit codes: 0 done
+    (calibration.json always written), 1 calibration error, 2 nvcc missing or bad input,
+    3 no GPU / NVML, 130 interrupted (partial results kept).
+    """
+    from gpurec.calibrate.errors import CalibrationError, ToolNotFound
+    from gpurec.calibrate.microbench import LEVELS
+    from gpurec.device.errors import NVMLError
+
+    level_list = [x for x in levels.split(",") if x]
+    bad = [x for x in level_list if x not in LEVELS]
+    if bad:
+        _fail(f"unknown level(s) {', '.join(bad)} in --levels; choose from {', '.join(LEVELS)}")
+    from gpurec.calibrate.build import DEFAULT_ARCH
+    from gpurec.calibrate.calibrate import THREAD_SWEEP, log, run_calibration
+
+    thread_list = _int_list(threads, "--threads") if threads else list(THREAD_SWEEP)
+    _log_to("gpurec.calibrate", out / "calibrate.log")
+    try:
+        with _sigterm_raises(KeyboardInterrupt, "SIGTERM"):
+            res = run_calibration(gpu_index, out, budget_s, quick, arch or DEFAULT_ARCH, not no_ncu, window_s,
+                                  levels=level_list, thread_sweep=thread_list, div=not no_div)
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        raise typer.Exit(130) from None
+    except ToolNotFound as exc:
+        log.error("%s", exc)
+        raise typer.Exit(2) from None
+    except NVMLError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(3) from None
+    except CalibrationError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(1) from None
+    lv = {k: (round(v["pj_per_sector"], 1) if v.get("pj_per_sector") is not None else None)
+          for k, v in res["levels"].items()}
+    log.info("pJ per sector: %s; DIV: %s nJ; ncu checks passed: %s", lv, res["div_nj"],
+             res["ncu_checks"].get("passed"))
+
+
+@app.command("calibrate-build")
+def calibrate_build(
+    arch: str = typer.Option(None, "--arch", help="nvcc -arch (sm_90, 90, native; default sm_90)"),
+    force: bool = typer.Option(False, "--force", help="rebuild even if the cached build is current"),
+    exe: bool = typer.Option(False, "--exe", help="also build the standalone membench CLI"),
+) -> None:
+    """Build the memory microbenchmarks (cuda/membench.cu) with nvcc; prints the built paths."""
+    from gpurec.calibrate.build import DEFAULT_ARCH, build_executable, build_library
+    from gpurec.calibrate.errors import BuildError, ToolNotFound
+
+    arch = arch or DEFAULT_ARCH
+    try:
+        typer.echo(str(build_library(arch, force)))
+        if exe:
+            typer.echo(str(build_executable(arch, force)))
+    except (ToolNotFound, BuildError) as exc:
+        _fail(str(exc), 1)
+
+
+@app.command()
+def counters(
+    plan: Path = typer.Option(..., "--plan", help="the work order, e.g. datasets/plans/main.json"),
+    out: Path = typer.Option(..., "--out", help="directory for counters.jsonl (resumed if present)"),
+    budget_s: float = typer.Option(300.0, "--budget-s"),
+    chunk: int = typer.Option(80, "--chunk", help="operations per ncu run"),
+    shard: str = typer.Option("0/1", "--shard", help="i/n: profile only this shard of the plan"),
+) -> None:
+    """Nsight Compute counters per planned operation (needs ncu and a GPU; clocks are not locked).
+
+    Prints a JSON summary; progress goes to stderr.
+    """
+    from gpurec.collect.counters import drive
+    from gpurec.collect.plan import parse_shard
+
+    i, n = _guard(parse_shard, shard)
+    if not plan.is_file():
+        _fail(f"--plan {plan} does not exist (scripts/make_plan.py writes datasets/plans/main.json)", 1)
+    _print_json(_guard(drive, plan, out, budget_s, chunk, (i, n), log=_stderr))
+
+
+@app.command()
+def probe(out: Path = typer.Option(..., "--out", help="directory for the probe's JSON")) -> None:
+    """Measure the energy-counter period, window-length repeatability and instance count on this GPU.
+
+    Prints one JSON line per window-sweep row; progress goes to stderr.
+    """
+    from gpurec.collect.probe import run_probe
+
+    out.mkdir(parents=True, exist_ok=True)
+    res = _guard(run_probe, out, log=_stderr)
+    for row in res["summary"]["window"]:
+        typer.echo(json.dumps(row))
 
 
 @app.command()
@@ -235,25 +387,55 @@ def profile(
     ncu_sampling: str = typer.Option(
         "all", "--ncu-sampling",
         help="all: count every kernel; per-config: one launch per (kernel, grid, block), repeats imputed"),
-    fmt: str = typer.Option("table", "--format", "-f"),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, tf32, bf16 or fp16"),
+    device: str = typer.Option(None, "--device", help="override, e.g. 'cpu' for a dry run with --no-ncu"),
+    trace_timeout_s: float = typer.Option(600.0, "--trace-timeout-s"),
+    ncu_timeout_s: float = typer.Option(1200.0, "--ncu-timeout-s"),
+    max_warmup_iters: int = typer.Option(40, "--max-warmup-iters"),
+    max_warmup_s: float = typer.Option(20.0, "--max-warmup-s"),
+    no_plots: bool = typer.Option(False, "--no-plots"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
 ) -> None:
-    """Multi-level GPU utilization of one iteration (framework trace + Nsight Compute)."""
+    """Multi-level GPU utilization of one iteration (framework trace + Nsight Compute).
+
+    Exit codes: 0 when the trace worked (a failed ncu run is reported in the table and JSON),
+    1 when the network could not be traced, 2 for bad input or a missing ncu.
+    """
     _check_format(fmt, ("table", "json"))
     from gpurec.profile.ncu_io import SAMPLING_MODES
 
     if ncu_sampling not in SAMPLING_MODES:
         _fail(f"--ncu-sampling must be one of {', '.join(SAMPLING_MODES)}, not '{ncu_sampling}'")
+    if precision not in ("fp32", "tf32", "bf16", "fp16"):
+        _fail(f"--precision must be one of fp32, tf32, bf16, fp16, not '{precision}'")
     _check_shape(batch_size, resolution)
     _check_mode(mode)
+    from gpurec.device.errors import NcuNotFound
+    from gpurec.profile import ProfileError, render_table
     from gpurec.profile import profile_network as run_profile
-    from gpurec.profile import render_table
 
-    result = _guard(run_profile, model, batch_size, resolution, mode, out, gpu_index, not no_ncu,
-                    ncu_sampling=ncu_sampling)
+    try:
+        with _sigterm_raises(SystemExit, 143):
+            result = _guard(run_profile, model, batch_size, resolution, mode, out, gpu_index, not no_ncu,
+                            precision=precision, device=device, trace_timeout_s=trace_timeout_s,
+                            ncu_timeout_s=ncu_timeout_s, plots=not no_plots, max_warmup_iters=max_warmup_iters,
+                            max_warmup_s=max_warmup_s, ncu_sampling=ncu_sampling)
+    except NcuNotFound as exc:
+        _fail(str(exc), 2)
+    except ProfileError as exc:
+        _fail(f"profile failed: {exc}", 1)
     if fmt == "json":
         _print_json(result.to_json())
     else:
         typer.echo(render_table(result))
+
+
+@app.command("profile-summary")
+def profile_summary(results: list[Path] = typer.Argument(..., help="result.json files of gpurec profile runs")) -> None:
+    """One line per profiled run: time, throughput and SM / tensor-core utilization side by side."""
+    from gpurec.profile.summary import summarize
+
+    typer.echo(summarize(list(results)))
 
 
 @app.command()

@@ -5,6 +5,8 @@ Nothing heavy happens at import: torch, pandas and xgboost load on first use.
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -39,3 +41,16 @@ def recommend(model: Any, input_shape: Any = None, mode: str = "inference", obje
     from gpurec.recommend import recommend as _recommend
 
     return _recommend(model, input_shape, mode=mode, objective=objective, gpus=gpus, **kwargs)
+
+
+class _Package(types.ModuleType):
+    """Keeps ``gpurec.recommend`` the function: importing the ``gpurec.recommend`` subpackage
+    would otherwise replace it with the module, and a second call would fail."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "recommend" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -197,7 +197,7 @@ def calibration_section(cals: dict[str, dict[str, Any]], made: dict[str, list[tu
       "1024 threads here as well (L1: "
       + ", ".join(f"{names[g]} {f(_fit(cals[g], 'l1', 256), '.0f')} → {f(_fit(cals[g], 'l1', 1024), '.0f')}" for g in gpus)
       + " pJ), but the sweep that would show the plateau (seed Fig. 5.8/5.9) and the 2×-blocks run were cut by the "
-      "time budget. A longer run (`python -m gpurec.calibrate --budget-s 900`) would complete it.")
+      "time budget. A longer run (`gpurec calibrate --budget-s 900`) would complete it.")
     w("- One calibration per GPU, one board each: no board-to-board or run-to-run spread is known yet. The fits' "
       "own slope standard errors are 0.1–0.7 % (see `provenance.fits[].pj_per_sector_stderr`).\n")
 

@@ -282,7 +282,7 @@ def _img(path: Path, out_dir: Path, alt: str, saved: bool) -> list[str]:
 
 # ----------------------------------------------------------------------------- sections
 def section_overview(gpus: list[GpuData], plan: list[dict[str, Any]]) -> str:
-    from gpurec.collect.plan import DATASET_ARCHS, DATASET_BATCH_SIZES, TEST_ARCHS, TEST_BATCH_SIZES
+    from gpurec.sets import DATASET_ARCHS, DATASET_BATCH_SIZES, TEST_ARCHS, TEST_BATCH_SIZES
 
     n_ops = sum(len(ok(g.t("operations"))) for g in gpus)
     n_net = sum(len(ok(g.t("networks"))) for g in gpus)
@@ -1169,7 +1169,7 @@ def section_power(gpus: list[GpuData], img: Path, out_dir: Path) -> str:
 
 def section_networks_across(gpus: list[GpuData]) -> str:
     """Whole networks measured on two GPUs: which one is faster / uses less energy."""
-    from gpurec.collect.plan import TEST_ARCHS
+    from gpurec.sets import TEST_ARCHS
 
     nets = {g.tag: ok(g.t("networks")) for g in gpus}
     nets = {t: n for t, n in nets.items() if not n.empty and {"set_key", "mode", "time_ms", "energy_mj"} <= set(n.columns)}

@@ -3,7 +3,7 @@
 #
 #   PYTHONPATH=. bash scripts/device_calibrate.sh [GPU_INDEX=0] [BUDGET_S=300] [extra args...]
 #
-# Extra args go to `python -m gpurec.calibrate` (e.g. --threads 32,4,1 --levels l1,l2 --no-div
+# Extra args go to `python3 cli.py calibrate` (e.g. --threads 32,4,1 --levels l1,l2 --no-div
 # --window-s 0.5 --quick --no-ncu), so several runs can cover more of the sweep.
 # Run from the repository root.  Results go to "$OUT/calibration/" (OUT defaults to ./out):
 #   calibration.json     the calibration (always written; on failure it says why)
@@ -42,7 +42,7 @@ command -v ncu >/dev/null && ncu --version | tail -1 | sed 's/^/  /' || say "ncu
 
 # 1. build (library + standalone CLI), cached in cuda/bin/
 say "build"
-timeout -k 5 150 "$PY" -m gpurec.calibrate.build --arch sm_90 --exe > "$WORK/build.txt" 2>&1
+timeout -k 5 150 "$PY" cli.py calibrate-build --arch sm_90 --exe > "$WORK/build.txt" 2>&1
 BUILD_RC=$?
 cat "$WORK/build.txt"
 say "build rc=$BUILD_RC ($(elapsed) s)"
@@ -63,7 +63,7 @@ PY_BUDGET=$BUDGET_S
 if [ "$PY_BUDGET" -gt $(( CAL_TIMEOUT - 25 )) ]; then PY_BUDGET=$(( CAL_TIMEOUT - 25 )); fi
 if [ "$PY_BUDGET" -lt 30 ]; then PY_BUDGET=30; fi
 say "calibrate: budget ${PY_BUDGET}s, timeout ${CAL_TIMEOUT}s"
-timeout -s TERM -k 15 "$CAL_TIMEOUT" "$PY" -m gpurec.calibrate --out "$WORK/result" \
+timeout -s TERM -k 15 "$CAL_TIMEOUT" "$PY" cli.py calibrate --out "$WORK/result" \
     --gpu-index "$GPU_INDEX" --budget-s "$PY_BUDGET" --arch sm_90 ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"}
 CAL_RC=$?
 say "calibrate rc=$CAL_RC ($(elapsed) s)"

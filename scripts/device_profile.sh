@@ -38,19 +38,20 @@ log "preflight"
   nvidia-smi -L 2>&1 | head -4
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv 2>&1 | head -3
   "$PY" -c 'import sys, torch, torchvision; print("python", sys.version.split()[0], "torch", torch.__version__, "torchvision", torchvision.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available() and torch.cuda.get_device_name(0))' 2>&1
-  "$PY" -c 'from gpurec.profile.ncu_io import find_ncu, NcuNotFound
+  "$PY" -c 'from gpurec.device.ncu import find_ncu, NcuNotFound
 try: print("ncu at", find_ncu())
 except NcuNotFound as e: print("ncu:", e)' 2>&1
 } | tee -a "$LOG"
-NCU_BIN=$("$PY" -c 'from gpurec.profile.ncu_io import find_ncu; print(find_ncu())' 2>/dev/null || true)
+NCU_BIN=$("$PY" -c 'from gpurec.device.ncu import find_ncu; print(find_ncu())' 2>/dev/null || true)
 HAVE_NCU=0
 if [ -n "$NCU_BIN" ]; then
   HAVE_NCU=1
   "$NCU_BIN" --version 2>&1 | tail -2 | tee -a "$LOG"
-  # Ask once which metrics exist (cached for the runs) and show what will be collected.
+  # Ask once which metrics exist (cached for the runs in ~/.cache/gpurec) and show what will be collected.
   timeout 120 "$PY" - <<'PYEOF' 2>&1 | tee -a "$LOG"
 from gpurec.profile import ncu_io
-ncu = ncu_io.find_ncu()
+from gpurec.device.ncu import find_ncu
+ncu = find_ncu()
 avail = ncu_io.query_available_metrics(ncu)
 print("metrics known to ncu:", "query failed" if avail is None else len(avail))
 print("collecting:", ",".join(ncu_io.select_metrics(avail)))
@@ -106,13 +107,13 @@ for spec in "${RUNS[@]}"; do
   trace_t=$(( remaining - ncu_t - 15 )); [ "$trace_t" -gt 150 ] && trace_t=150
   hard=$(( remaining - 3 ))
   log "[$i/$N] $tag: start (ncu ${ncu_flag:-on, ${ncu_t}s}; trace <= ${trace_t}s; hard stop ${hard}s)"
-  timeout --kill-after=10 "$hard" "$PY" -m gpurec.profile --model "$model" --batch-size "$bs" --mode "$mode" \
+  timeout --kill-after=10 "$hard" "$PY" cli.py profile --model "$model" --batch-size "$bs" --mode "$mode" \
       --out "$dir" --ncu-timeout-s "$ncu_t" --trace-timeout-s "$trace_t" --max-warmup-s 10 \
       --ncu-sampling "$SAMPLING" $ncu_flag "${EXTRA[@]}" \
       > "$dir/stdout.txt" 2>&1
   rc=$?
   if [ -f "$dir/result.json" ]; then
-    "$PY" -m gpurec.profile.summary "$dir/result.json" 2>&1 | tail -1 | tee -a "$LOG"
+    "$PY" cli.py profile-summary "$dir/result.json" 2>&1 | tail -1 | tee -a "$LOG"
     sed -n '1,30p' "$dir/table.txt" >> "$LOG"
   fi
   if [ "$rc" -ne 0 ]; then
@@ -128,7 +129,7 @@ for spec in "${RUNS[@]}"; do
 done
 
 log "summary (SM/TC columns: % of iteration time)"
-"$PY" -m gpurec.profile.summary "$WORK"/*/result.json 2>&1 | tee -a "$LOG"
+"$PY" cli.py profile-summary "$WORK"/*/result.json 2>&1 | tee -a "$LOG"
 
 # Test fixture: the small training run (backward + optimizer covered); else inference.
 FIX="$WORK/fixture/real"

@@ -10,7 +10,7 @@ mkdir -p "$OUT/probe" "$OUT/smoke"
   which ncu nvcc; ncu --version | tail -1; nvcc --version | tail -1; nproc
 } > "$OUT/probe/env.txt" 2>&1
 cat "$OUT/probe/env.txt"
-timeout 200 python3 -m gpurec.collect.probe --out "$OUT/probe" 2>&1 | tail -30
+timeout 200 python3 cli.py probe --out "$OUT/probe" 2>&1 | tail -30
 timeout 150 python3 -m gpurec.collect --out "$OUT/smoke" --plan datasets/plans/main.json --shard 1/40 --time-budget-s 110 2>&1 | tail -30
 python3 - <<'PY'
 import json, os, collections

@@ -17,13 +17,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gpurec.calibrate import build, checks, fit, ncu
+from gpurec.calibrate import build, checks, fit
 from gpurec.calibrate import calibrate as calib
 from gpurec.calibrate.errors import NcuNotFound, ToolNotFound
 from gpurec.calibrate.features import METRICS, memory_energy_features
 from gpurec.calibrate.microbench import BenchConfig, DeviceProps, RunResult
 from gpurec.calibrate.sweep import IdleModel, Sweeper, SweepSettings, finalize_rows
-from gpurec.device import nvml
+from gpurec.device import ncu, nvml
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "calibrate" / "ncu_raw_handwritten.csv"
@@ -204,8 +204,8 @@ def test_run_ncu_always_disables_clock_control(tmp_path: Path, monkeypatch: pyte
 
     def fake_run(args, capture_output=True, text=True, timeout=None, env=None):  # noqa: ANN001
         calls.append(list(args))
-        if "-o" in args:
-            Path(args[args.index("-o") + 1] + ".ncu-rep").write_text("rep")
+        if "--export" in args:
+            Path(args[args.index("--export") + 1] + ".ncu-rep").write_text("rep")
             return SimpleNamespace(returncode=0, stdout="", stderr="")
         return SimpleNamespace(returncode=0, stdout=csv_text, stderr="")
 
@@ -533,7 +533,7 @@ def test_run_calibration_on_fakes_writes_json_shape(world: World, tmp_path: Path
     assert (tmp_path / "plots" / "eps_vs_threads.png").exists()
 
 
-def test_cli_main_on_fakes(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_calibrate_command_on_fakes(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runner = FakeRunner(world, A100_REF)
     monkeypatch.setattr(calib.build_mod, "find_nvcc", lambda: Path("/fake/nvcc"))
     monkeypatch.setattr(calib.build_mod, "nvcc_version", lambda nvcc=None: "13.0.88")
@@ -541,10 +541,13 @@ def test_cli_main_on_fakes(world: World, tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(calib, "Microbench", lambda lib, device: runner)
     monkeypatch.setattr(calib, "_now", world.clock)
     monkeypatch.setattr(calib, "_sleep", world.sleep)
-    monkeypatch.setattr(calib.signal, "signal", lambda *a: None)
-    rc = calib.main(["--out", str(tmp_path), "--budget-s", "200", "--no-ncu", "--levels", "l2,dram",
-                     "--threads", "32", "--no-div", "--window-s", "1.0"])
-    assert rc == 0
+    from typer.testing import CliRunner
+
+    import cli
+
+    res = CliRunner().invoke(cli.app, ["calibrate", "--out", str(tmp_path), "--budget-s", "200", "--no-ncu",
+                                       "--levels", "l2,dram", "--threads", "32", "--no-div", "--window-s", "1.0"])
+    assert res.exit_code == 0, res.output
     d = json.loads((tmp_path / "calibration.json").read_text())
     assert d["levels"]["l2"]["pj_per_sector"] == pytest.approx(368, rel=1e-2)
     assert d["levels"]["l1"]["pj_per_sector"] is None  # not requested
@@ -552,8 +555,10 @@ def test_cli_main_on_fakes(world: World, tmp_path: Path, monkeypatch: pytest.Mon
     assert {(c["level"], c["threads"]) for c in done} <= {("l2", 1024), ("dram", 1024), ("l2", 32), ("dram", 32)}
     assert not any(c["div"] for c in done)
     assert (tmp_path / "calibrate.log").read_text().count("idle") >= 1
-    with pytest.raises(SystemExit):
-        calib.main(["--out", str(tmp_path), "--levels", "l3"])
+    bad = CliRunner().invoke(cli.app, ["calibrate", "--out", str(tmp_path), "--levels", "l3"])
+    assert bad.exit_code == 2 and "unknown level(s) l3" in bad.output
+    bad = CliRunner().invoke(cli.app, ["calibrate", "--out", str(tmp_path), "--threads", "32,x"])
+    assert bad.exit_code == 2 and "--threads" in bad.output
 
 
 def test_ncu_stage_with_perfect_fake_counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

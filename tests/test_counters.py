@@ -17,9 +17,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpurec.calibrate import ncu
 from gpurec.calibrate.features import FEATURE_COLUMNS, METRICS, NON_ADDITIVE, op_feature_table
 from gpurec.collect.counters import MARKER, segment
+from gpurec.device import ncu
 
 FIX = Path(__file__).parent / "fixtures" / "counters"
 CSV = FIX / "ncu_segment.csv"

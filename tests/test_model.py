@@ -286,7 +286,7 @@ def test_train_and_predict_share_features(predictor) -> None:
     rows = operations_of_rows(df, SetExtractor())
     a = predictor.builder.build(rows.block, hardware_matrix(df["gpu"].tolist())).X
     r = df.iloc[0]
-    from gpurec.collect.plan import ModelInputSet
+    from gpurec.sets import ModelInputSet
 
     s = ModelInputSet.parse(r["set_key"])
     op = next(o for o in extract_operations(s.arch, s.input_shape, mode=r["mode"]) if o.signature == r["op_signature"])
@@ -359,3 +359,23 @@ def test_gpu_with_network_rows_only(tmp_path: Path) -> None:
     assert entry.networks_measured and not entry.measured
     est = p.predict("googlenet", (1, 3, 224, 224), mode="training", gpu=a100)
     assert est.correction == f"{a100}|training" and not est.measured_gpu
+
+
+def test_predicting_and_recommending_never_load_gpu_side_code(trained: tuple[Path, dict]) -> None:
+    """A user without a GPU loads a predictor and ranks GPUs without collection, NVML or
+    calibration code (a fresh interpreter, so other tests' imports cannot hide a leak)."""
+    code = (
+        "import sys, gpurec\n"
+        f"p = gpurec.load_predictor({str(trained[0])!r}, data_root={str(FIXTURE)!r}, check_data=True)\n"
+        "p.predict('resnet18', input_shape=(2, 3, 64, 64), mode='training', gpu='H100')\n"
+        "gpurec.recommend('resnet18', (2, 3, 64, 64), objective='edp', predictor=p)\n"
+        "gpurec.recommend('alexnet', (1, 3, 224, 224), predictor=p)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('gpurec')))\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[:2] in "
+        "(['gpurec', 'collect'], ['gpurec', 'device'], ['gpurec', 'calibrate']))\n"
+        "sys.exit(f'GPU-side modules loaded: {bad}' if bad else 0)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).parent.parent)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "'gpurec.model.predictor'" in r.stdout and "'gpurec.recommend'" in r.stdout  # the check saw them load

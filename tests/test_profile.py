@@ -34,6 +34,12 @@ FIX = Path(__file__).parent / "fixtures" / "profile"
 SYN = FIX / "synthetic"
 
 
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ncu's metric-list cache goes to a test folder, never the user's cache or the shared temp dir."""
+    monkeypatch.setenv("GPUREC_CACHE_DIR", str(tmp_path_factory.mktemp("gpurec_cache")))
+
+
 def _fixture_files(folder: Path) -> tuple[Path, Path | None, Path | None]:
     trace = next(p for p in (folder / "trace.json.gz", folder / "trace.json") if p.is_file())
     ncu = next((p for p in (folder / "ncu.csv", folder / "ncu.csv.gz") if p.is_file()), None)
@@ -157,11 +163,14 @@ def test_kernel_without_launch_event_uses_external_id():
 
 
 def test_unit_prefixes_scale_to_base_units():
-    assert ncu_io._unit_scale("usecond") == 1e3
-    assert ncu_io._unit_scale("msecond") == 1e6
-    assert ncu_io._unit_scale("Kcycle") == 1e3
-    assert ncu_io._unit_scale("Minst") == 1e6
-    assert ncu_io._unit_scale("cycle") == 1.0
+    from gpurec.device.ncu import unit_scale
+
+    assert unit_scale("usecond") == ("nsecond", 1e3)
+    assert unit_scale("msecond") == ("nsecond", 1e6)
+    assert unit_scale("Kcycle") == ("cycle", 1e3)
+    assert unit_scale("Minst") == ("inst", 1e6)
+    assert unit_scale("Kbyte") == ("byte", 1e3)
+    assert unit_scale("cycle") == ("cycle", 1.0)
 
 
 # ----------------------------------------------------------------------------- matching
@@ -361,12 +370,12 @@ def test_real_h100_training_fixture_matches_and_annotates_backward_and_optimizer
 def test_missing_ncu_raises_clear_error(monkeypatch, tmp_path):
     monkeypatch.delenv("NCU", raising=False)
     monkeypatch.delenv("GPUREC_NCU", raising=False)
-    from gpurec.calibrate import ncu as calibrate_ncu  # the one ncu lookup of the package
+    from gpurec.device import ncu as device_ncu  # the one ncu lookup of the package
 
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
-    monkeypatch.setattr(calibrate_ncu.shutil, "which", lambda _name: None)
-    monkeypatch.setattr(calibrate_ncu.glob, "glob", lambda _pattern: [])
+    monkeypatch.setattr(device_ncu.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(device_ncu.glob, "glob", lambda _pattern: [])
     with pytest.raises(NcuNotFound) as err:
         ncu_io.find_ncu()
     assert "ncu=False" in str(err.value) and "PATH" in str(err.value)
@@ -446,7 +455,7 @@ def test_collect_counters_with_fake_ncu(fake_ncu, tmp_path):
 
     from gpurec.profile.api import collect_counters
 
-    assert ncu_io.find_ncu() == fake_ncu
+    assert str(ncu_io.find_ncu()) == fake_ncu
     out = tmp_path / "run"
     out.mkdir()
     csv_path, metrics, err = collect_counters(fake_ncu, [sys.executable, "-c", "print('target ran')"], out, 60)
@@ -498,7 +507,7 @@ def test_per_config_sampling_imputes_repeats_close_to_full_profile(tmp_path, fol
     trace, ncu, meta = _fixture_files(folder)
     full = analyze(trace, ncu, meta)
     sampled_csv = tmp_path / "ncu.csv"
-    sampled_csv.write_text(ncu_io.first_launch_per_config(ncu_io._read_text(ncu)))
+    sampled_csv.write_text(ncu_io.first_launch_per_config(ncu_io.read_text(ncu)))
     meta_d = json.loads(Path(meta).read_text())
     meta_d["ncu_sampling"] = "per-config"
     sampled = analyze(trace, sampled_csv, meta_d)

@@ -1,8 +1,8 @@
 """Calibration of the memory-energy model: microbenchmarks, regression, ncu counters -> features.
 
 Heavy modules (numpy, pandas, matplotlib, CUDA) load on first use; ``import gpurec.calibrate``
-is cheap and works without a GPU.  Entry points: :func:`run_calibration`, :func:`main`
-(``python -m gpurec.calibrate``), :func:`memory_energy_features`.
+is cheap and works without a GPU.  Entry points: :func:`run_calibration` (the command is
+``gpurec calibrate``) and :func:`memory_energy_features`.
 """
 
 from __future__ import annotations
@@ -16,18 +16,19 @@ from gpurec.calibrate.errors import (
     MicrobenchError,
     NcuError,
     NcuNotFound,
+    NvccNotFound,
     ToolNotFound,
 )
 
 __all__ = [
     "run_calibration",
-    "main",
     "memory_energy_features",
     "METRICS",
     "CalibrationError",
     "ToolNotFound",
     "NcuNotFound",
     "NcuError",
+    "NvccNotFound",
     "BuildError",
     "MicrobenchError",
     "BudgetExhausted",
@@ -35,7 +36,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("run_calibration", "main"):
+    if name == "run_calibration":
         from gpurec.calibrate import calibrate
 
         return getattr(calibrate, name)

@@ -7,16 +7,14 @@ and are reused until the source, flags or nvcc change.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from gpurec.calibrate.errors import BuildError, ToolNotFound
+from gpurec.calibrate.errors import BuildError, NvccNotFound
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCE = REPO_ROOT / "cuda" / "membench.cu"
@@ -33,7 +31,7 @@ NVCC_FIX = (
 
 
 def find_nvcc() -> Path:
-    """Locate nvcc or raise :class:`ToolNotFound` with the fix."""
+    """Locate nvcc or raise :class:`NvccNotFound` with the fix."""
     found = shutil.which("nvcc")
     if found:
         return Path(found)
@@ -42,7 +40,7 @@ def find_nvcc() -> Path:
         cand = Path(d) / "nvcc"
         if cand.is_file() and os.access(cand, os.X_OK):
             return cand
-    raise ToolNotFound(NVCC_FIX)
+    raise NvccNotFound(NVCC_FIX)
 
 
 def nvcc_version(nvcc: Path | None = None) -> str:
@@ -109,23 +107,3 @@ def build_executable(
 ) -> Path:
     """Path of the standalone ``membench`` CLI for ``arch``, building it if needed."""
     return _build(arch, False, force, cache_dir, nvcc)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpurec.calibrate.build", description=__doc__)
-    p.add_argument("--arch", default=DEFAULT_ARCH)
-    p.add_argument("--force", action="store_true")
-    p.add_argument("--exe", action="store_true", help="also build the standalone CLI")
-    a = p.parse_args(argv)
-    try:
-        print(build_library(a.arch, a.force))
-        if a.exe:
-            print(build_executable(a.arch, a.force))
-    except (ToolNotFound, BuildError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -13,15 +13,12 @@ Clocks are observed, never locked or changed.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import logging
 import math
 import platform
-import signal
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -31,12 +28,11 @@ from typing import Any
 from gpurec.calibrate import build as build_mod
 from gpurec.calibrate import checks as checks_mod
 from gpurec.calibrate import fit as fit_mod
-from gpurec.calibrate import ncu as ncu_mod
-from gpurec.calibrate.errors import CalibrationError, ToolNotFound
+from gpurec.calibrate.errors import CalibrationError
 from gpurec.calibrate.microbench import LEVELS, BenchConfig, DeviceProps, Microbench
 from gpurec.calibrate.sweep import Sweeper, SweepSettings, finalize_rows
 from gpurec.dataset.store import atomic_write_text, json_safe
-from gpurec.device.errors import NVMLError
+from gpurec.device import ncu as ncu_mod
 
 log = logging.getLogger("gpurec.calibrate")
 
@@ -340,66 +336,3 @@ def run_calibration(
             write_json(result, json_path)
     log.info("wrote %s (%.0f s)", json_path, _now() - t0)
     return result
-
-
-def _setup_logging(out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S")
-    root = logging.getLogger("gpurec.calibrate")
-    root.setLevel(logging.INFO)
-    for h in [h for h in root.handlers if getattr(h, "_gpurec_cli", False)]:
-        root.removeHandler(h)
-        h.close()
-    for h in (logging.StreamHandler(sys.stderr), logging.FileHandler(out / "calibrate.log")):
-        h.setFormatter(fmt)
-        h._gpurec_cli = True  # type: ignore[attr-defined]
-        root.addHandler(h)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m gpurec.calibrate --out DIR --gpu-index 0 --budget-s 300``."""
-    p = argparse.ArgumentParser(prog="python -m gpurec.calibrate",
-                                description="Calibrate the memory-energy model on this GPU (clocks are not locked).")
-    p.add_argument("--out", type=Path, required=True, help="directory for calibration.json, plots/ and ncu/")
-    p.add_argument("--gpu-index", type=int, default=0)
-    p.add_argument("--budget-s", type=float, default=300.0, help="time budget of the whole calibration")
-    p.add_argument("--quick", action="store_true", help="saturated configurations only, 0.5 s windows")
-    p.add_argument("--arch", default=build_mod.DEFAULT_ARCH, help="nvcc -arch (sm_90, 90, native)")
-    p.add_argument("--no-ncu", action="store_true", help="skip the Nsight Compute checks")
-    p.add_argument("--window-s", type=float, default=None, help="energy window per point (default 1.0)")
-    p.add_argument("--levels", default="l1,shared,l2,dram", help="comma-separated levels, in priority order")
-    p.add_argument("--threads", default=",".join(map(str, THREAD_SWEEP)),
-                   help="threads-per-block sweep after the saturated (1024) runs, in priority order")
-    p.add_argument("--no-div", action="store_true", help="skip the LOAD+DIV cross-validation")
-    a = p.parse_args(argv)
-    levels = [x for x in a.levels.split(",") if x]
-    bad = [x for x in levels if x not in LEVELS]
-    if bad:
-        p.error(f"unknown level(s) {bad}; choose from {list(LEVELS)}")
-    threads = [int(x) for x in a.threads.split(",") if x]
-    _setup_logging(a.out)
-
-    def _term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, _term)
-    try:
-        res = run_calibration(a.gpu_index, a.out, a.budget_s, a.quick, a.arch, not a.no_ncu, a.window_s,
-                              levels=levels, thread_sweep=threads, div=not a.no_div)
-    except KeyboardInterrupt:
-        log.error("interrupted")
-        return 130
-    except ToolNotFound as exc:
-        log.error("%s", exc)
-        return 2
-    except NVMLError as exc:
-        log.error("%s", exc)
-        return 3
-    except CalibrationError as exc:
-        log.error("%s", exc)
-        return 1
-    lv = {k: (round(v["pj_per_sector"], 1) if v.get("pj_per_sector") is not None else None)
-          for k, v in res["levels"].items()}
-    log.info("pJ per sector: %s; DIV: %s nJ; ncu checks passed: %s", lv, res["div_nj"],
-             res["ncu_checks"].get("passed"))
-    return 0

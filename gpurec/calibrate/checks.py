@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpurec.calibrate import ncu as ncu_mod
-from gpurec.calibrate.errors import NcuError
+from gpurec.device import ncu as ncu_mod
+from gpurec.device.errors import NcuError
 
 log = logging.getLogger("gpurec.calibrate")
 
@@ -43,9 +43,9 @@ DRAM_COUNT_TOL = 0.10
 PROBE_ITERS = 2
 
 
-def _probe_cmd(lib: Path, spec_path: Path, result_path: Path, device: int) -> list[str]:
-    return [sys.executable, "-m", "gpurec.calibrate.microbench", "--lib", str(lib), "--spec", str(spec_path),
-            "--device", str(device), "--result", str(result_path)]
+def _probe_cmd(spec_file: Path) -> list[str]:
+    """The probe process ncu profiles (gpurec.calibrate.microbench.run_probe_spec)."""
+    return [sys.executable, "-m", "gpurec.calibrate.microbench", str(spec_file)]
 
 
 def profile_configs(
@@ -55,11 +55,12 @@ def profile_configs(
     """Run the probe under ncu; return (parsed rows, analytic counts per configuration)."""
     with tempfile.TemporaryDirectory(prefix="gpurec-probe-") as tmp:
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        spec_path.write_text(json.dumps(spec))
+        spec_path.write_text(json.dumps({"lib": str(lib), "configs": spec, "device": device,
+                                         "result": str(result_path)}))
         repo = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
         df = ncu_mod.run_ncu(
-            _probe_cmd(lib, spec_path, result_path, device), metrics, out_csv,
+            _probe_cmd(spec_path), metrics, out_csv,
             kernel_regex="chase_kernel", timeout_s=timeout_s, ncu=ncu, env=env,
         )
         analytic = json.loads(result_path.read_text()) if result_path.exists() else []

@@ -1,20 +1,21 @@
-"""Typed calibration errors; each message says what to do about it."""
+"""Typed calibration errors; each message says what to do about it.
+
+ncu's errors and ToolNotFound belong to gpurec.device (the one ncu adapter) and are
+re-exported here.
+"""
+
+from gpurec.device.errors import NcuError, NcuNotFound, ToolNotFound
+
+__all__ = ["BudgetExhausted", "BuildError", "CalibrationError", "MicrobenchError", "NcuError", "NcuNotFound",
+           "NvccNotFound", "ToolNotFound"]
 
 
 class CalibrationError(RuntimeError):
     """Base class for everything that goes wrong while calibrating the memory-energy model."""
 
 
-class ToolNotFound(CalibrationError):
-    """A required command-line tool (nvcc, ncu) is not installed or not on PATH."""
-
-
-class NcuNotFound(ToolNotFound):
-    """Nsight Compute's CLI (ncu) was not found."""
-
-
-class NcuError(CalibrationError):
-    """ncu ran but failed (permissions, unknown metric, timeout, no kernel profiled)."""
+class NvccNotFound(ToolNotFound, CalibrationError):
+    """nvcc (the CUDA compiler) was not found: the microbenchmarks cannot be built."""
 
 
 class BuildError(CalibrationError):

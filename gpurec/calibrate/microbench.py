@@ -2,16 +2,17 @@
 
 Python drives the microbenchmark so that it can read the NVML energy counter around each
 sequence of launches; one process runs every configuration.  ``python -m
-gpurec.calibrate.microbench --lib L --spec S`` is the probe that ncu profiles: for each
-configuration in the JSON spec it launches the warm-up-only kernel once, then the full one.
+gpurec.calibrate.microbench SPEC.json`` is the probe that ncu profiles: for each
+configuration in the spec file it launches the warm-up-only kernel once, then the full one
+(see :func:`run_probe_spec`; there is no argument parser).
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -200,18 +201,15 @@ def run_probe(lib: Path, spec: list[dict[str, Any]], device: int = 0) -> list[di
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpurec.calibrate.microbench", description=__doc__)
-    p.add_argument("--lib", type=Path, required=True)
-    p.add_argument("--spec", type=Path, required=True, help="JSON list of configurations")
-    p.add_argument("--device", type=int, default=0)
-    p.add_argument("--result", type=Path, default=None, help="write the analytic counts here (JSON)")
-    a = p.parse_args(argv)
-    res = run_probe(a.lib, json.loads(a.spec.read_text()), a.device)
-    if a.result:
-        a.result.write_text(json.dumps(res, indent=1))
-    return 0
+def run_probe_spec(spec_file: Path) -> list[dict[str, Any]]:
+    """The probe of a spec file ``{"lib", "configs", "device", "result"}``; writes the
+    analytic counts to ``result`` (when given) and returns them."""
+    spec = json.loads(Path(spec_file).read_text())
+    res = run_probe(Path(spec["lib"]), spec["configs"], int(spec.get("device", 0)))
+    if spec.get("result"):
+        Path(spec["result"]).write_text(json.dumps(res, indent=1))
+    return res
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_probe_spec(Path(sys.argv[1]))  # the subprocess ncu profiles: one spec file, no parser

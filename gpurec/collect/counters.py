@@ -10,7 +10,6 @@ list at the markers and sums each segment's counters into one row per (operation
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -39,8 +38,8 @@ def child(plan: Path, ids_file: Path, order_file: Path, deadline_unix: float) ->
 
     from gpurec.collect.runner import OperationSource
 
-    ids = json.loads(ids_file.read_text())
-    items = {w.id: w for w in _load_items(plan)}
+    ids = json.loads(Path(ids_file).read_text())
+    items = {w.id: w for w in _load_items(Path(plan))}
     source = OperationSource()
     dev = torch.device("cuda", 0)
     with JsonlShard(order_file) as order:
@@ -101,10 +100,12 @@ def segment(df: Any, order_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def drive(plan: Path, out: Path, budget_s: float, chunk: int = 80, shard: tuple[int, int] = (0, 1),
           log: Any = print) -> dict[str, Any]:
-    """Profile as many planned operations as ``budget_s`` allows, resumably."""
+    """Profile as many planned operations as ``budget_s`` allows, resumably (``gpurec counters``).
+
+    ``log`` receives progress lines (the CLI sends them to stderr)."""
     from gpurec.calibrate.features import METRICS
-    from gpurec.calibrate.ncu import NcuError, query_metrics, run_ncu, split_available
     from gpurec.collect.plan import shard_items
+    from gpurec.device.ncu import NcuError, query_metrics, run_ncu, split_available
 
     out.mkdir(parents=True, exist_ok=True)
     rows_path = out / "counters.jsonl"
@@ -127,8 +128,10 @@ def drive(plan: Path, out: Path, budget_s: float, chunk: int = 80, shard: tuple[
             ids_file.write_text(json.dumps([w.id for w in batch]))
             order_file = out / f"chunk_order_{summary['chunks']}.jsonl"
             csv_path = out / f"chunk_{summary['chunks']}.csv"
-            cmd = [sys.executable, "-m", "gpurec.collect.counters", "--child", "--plan", str(plan),
-                   "--ids", str(ids_file), "--order", str(order_file), "--deadline", str(t_end - 15)]
+            spec_file = out / "chunk_spec.json"
+            spec_file.write_text(json.dumps({"plan": str(plan), "ids": str(ids_file), "order": str(order_file),
+                                             "deadline_unix": t_end - 15}))
+            cmd = [sys.executable, "-m", "gpurec.collect.counters", str(spec_file)]
             t0 = time.time()
             try:
                 df = run_ncu(cmd, metrics, csv_path, extra=["--profile-from-start", "off"],
@@ -152,24 +155,12 @@ def drive(plan: Path, out: Path, budget_s: float, chunk: int = 80, shard: tuple[
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpurec.collect.counters")
-    p.add_argument("--plan", type=Path, required=True)
-    p.add_argument("--out", type=Path)
-    p.add_argument("--budget-s", type=float, default=300.0)
-    p.add_argument("--chunk", type=int, default=80)
-    p.add_argument("--shard", default="0/1")
-    p.add_argument("--child", action="store_true")
-    p.add_argument("--ids", type=Path)
-    p.add_argument("--order", type=Path)
-    p.add_argument("--deadline", type=float)
-    a = p.parse_args(argv)
-    if a.child:
-        return child(a.plan, a.ids, a.order, a.deadline)
-    i, n = (int(x) for x in a.shard.split("/"))
-    print(json.dumps(drive(a.plan, a.out, a.budget_s, a.chunk, (i, n))))
-    return 0
+def child_from_spec(spec_file: Path) -> int:
+    """The process ncu profiles: :func:`child` with the arguments of a spec file that
+    :func:`drive` writes (``{"plan", "ids", "order", "deadline_unix"}``)."""
+    spec = json.loads(Path(spec_file).read_text())
+    return child(Path(spec["plan"]), Path(spec["ids"]), Path(spec["order"]), float(spec["deadline_unix"]))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(child_from_spec(Path(sys.argv[1])))  # one spec file, no argument parser

@@ -12,45 +12,20 @@ import hashlib
 import itertools
 import os
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# The architectures measured per operation (the training set) ...
-DATASET_ARCHS: tuple[str, ...] = (
-    "alexnet", "vgg11", "vgg16", "resnet18", "resnet34", "resnet50", "resnet101", "resnext50_32x4d",
-    "wide_resnet50_2", "densenet121", "squeezenet1_0", "googlenet", "mobilenet_v2", "mobilenet_v3_large",
-    "mnasnet1_0", "shufflenet_v2_x1_0", "efficientnet_b0", "efficientnet_b3", "regnet_y_400mf",
-    "regnet_y_1_6gf", "convnext_tiny", "vit_b_16", "vit_b_32", "swin_t",
+# The sets and architecture lists live in gpurec.sets (shared with the CPU side); re-exported here.
+from gpurec.sets import (  # noqa: F401
+    DATASET_ARCHS,
+    DATASET_BATCH_SIZES,
+    MODES,
+    TEST_ARCHS,
+    TEST_BATCH_SIZES,
+    ModelInputSet,
+    model_input_sets,
 )
-DATASET_BATCH_SIZES: tuple[int, ...] = (1, 8, 32, 128)
-# ... and the unseen test architectures: only ever measured as whole networks, never trained on.
-TEST_ARCHS: tuple[str, ...] = (
-    "vgg13_bn", "resnext101_32x8d", "densenet169", "efficientnet_b1", "regnet_x_800mf", "mnasnet0_5",
-    "shufflenet_v2_x0_5", "swin_s", "squeezenet1_1",
-)
-TEST_BATCH_SIZES: tuple[int, ...] = (8, 64)
-MODES: tuple[str, ...] = ("inference", "training")
-
-
-@dataclass(frozen=True)
-class ModelInputSet:
-    arch: str
-    batch: int
-    resolution: int = 224
-
-    @property
-    def key(self) -> str:
-        return f"{self.arch}:b{self.batch}:r{self.resolution}"
-
-    @property
-    def input_shape(self) -> tuple[int, int, int, int]:
-        return (self.batch, 3, self.resolution, self.resolution)
-
-    @staticmethod
-    def parse(key: str) -> ModelInputSet:
-        arch, b, r = key.split(":")
-        return ModelInputSet(arch, int(b[1:]), int(r[1:]))
 
 
 @dataclass
@@ -70,11 +45,6 @@ class WorkItem:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def model_input_sets(archs: Iterable[str], batch_sizes: Iterable[int],
-                     resolutions: Iterable[int] = (224,)) -> list[ModelInputSet]:
-    return [ModelInputSet(a, b, r) for a in archs for r in resolutions for b in batch_sizes]
 
 
 def _round_robin(groups: Sequence[Sequence[Any]]) -> list[Any]:

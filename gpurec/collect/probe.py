@@ -1,6 +1,6 @@
 """Measurements that justify the collection defaults (window length, instance count).
 
-``python -m gpurec.collect.probe --out DIR`` measures, on the GPU at hand:
+``gpurec probe --out DIR`` (:func:`run_probe`) measures, on the GPU at hand:
 * the energy counter's update period and idle power;
 * energy-per-call repeatability against the window length (several repeats each);
 * time and energy per call against the number of pre-initialised instances.
@@ -8,10 +8,8 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -98,18 +96,3 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
                     "time_cv": statistics.pstdev(t) / statistics.mean(t) if len(t) > 1 else None,
                     "gpu_time_s": statistics.mean(r["gpu_time_s"] for r in rows)})
     return {"window": out}
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpurec.collect.probe")
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    res = run_probe(args.out)
-    for row in res["summary"]["window"]:
-        print(json.dumps(row))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

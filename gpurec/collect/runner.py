@@ -33,6 +33,7 @@ from gpurec.dataset.store import JsonlShard, atomic_write_json, read_jsonl
 from gpurec.device.graphs import CaptureFailed, StepBackend
 from gpurec.device.window import EnergyMonitor
 from gpurec.host import host_cpu, run_host_bench
+from gpurec.ops.cache import SetOperations
 
 L2_BYTES_DEFAULT = 50 * 2**20
 
@@ -98,32 +99,8 @@ def auto_instances(param_bytes: int, cfg: CollectConfig) -> int:
     return max(1, int(n))
 
 
-class OperationSource:
-    """Finds the live operation for a planned signature (extraction cached per set, mode)."""
-
-    def __init__(self) -> None:
-        self._cache: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def ops(self, set_key: str, mode: str) -> list[Any]:
-        """The set's operations in execution order."""
-        from gpurec.ops import extract_operations
-
-        k = (set_key, mode)
-        if k not in self._cache:
-            s = ModelInputSet.parse(set_key)
-            ops = extract_operations(s.arch, s.input_shape, mode=mode)
-            self._cache[k] = {"__order__": ops}
-            for op in ops:
-                self._cache[k].setdefault(op.signature, op)
-        return self._cache[k]["__order__"]
-
-    def get(self, set_key: str, mode: str, signature: str) -> Any:
-        self.ops(set_key, mode)
-        op = self._cache[(set_key, mode)].get(signature)
-        if op is None:
-            raise LookupError(f"signature {signature} not found in {set_key} ({mode}): extraction differs "
-                              "between the planning and measuring torch versions")
-        return op
+# Planned signatures are looked up in the one shared extraction cache.
+OperationSource = SetOperations
 
 
 class NetworkUnit:
@@ -404,7 +381,7 @@ def _in_network(unit: NetworkUnit, source: OperationSource, w: WorkItem, inferen
     from gpurec.collect.in_network import columnar, profile_network
 
     try:
-        ops = source.ops(w.key, w.mode)
+        ops = source.operations(w.key, w.mode)
         rows, summary = profile_network(unit.model, unit.x, None if inference else unit._grads, ops, inference)
     except Exception as exc:
         return {"in_network_error": f"{type(exc).__name__}: {str(exc)[:400]}"}

@@ -15,3 +15,15 @@ class GPUNotFound(NVMLError):
 
 class ClockLockNotPermitted(NVMLError):
     """Locking clocks was refused (not root, unsupported GPU, or a GPU we do not own)."""
+
+
+class ToolNotFound(RuntimeError):
+    """A required command-line tool (nvcc, ncu) is not installed or not on PATH."""
+
+
+class NcuError(RuntimeError):
+    """Nsight Compute (ncu) failed: not found, no permission, unknown metric, timeout, no kernel profiled."""
+
+
+class NcuNotFound(ToolNotFound, NcuError):
+    """Nsight Compute's CLI (ncu) was not found."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpurec.catalog import HARDWARE_FEATURES, GPUSpec, resolve_gpu
+from gpurec.ops.cache import SetOperations
 from gpurec.ops.features import FEATURE_NAMES
 
 if TYPE_CHECKING:
@@ -304,14 +305,18 @@ def resolve_extra_columns(columns: Iterable[str], patterns: Sequence[str]) -> li
 
 
 class SetExtractor:
-    """Operations of model-input sets, extracted once per (set_key, mode).
+    """Feature arrays of model-input sets, built once per (set_key, mode).
+
+    The operations come from the shared extraction cache (``gpurec.ops.cache.SetOperations``).
 
     ``cache_dir`` keeps the extracted arrays on disk (keyed by the torch and torchvision
     versions and gpurec.ops' source), because extracting ~230 sets takes about 30-60 s and
     repeats every training run.
     """
 
-    def __init__(self, cache_dir: Path | str | None = None) -> None:
+    def __init__(self, cache_dir: Path | str | None = None, sets: SetOperations | None = None) -> None:
+        # The shared extraction cache: it holds few sets, because the arrays kept here are what is reused.
+        self.sets = sets if sets is not None else SetOperations(keep_sources=False, max_sets=4)
         self._mem: dict[tuple[str, str], OpBlock | None] = {}
         self.errors: dict[tuple[str, str], str] = {}
         self._cache_file: Path | None = None
@@ -359,12 +364,8 @@ class SetExtractor:
                        signatures=meta["signatures"], names=meta["names"])
 
     def _extract(self, set_key: str, mode: str) -> OpBlock | None:
-        from gpurec.collect.plan import ModelInputSet
-        from gpurec.ops import extract_operations
-
         try:
-            s = ModelInputSet.parse(set_key)
-            ops = extract_operations(s.arch, s.input_shape, mode=mode, keep_sources=False)
+            ops = self.sets.operations(set_key, mode)
         except Exception as exc:  # a set this torchvision cannot build: its rows are reported, not fatal
             self.errors[(set_key, mode)] = f"{type(exc).__name__}: {exc}"[:300]
             return None

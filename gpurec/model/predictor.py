@@ -26,12 +26,12 @@ from gpurec.catalog import load_catalog, resolve_gpu
 from gpurec.model.features import FeatureBuilder, FeatureConfig, MeasuredLookup, OpBlock, hardware_row
 from gpurec.model.network import Correction, aggregate
 from gpurec.model.persist import check_manifest, default_model_dir, load_boosters, read_manifest
+from gpurec.sets import MODES
 
 if TYPE_CHECKING:
     import pandas as pd
     from torch import nn
 
-MODES = ("inference", "training")
 DEFAULT_INPUT_SHAPE = (1, 3, 224, 224)
 
 

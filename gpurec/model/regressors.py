@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-MODES = ("inference", "training")
+from gpurec.sets import MODES
 
 
 class Regressor(Protocol):

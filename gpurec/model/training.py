@@ -15,7 +15,7 @@ Validation (all three, none leaks an operation or network into its own test fold
   whole network (sum of operations vs the measured network);
 * leave-one-GPU-out when two or more GPUs have data.
 
-Unseen test architectures (gpurec.collect.plan.TEST_ARCHS) are never trained on; they are
+Unseen test architectures (gpurec.sets.TEST_ARCHS) are never trained on; they are
 scored at the end with the final model.
 """
 
@@ -56,7 +56,8 @@ from gpurec.model.network import (
     correction_cv,
     fit_correction,
 )
-from gpurec.model.regressors import MODES, ForestModel, RooflineLinearModel, Routed, XGBModel
+from gpurec.model.regressors import ForestModel, RooflineLinearModel, Routed, XGBModel
+from gpurec.sets import MODES
 
 TARGETS: dict[str, dict[str, str]] = {
     "time": {"column": "time_ms", "transform": "log", "unit": "ms", "name": "log_time_ms"},
@@ -122,7 +123,7 @@ def _finite_positive(df: Any, cols: list[str]) -> Any:
 
 def clean_operations(df: Any) -> tuple[Any, dict[str, int]]:
     """Usable training rows: finite positive targets, never a test architecture's set."""
-    from gpurec.collect.plan import TEST_ARCHS
+    from gpurec.sets import TEST_ARCHS
 
     dropped: dict[str, int] = {}
     ok = _finite_positive(df, ["time_ms", "power_w"])
@@ -278,7 +279,7 @@ class _Prepared:
 
 
 def _prepare(data_root: Path | str | None, cfg: TrainConfig, log: Callable[[str], None]) -> _Prepared:
-    from gpurec.collect.plan import DATASET_ARCHS, TEST_ARCHS
+    from gpurec.sets import DATASET_ARCHS, TEST_ARCHS
 
     raw_ops, raw_nets = _load_tables(data_root)
     ops, dropped = clean_operations(raw_ops)
@@ -515,7 +516,7 @@ def train(data_root: Path | str | None = None, out_dir: Path | str = "models", t
 
 def _leave_one_family_out(p: _Prepared, suite: _Suite, cfg: TrainConfig, log: Callable[[str], None]
                           ) -> dict[str, Any]:
-    from gpurec.collect.plan import DATASET_ARCHS
+    from gpurec.sets import DATASET_ARCHS
 
     fams = sorted({family(a) for a in DATASET_ARCHS}
                   & ({f for fs in p.families for f in fs}

@@ -1,17 +1,28 @@
-"""Operations: torchvision name or nn.Module + input shape -> the operations it executes."""
+"""Operations: torchvision name or nn.Module + input shape -> the operations it executes.
 
-from gpurec.ops.extract import (
-    MODES,
-    ExtractionError,
-    UnknownModel,
-    classification_models,
-    extract_operations,
-    network_totals,
-    reference_flops,
-    unique_operations,
-)
-from gpurec.ops.features import FEATURE_NAMES
-from gpurec.ops.operation import Operation, signature_of
+Names load on first use (torch comes with ``gpurec.ops.extract``), so importing a light
+submodule such as ``gpurec.ops.operation`` or ``gpurec.ops.cache`` does not load torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpurec.sets import MODES
+
+if TYPE_CHECKING:
+    from gpurec.ops.cache import SetOperations
+    from gpurec.ops.extract import (
+        ExtractionError,
+        UnknownModel,
+        classification_models,
+        extract_operations,
+        network_totals,
+        reference_flops,
+        unique_operations,
+    )
+    from gpurec.ops.features import FEATURE_NAMES
+    from gpurec.ops.operation import Operation, signature_of
 
 __all__ = [
     "MODES",
@@ -19,6 +30,7 @@ __all__ = [
     "UnknownModel",
     "Operation",
     "FEATURE_NAMES",
+    "SetOperations",
     "classification_models",
     "extract_operations",
     "network_totals",
@@ -26,3 +38,25 @@ __all__ = [
     "signature_of",
     "unique_operations",
 ]
+
+_WHERE = {
+    "ExtractionError": "gpurec.ops.extract",
+    "UnknownModel": "gpurec.ops.extract",
+    "classification_models": "gpurec.ops.extract",
+    "extract_operations": "gpurec.ops.extract",
+    "network_totals": "gpurec.ops.extract",
+    "reference_flops": "gpurec.ops.extract",
+    "unique_operations": "gpurec.ops.extract",
+    "FEATURE_NAMES": "gpurec.ops.features",
+    "Operation": "gpurec.ops.operation",
+    "signature_of": "gpurec.ops.operation",
+    "SetOperations": "gpurec.ops.cache",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'gpurec.ops' has no attribute {name!r}")

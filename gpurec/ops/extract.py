@@ -30,8 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gpurec.ops.operation import ActRef, Operation, ParamRef, canonical_value
-
-MODES = ("inference", "training")
+from gpurec.sets import MODES
 
 # Graph nodes that are pure Python bookkeeping (no kernel, no data movement).
 _DROP_FUNCTIONS = {

@@ -24,8 +24,8 @@ from gpurec.profile import ncu_io
 from gpurec.profile.matching import MatchResult, match_kernels, normalize_kernel_name
 from gpurec.profile.metrics import frame_records, group_metrics, iteration_metrics, merge_kernels
 from gpurec.profile.trace import load_trace
+from gpurec.sets import MODES
 
-MODES = ("inference", "training")
 TRACE_FILE = "trace.json.gz"
 META_FILE = "worker_trace.json"
 NCU_CSV = "ncu.csv"
@@ -140,13 +140,14 @@ def _worker_env() -> dict[str, str]:
 
 
 def _worker_cmd(model_name: str, model_file: str | None, batch_size: int, resolution: int, mode: str,
-                precision: str, device: str, out_dir: Path, phase: str) -> list[str]:
-    cmd = [sys.executable, "-m", "gpurec.profile.worker", "--model", model_name,
-           "--batch-size", str(batch_size), "--resolution", str(resolution), "--mode", mode,
-           "--precision", precision, "--device", device, "--phase", phase, "--out-dir", str(out_dir)]
-    if model_file:
-        cmd += ["--model-file", model_file]
-    return cmd
+                precision: str, device: str, out_dir: Path, phase: str, **settings: Any) -> list[str]:
+    """The child's command line: the worker module and a spec file (it has no argument parser)."""
+    from gpurec.profile.worker import WorkerSpec
+
+    spec = WorkerSpec(model=model_name, model_file=model_file, batch_size=batch_size, resolution=resolution,
+                      mode=mode, precision=precision, device=device, phase=phase, out_dir=str(out_dir), **settings)
+    path = spec.write(out_dir / f"worker_{phase}_spec.json")
+    return [sys.executable, "-m", "gpurec.profile.worker", str(path)]
 
 
 def _tail(path: Path, n: int = 3000) -> str:
@@ -222,7 +223,7 @@ def profile_network(
     dev = device or f"cuda:{gpu_index}"
     if ncu and not dev.startswith("cuda"):
         raise ValueError("hardware counters need a CUDA device: pass ncu=False for a CPU dry run")
-    ncu_path = ncu_io.find_ncu() if ncu else None
+    ncu_path = str(ncu_io.find_ncu()) if ncu else None
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="gpurec_profile_"))
     out.mkdir(parents=True, exist_ok=True)
 
@@ -243,8 +244,8 @@ def profile_network(
     env = _worker_env()
 
     trace_log = out / "worker_trace.log"
-    cmd = _worker_cmd(model_name, model_file, batch_size, resolution, mode, precision, dev, out, "trace")
-    cmd += ["--max-warmup-iters", str(max_warmup_iters), "--max-warmup-s", str(max_warmup_s)]
+    cmd = _worker_cmd(model_name, model_file, batch_size, resolution, mode, precision, dev, out, "trace",
+                      max_warmup_iters=max_warmup_iters, max_warmup_s=max_warmup_s)
     try:
         rc = ncu_io.run_process_group(cmd, trace_log, trace_timeout_s, env=env)
     except subprocess.TimeoutExpired as exc:
@@ -259,8 +260,8 @@ def profile_network(
     ncu_csv: Path | None = None
     metrics: list[str] = []
     if ncu_path is not None:
-        ncu_cmd = _worker_cmd(model_name, model_file, batch_size, resolution, mode, precision, dev, out, "ncu")
-        ncu_cmd += ["--warmup-iters", str(meta["profiled_iteration"])]
+        ncu_cmd = _worker_cmd(model_name, model_file, batch_size, resolution, mode, precision, dev, out, "ncu",
+                              warmup_iters=int(meta["profiled_iteration"]))
         ncu_csv, metrics, ncu_error = collect_counters(ncu_path, ncu_cmd, out, ncu_timeout_s, env,
                                                        sampling=ncu_sampling)
 

@@ -1,10 +1,9 @@
-"""``python -m gpurec.profile.summary RESULT.json...``: one line per profiled run."""
+"""One line per profiled run (``gpurec profile-summary RESULT.json...``)."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,3 @@ def summarize(paths: list[str | Path]) -> str:
             f"{it.get('framework_overhead_ms') or float('nan'):7.2f} {int(it.get('bubble_count') or 0):7d} "
             f"{match:>11}" + (f"  ncu: {d['ncu_error'][:60]}" if d.get("ncu_error") else ""))
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(summarize(sys.argv[1:]))

@@ -1,21 +1,21 @@
 """Child process that runs one network and records one stable iteration.
 
-``python -m gpurec.profile.worker --phase trace ...`` warms up until an iteration time is
-stable, then records one iteration with torch.profiler (every module annotated) and
-writes ``trace.json.gz`` and ``worker_trace.json``.
+``python -m gpurec.profile.worker SPEC.json`` runs the phase a :class:`WorkerSpec` file
+names (gpurec.profile.api writes it; there is no argument parser):
 
-``python -m gpurec.profile.worker --phase ncu --warmup-iters N ...`` is what runs under
-ncu: N unprofiled iterations, then iteration N inside cudaProfilerStart/Stop, so that ncu
-(``--profile-from-start off``) collects counters for exactly the same iteration index as
-the trace. Both phases live in fresh processes so that the CUPTI tracing of one never
-shares a process with ncu's counters.
+- ``phase="trace"`` warms up until an iteration time is stable, then records one iteration
+  with torch.profiler (every module annotated) and writes ``trace.json.gz`` and
+  ``worker_trace.json``.
+- ``phase="ncu"`` is what runs under ncu: ``warmup_iters`` unprofiled iterations, then the
+  next one inside cudaProfilerStart/Stop, so that ncu (``--profile-from-start off``)
+  collects counters for exactly the same iteration index as the trace.
 
-CPU dry run (no GPU needed): ``--phase trace --device cpu``.
+Both phases live in fresh processes so that the CUPTI tracing of one never shares a process
+with ncu's counters.  CPU dry run (no GPU needed): ``phase="trace", device="cpu"``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import json
@@ -23,11 +23,57 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 ITER_NAME = "gpurec_iter"
+PHASES = ("trace", "ncu")
+
+
+@dataclass
+class WorkerSpec:
+    """What one worker process runs; written as JSON by the parent, read by the child."""
+
+    model: str  # torchvision model name (a label only with model_file)
+    batch_size: int
+    resolution: int = 224
+    mode: str = "inference"
+    precision: str = "fp32"
+    device: str = "cuda:0"
+    phase: str = "trace"
+    out_dir: str | None = None
+    model_file: str | None = None  # a saved nn.Module to load instead of the torchvision model
+    warmup_iters: int = 0  # ncu phase: iterations before the profiled one
+    max_warmup_iters: int = 40
+    max_warmup_s: float = 20.0
+    stable_window: int = 5
+    stable_tol: float = 0.02
+    keep_raw_trace: bool = False
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise ValueError(f"phase must be one of {PHASES}, not {self.phase!r}")
+        if self.phase == "trace" and not self.out_dir:
+            raise ValueError("the trace phase needs out_dir")
+
+    def write(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def read(cls, path: Path | str) -> WorkerSpec:
+        """The spec in ``path``; ValueError names unknown or missing fields."""
+        data = json.loads(Path(path).read_text())
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown worker spec field(s) {unknown}; known: {sorted(known)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
 
 
 def first_stable_iteration(times_ms: list[float], window: int = 5, tol: float = 0.02) -> int | None:
@@ -198,7 +244,7 @@ def _versions() -> dict[str, Any]:
     return info
 
 
-def run_trace_phase(args: argparse.Namespace) -> dict[str, Any]:
+def run_trace_phase(args: WorkerSpec) -> dict[str, Any]:
     """Warm up, then trace one iteration; write trace.json.gz and worker_trace.json."""
     import torch
     from torch.autograd.profiler import record_function
@@ -261,7 +307,7 @@ def run_trace_phase(args: argparse.Namespace) -> dict[str, Any]:
     return meta
 
 
-def run_ncu_phase(args: argparse.Namespace) -> dict[str, Any]:
+def run_ncu_phase(args: WorkerSpec) -> dict[str, Any]:
     """N plain iterations, then iteration N between cudaProfilerStart and cudaProfilerStop."""
     import torch
 
@@ -293,44 +339,13 @@ def run_ncu_phase(args: argparse.Namespace) -> dict[str, Any]:
     return meta
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m gpurec.profile.worker", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="torchvision model name (label only with --model-file)")
-    p.add_argument("--model-file", default=None, help="torch.save'd nn.Module to load instead")
-    p.add_argument("--batch-size", type=int, required=True)
-    p.add_argument("--resolution", type=int, default=224)
-    p.add_argument("--mode", choices=["inference", "training"], default="inference")
-    p.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default="fp32")
-    p.add_argument("--device", default="cuda:0")
-    p.add_argument("--phase", choices=["trace", "ncu"], default="trace")
-    p.add_argument("--no-ncu", action="store_true", help="accepted for symmetry; same as --phase trace")
-    p.add_argument("--out-dir", default=None)
-    p.add_argument("--warmup-iters", type=int, default=0, help="ncu phase: iterations before the profiled one")
-    p.add_argument("--max-warmup-iters", type=int, default=40)
-    p.add_argument("--max-warmup-s", type=float, default=20.0)
-    p.add_argument("--stable-window", type=int, default=5)
-    p.add_argument("--stable-tol", type=float, default=0.02)
-    p.add_argument("--keep-raw-trace", action="store_true")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.no_ncu:
-        args.phase = "trace"
-    if args.phase == "trace":
-        if not args.out_dir:
-            print("--out-dir is required for the trace phase", file=sys.stderr)
-            return 2
-        meta = run_trace_phase(args)
-        print(json.dumps({k: meta[k] for k in ("profiled_iteration", "untraced_iteration_ms",
-                                                "stable_found", "device_name")}))
-    else:
-        meta = run_ncu_phase(args)
-        print(json.dumps(meta))
-    return 0
+def run(spec: WorkerSpec) -> dict[str, Any]:
+    """Run the spec's phase; returns what it recorded (the trace phase also writes files)."""
+    return run_trace_phase(spec) if spec.phase == "trace" else run_ncu_phase(spec)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The subprocess entry: one spec file, a JSON summary on stdout, and a traceback on failure.
+    _meta = run(WorkerSpec.read(sys.argv[1]))
+    _keys = ("profiled_iteration", "untraced_iteration_ms", "stable_found", "device_name", "profiled_step_wall_ms")
+    print(json.dumps({k: _meta[k] for k in _keys if k in _meta}))

@@ -71,7 +71,7 @@ def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_ind
 
         set_key = f"{model}:b{input_shape[0]}:r{input_shape[-1]}"
         try:
-            ops = OperationSource().ops(set_key, mode)
+            ops = OperationSource().operations(set_key, mode)
             rows, summary = profile_network(unit.model, unit.x, None if inference else unit._grads, ops, inference)
             row["in_network"] = columnar(rows)
             row.update({f"in_network_{k}": v for k, v in summary.items()})
