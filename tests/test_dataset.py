@@ -73,9 +73,20 @@ def gpu_dir(tmp_path: Path) -> Path:
     return d
 
 
+TABLES = ("operations", "networks", "repeats", "idle")
+
+
+def _tables(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k in TABLES}
+
+
 def test_build_writes_the_four_tables(gpu_dir: Path) -> None:
     counts = build_gpu_dataset(gpu_dir)
-    assert counts == {"operations": 5, "networks": 2, "repeats": 1, "idle": 1}
+    assert _tables(counts) == {"operations": 5, "networks": 2, "repeats": 1, "idle": 1}
+    # the torn last line is not a row, and the summary says so
+    assert counts["torn_last_lines"] == 1 and counts["corrupt_lines_skipped"] == 0
+    assert counts["bad_lines"] == [f"{gpu_dir / 'raw' / 'rows-1of2.jsonl'}:6: torn_tail: "
+                                   "unfinished last line (a crash while writing)"]
     ops = pd.read_parquet(gpu_dir / "operations.parquet")
     assert sorted(ops["id"]) == sorted([
         "op:aaaa000000000001:inference", "op:aaaa000000000001:training", "op:aaaa000000000002:inference",
@@ -106,16 +117,17 @@ def test_build_writes_the_four_tables(gpu_dir: Path) -> None:
 
 
 def test_build_edge_cases(tmp_path: Path) -> None:
-    assert build_gpu_dataset(tmp_path / "nothing") == {}
+    assert build_gpu_dataset(tmp_path / "nothing") == {"corrupt_lines_skipped": 0, "torn_last_lines": 0,
+                                                       "torn_fragments_kept_aside": 0, "bad_lines": []}
     d = tmp_path / "only_idle"
     with JsonlShard(d / "raw" / "rows-0.jsonl") as sh:
         sh.append({"id": "idle:r:0", "item": "idle", "run_id": "r", "repeat": True, "idle_power_w": 70.0})
-    assert build_gpu_dataset(d) == {"operations": 0, "networks": 0, "repeats": 0, "idle": 1}
+    assert _tables(build_gpu_dataset(d)) == {"operations": 0, "networks": 0, "repeats": 0, "idle": 1}
 
 
 def test_build_all(gpu_dir: Path) -> None:
     out = build_all(gpu_dir.parent)
-    assert out == {"h100": {"operations": 5, "networks": 2, "repeats": 1, "idle": 1}}
+    assert list(out) == ["h100"] and _tables(out["h100"]) == {"operations": 5, "networks": 2, "repeats": 1, "idle": 1}
 
 
 def test_load_dataset_columns_and_filters(gpu_dir: Path) -> None:
@@ -165,7 +177,7 @@ def test_run_worker_rows_build_and_load(tmp_path: Path, monkeypatch: pytest.Monk
         run_worker(items, gpu_dir / "raw", cfg, shard_name="0of1", device="cpu", log=lambda m: None)
     finally:
         nvml.set_backend(None)
-    assert build_gpu_dataset(gpu_dir) == {"operations": 2, "networks": 1, "repeats": 0, "idle": 1}
+    assert _tables(build_gpu_dataset(gpu_dir)) == {"operations": 2, "networks": 1, "repeats": 0, "idle": 1}
     df = load_dataset(root=tmp_path)
     assert list(df["op_signature"]) == [w.key for w in items[1:]]
     assert set(df["torch"]) == {__import__("torch").__version__} and df["host_cpu"].notna().all()
