@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,12 +141,13 @@ def _worker_env() -> dict[str, str]:
 
 
 def _worker_cmd(model_name: str, model_file: str | None, batch_size: int, resolution: int, mode: str,
-                precision: str, device: str, out_dir: Path, phase: str) -> list[str]:
+                precision: str, device: str, out_dir: Path, phase: str, model_globals: Sequence[str] = ()
+                ) -> list[str]:
     cmd = [sys.executable, "-m", "gpurec.profile.worker", "--model", model_name,
            "--batch-size", str(batch_size), "--resolution", str(resolution), "--mode", mode,
            "--precision", precision, "--device", device, "--phase", phase, "--out-dir", str(out_dir)]
     if model_file:
-        cmd += ["--model-file", model_file]
+        cmd += ["--model-file", model_file, "--model-globals", ",".join(model_globals)]
     return cmd
 
 
@@ -227,6 +229,7 @@ def profile_network(
     out.mkdir(parents=True, exist_ok=True)
 
     model_file = None
+    model_globals: list[str] = []  # what the saved module may use; the worker allows nothing else
     if isinstance(model, str):
         model_name = model
     else:
@@ -240,10 +243,14 @@ def profile_network(
             raise ProfileError(
                 f"could not pickle {model_name} for the profiling child process ({exc}); define the "
                 "module class in an importable file (not __main__ or a notebook)") from exc
+        from gpurec.profile.worker import module_globals
+
+        model_globals = module_globals(model_file)
     env = _worker_env()
 
     trace_log = out / "worker_trace.log"
-    cmd = _worker_cmd(model_name, model_file, batch_size, resolution, mode, precision, dev, out, "trace")
+    cmd = _worker_cmd(model_name, model_file, batch_size, resolution, mode, precision, dev, out, "trace",
+                      model_globals)
     cmd += ["--max-warmup-iters", str(max_warmup_iters), "--max-warmup-s", str(max_warmup_s)]
     try:
         rc = ncu_io.run_process_group(cmd, trace_log, trace_timeout_s, env=env)
@@ -259,7 +266,8 @@ def profile_network(
     ncu_csv: Path | None = None
     metrics: list[str] = []
     if ncu_path is not None:
-        ncu_cmd = _worker_cmd(model_name, model_file, batch_size, resolution, mode, precision, dev, out, "ncu")
+        ncu_cmd = _worker_cmd(model_name, model_file, batch_size, resolution, mode, precision, dev, out, "ncu",
+                              model_globals)
         ncu_cmd += ["--warmup-iters", str(meta["profiled_iteration"])]
         ncu_csv, metrics, ncu_error = collect_counters(ncu_path, ncu_cmd, out, ncu_timeout_s, env,
                                                        sampling=ncu_sampling)

@@ -22,7 +22,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,60 @@ def _logits(out: Any) -> Any:
     return out
 
 
+class UnsafeModelFile(ValueError):
+    """A saved module needs a global its saver did not declare, or is not an nn.Module."""
+
+
+def _resolve_global(name: str) -> Any:
+    """``a.b.C`` or ``a.b.C.Inner`` -> the object, importing the longest module prefix."""
+    import importlib
+
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise UnsafeModelFile(f"cannot import {name!r} named by the model file's saver")
+
+
+def module_globals(model_file: str | Path) -> list[str]:
+    """The globals (module classes, and e.g. ``functools.partial``) a torch.save'd module needs
+    beyond tensors and containers: what its saver passes as ``--model-globals``."""
+    import torch
+
+    return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(model_file)))
+
+
+def load_module_file(model_file: str | Path, allowed_globals: Sequence[str]) -> Any:
+    """A torch.save'd nn.Module, loaded without running pickled code.
+
+    ``torch.load(weights_only=True)`` rebuilds only tensors, containers and the globals
+    allowlisted here: exactly ``allowed_globals``, which the process that saved the module
+    declares on the command line (``module_globals``).  A file needing any other global (a
+    replaced or foreign file: pickle could otherwise call anything, e.g. ``os.system``) is
+    refused before loading, and the result must be an nn.Module.
+    """
+    import torch
+
+    needed = module_globals(model_file)
+    undeclared = sorted(set(needed) - set(allowed_globals))
+    if undeclared:
+        raise UnsafeModelFile(
+            f"{model_file} needs globals its saver did not declare: {undeclared[:8]}; refusing to load it. "
+            "Save the module with gpurec.profile.profile_network (which declares them), or pass the "
+            "globals you trust with --model-globals")
+    allowed = [_resolve_global(g) for g in needed]
+    with torch.serialization.safe_globals(allowed):
+        model = torch.load(str(model_file), map_location="cpu", weights_only=True)
+    if not isinstance(model, torch.nn.Module):
+        raise UnsafeModelFile(f"{model_file} holds a {type(model).__name__}, not an nn.Module")
+    return model
+
+
 def build_workload(
     model_name: str,
     batch_size: int,
@@ -76,8 +130,12 @@ def build_workload(
     precision: str,
     device_str: str,
     model_file: str | None = None,
+    model_globals: Sequence[str] = (),
 ) -> Workload:
-    """Model, random inputs on the device and a step closure; identical in both phases."""
+    """Model, random inputs on the device and a step closure; identical in both phases.
+
+    ``model_file`` is loaded with ``load_module_file`` (no pickled code runs), allowing only
+    ``model_globals``."""
     import torch
 
     torch.manual_seed(0)
@@ -89,7 +147,7 @@ def build_workload(
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     if model_file:
-        model = torch.load(model_file, map_location="cpu", weights_only=False)
+        model = load_module_file(model_file, model_globals)
     else:
         import torchvision
 
@@ -209,7 +267,7 @@ def run_trace_phase(args: argparse.Namespace) -> dict[str, Any]:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     w = build_workload(args.model, args.batch_size, args.resolution, args.mode, args.precision,
-                       args.device, args.model_file)
+                       args.device, args.model_file, _split_globals(args.model_globals))
     times, stable = warm_up(w, args.max_warmup_iters, args.max_warmup_s, args.stable_window, args.stable_tol)
     idx = stable if stable is not None else len(times) - 1
     ref = times[max(0, idx - args.stable_window):idx + 1]
@@ -266,7 +324,7 @@ def run_ncu_phase(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     w = build_workload(args.model, args.batch_size, args.resolution, args.mode, args.precision,
-                       args.device, args.model_file)
+                       args.device, args.model_file, _split_globals(args.model_globals))
     if w.device.type != "cuda":
         raise RuntimeError("the ncu phase needs a CUDA device")
     for _ in range(args.warmup_iters):
@@ -293,11 +351,17 @@ def run_ncu_phase(args: argparse.Namespace) -> dict[str, Any]:
     return meta
 
 
+def _split_globals(text: str) -> list[str]:
+    return [g for g in text.split(",") if g]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m gpurec.profile.worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="torchvision model name (label only with --model-file)")
-    p.add_argument("--model-file", default=None, help="torch.save'd nn.Module to load instead")
+    p.add_argument("--model-file", default=None, help="torch.save'd nn.Module to load instead (weights only)")
+    p.add_argument("--model-globals", default="",
+                   help="comma-separated globals the --model-file may use (module classes; see module_globals)")
     p.add_argument("--batch-size", type=int, required=True)
     p.add_argument("--resolution", type=int, default=224)
     p.add_argument("--mode", choices=["inference", "training"], default="inference")
