@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import cli
 from gpurec.dataset.build import build_gpu_dataset
 from gpurec.dataset.merge import merge_shards
-from gpurec.dataset.store import CorruptShardError, JsonlShard, read_jsonl, repair_torn_tail
+from gpurec.dataset.store import CorruptShardError, JsonlShard, TornLineRepaired, read_jsonl, repair_torn_tail
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "20260101T000000-0of1-abcdef"
@@ -106,6 +106,15 @@ def test_resume_moves_a_torn_fragment_aside_and_reports_it(gpu_dir: Path) -> Non
     summary = build_gpu_dataset(gpu_dir)  # the shard is clean again; the fragment is still counted
     assert summary["operations"] == 7 and summary["torn_last_lines"] == 0
     assert summary["torn_fragments_kept_aside"] == 1 and "1 torn fragment(s) kept aside" in summary["bad_lines"][0]
+
+
+def test_resume_without_a_listener_warns(gpu_dir: Path) -> None:
+    shard = gpu_dir / "raw" / "rows-0of1.jsonl"
+    with open(shard, "ab") as fh:
+        fh.write(b'{"id": "op:half"')
+    with pytest.warns(TornLineRepaired, match=r"rows-0of1\.jsonl:7: torn_tail"), JsonlShard(shard) as sh:
+        sh.append(_row(6))
+    assert len(list(read_jsonl(shard))) == 7
 
 
 def test_repair_keeps_a_complete_row_that_lost_only_its_newline(tmp_path: Path) -> None:

@@ -15,12 +15,17 @@ import json
 import math
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 TORN_SUFFIX = ".torn"  # <shard>.torn: fragments of torn last lines, moved aside on resume
+
+
+class TornLineRepaired(UserWarning):
+    """A shard's torn last line was moved aside to ``<shard>.torn`` before appending to it."""
 
 
 class CorruptShardError(ValueError):
@@ -78,8 +83,8 @@ class JsonlShard:
     """One worker's output file."""
 
     def __init__(self, path: Path | str, on_repair: Callable[[BadLine], None] | None = None):
-        """``on_repair`` hears about a torn last line moved aside before the first append
-        (also kept in ``self.repaired``)."""
+        """``on_repair`` hears about a torn last line moved aside before the first append (also
+        kept in ``self.repaired``); without it, the repair is reported as a TornLineRepaired warning."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = None
@@ -90,8 +95,11 @@ class JsonlShard:
         line = json.dumps({k: _clean(v) for k, v in row.items()}, separators=(",", ":"), default=str) + "\n"
         if self._fh is None:
             self.repaired = repair_torn_tail(self.path)
-            if self.repaired is not None and self.on_repair is not None:
-                self.on_repair(self.repaired)
+            if self.repaired is not None:
+                if self.on_repair is not None:
+                    self.on_repair(self.repaired)
+                else:
+                    warnings.warn(f"repaired {self.repaired.describe()}", TornLineRepaired, stacklevel=2)
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for speed
         self._fh.write(line)
         self._fh.flush()
