@@ -202,21 +202,42 @@ def measure_network(ctx: typer.Context) -> None:
     raise typer.Exit(_guard(collect_main, ["--what", "networks", *ctx.args]) or 0)
 
 
+SKIP_CORRUPT_HELP = "leave out unreadable raw lines (counted in the output) instead of failing"
+
+
+def _note_bad_lines(by_gpu: dict[str, list[str]]) -> None:
+    """Unreadable raw lines go to stderr too, so a person sees them without reading the JSON."""
+    for gpu, lines in by_gpu.items():
+        for line in lines:
+            typer.echo(f"gpurec: {gpu}: {line}", err=True)
+
+
 @dataset_app.command("build")
-def dataset_build(root: Path = typer.Option(Path("datasets"), "--root")) -> None:
+def dataset_build(root: Path = typer.Option(Path("datasets"), "--root"),
+                  skip_corrupt_lines: bool = typer.Option(False, "--skip-corrupt-lines", help=SKIP_CORRUPT_HELP)
+                  ) -> None:
     """Rebuild the Parquet tables of every GPU directory from its raw shards."""
     from gpurec.dataset.build import build_all
 
-    _print_json(_guard(build_all, root))
+    result = _guard(build_all, root, allow_corrupt=skip_corrupt_lines)
+    _print_json(result)
+    _note_bad_lines({gpu: summary.get("bad_lines", []) for gpu, summary in result.items()})
 
 
 @dataset_app.command("merge")
 def dataset_merge(shards: list[Path] = typer.Argument(..., help="shard directories or rows-*.jsonl files"),
-                  out: Path = typer.Option(..., "--out", help="GPU dataset directory, e.g. datasets/h100")) -> None:
-    """Copy shards into OUT/raw (keeping them as measured) and rebuild OUT's tables."""
+                  out: Path = typer.Option(..., "--out", help="GPU dataset directory, e.g. datasets/h100"),
+                  skip_corrupt_lines: bool = typer.Option(False, "--skip-corrupt-lines", help=SKIP_CORRUPT_HELP)
+                  ) -> None:
+    """Merge shards into OUT/raw row by row (new rows only; conflicts reported) and rebuild OUT's tables."""
     from gpurec.dataset.merge import merge_shards
 
-    _print_json(_guard(merge_shards, shards, out))
+    result = _guard(merge_shards, shards, out, allow_corrupt=skip_corrupt_lines)
+    _print_json(result)
+    _note_bad_lines({out.name: result["bad_lines"] + result["tables"].get("bad_lines", [])})
+    if result["conflicts"]:
+        _fail(f"{len(result['conflicts'])} row(s) or file(s) differ from what {out} already holds under the same "
+              "identity; kept the existing ones (see 'conflicts' above)", 1)
 
 
 @contextlib.contextmanager

@@ -33,6 +33,7 @@ from gpurec.collect import runner as runner_mod
 from gpurec.collect.runner import OperationSource, TooManyFailures, auto_instances, done_ids
 from gpurec.dataset.store import (
     JsonlShard,
+    TornLineRepaired,
     atomic_write_json,
     atomic_write_parquet,
     atomic_write_text,
@@ -191,11 +192,12 @@ def test_torn_last_line_is_skipped_and_next_append_starts_fresh(tmp_path: Path) 
         fh.write('{"id": "torn", "x": 1')  # killed mid-write
     assert [r["id"] for r in read_jsonl(p)] == ["a", "b"]
     assert list(read_jsonl(p))[1]["x"] is None
-    with JsonlShard(p) as sh:
+    with JsonlShard(p) as sh, pytest.warns(TornLineRepaired, match="rows-0.jsonl.torn"):
         sh.append({"id": "c"})
         sh.append({"id": "d"})
-    lines = p.read_text().split("\n")
-    assert lines[2] == '{"id": "torn", "x": 1' and json.loads(lines[3]) == {"id": "c"}
+    lines = p.read_text().split("\n")  # the fragment is kept aside, not left mid-file
+    assert json.loads(lines[2]) == {"id": "c"}
+    assert (tmp_path / "rows-0.jsonl.torn").read_text() == '{"id": "torn", "x": 1\n'
     assert [r["id"] for r in read_jsonl(p)] == ["a", "b", "c", "d"]
     assert done_ids(tmp_path) == {"a", "b", "c", "d"}
     assert list(read_jsonl(tmp_path / "missing.jsonl")) == []

@@ -73,9 +73,20 @@ def gpu_dir(tmp_path: Path) -> Path:
     return d
 
 
+TABLES = ("operations", "networks", "repeats", "idle")
+
+
+def _tables(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k in TABLES}
+
+
 def test_build_writes_the_four_tables(gpu_dir: Path) -> None:
     counts = build_gpu_dataset(gpu_dir)
-    assert counts == {"operations": 5, "networks": 2, "repeats": 1, "idle": 1}
+    assert _tables(counts) == {"operations": 5, "networks": 2, "repeats": 1, "idle": 1}
+    # the torn last line is not a row, and the summary says so
+    assert counts["torn_last_lines"] == 1 and counts["corrupt_lines_skipped"] == 0
+    assert counts["bad_lines"] == [f"{gpu_dir / 'raw' / 'rows-1of2.jsonl'}:6: torn_tail: "
+                                   "unfinished last line (a crash while writing)"]
     ops = pd.read_parquet(gpu_dir / "operations.parquet")
     assert sorted(ops["id"]) == sorted([
         "op:aaaa000000000001:inference", "op:aaaa000000000001:training", "op:aaaa000000000002:inference",
@@ -106,16 +117,17 @@ def test_build_writes_the_four_tables(gpu_dir: Path) -> None:
 
 
 def test_build_edge_cases(tmp_path: Path) -> None:
-    assert build_gpu_dataset(tmp_path / "nothing") == {}
+    assert build_gpu_dataset(tmp_path / "nothing") == {"corrupt_lines_skipped": 0, "torn_last_lines": 0,
+                                                       "torn_fragments_kept_aside": 0, "bad_lines": []}
     d = tmp_path / "only_idle"
     with JsonlShard(d / "raw" / "rows-0.jsonl") as sh:
         sh.append({"id": "idle:r:0", "item": "idle", "run_id": "r", "repeat": True, "idle_power_w": 70.0})
-    assert build_gpu_dataset(d) == {"operations": 0, "networks": 0, "repeats": 0, "idle": 1}
+    assert _tables(build_gpu_dataset(d)) == {"operations": 0, "networks": 0, "repeats": 0, "idle": 1}
 
 
 def test_build_all(gpu_dir: Path) -> None:
     out = build_all(gpu_dir.parent)
-    assert out == {"h100": {"operations": 5, "networks": 2, "repeats": 1, "idle": 1}}
+    assert list(out) == ["h100"] and _tables(out["h100"]) == {"operations": 5, "networks": 2, "repeats": 1, "idle": 1}
 
 
 def test_load_dataset_columns_and_filters(gpu_dir: Path) -> None:
@@ -165,7 +177,7 @@ def test_run_worker_rows_build_and_load(tmp_path: Path, monkeypatch: pytest.Monk
         run_worker(items, gpu_dir / "raw", cfg, shard_name="0of1", device="cpu", log=lambda m: None)
     finally:
         nvml.set_backend(None)
-    assert build_gpu_dataset(gpu_dir) == {"operations": 2, "networks": 1, "repeats": 0, "idle": 1}
+    assert _tables(build_gpu_dataset(gpu_dir)) == {"operations": 2, "networks": 1, "repeats": 0, "idle": 1}
     df = load_dataset(root=tmp_path)
     assert list(df["op_signature"]) == [w.key for w in items[1:]]
     assert set(df["torch"]) == {__import__("torch").__version__} and df["host_cpu"].notna().all()
@@ -174,12 +186,56 @@ def test_run_worker_rows_build_and_load(tmp_path: Path, monkeypatch: pytest.Monk
 
 # -- the shipped measurements ------------------------------------------------------------------
 
+SHIPPED_GPU_DIRS = sorted(p.parent for p in (ROOT / "datasets").glob("*/raw") if any(p.glob("rows-*.jsonl")))
+
+
+def _raw_expectations(gpu_dir: Path) -> dict[str, int]:
+    """Table sizes derived straight from the raw lines (plain json, not the builder): one row per
+    measured id, counted as ok when any of its measurements succeeded."""
+    status: dict[tuple[str, str], set[str]] = {}
+    counts = {"repeats": 0, "idle": 0, "lines": 0}
+    for shard in sorted((gpu_dir / "raw").glob("rows-*.jsonl")):
+        for line in shard.read_text().splitlines():
+            if not line.strip():
+                continue
+            r = json.loads(line)  # a damaged shipped line fails here, loudly
+            counts["lines"] += 1
+            if r["item"] == "idle":
+                counts["idle"] += 1
+            elif r.get("repeat"):
+                counts["repeats"] += 1
+            else:
+                status.setdefault((r["item"], r["id"]), set()).add(r.get("status", "ok"))
+    for item, table in (("op", "operations"), ("network", "networks")):
+        ids = {k: v for k, v in status.items() if k[0] == item}
+        counts[table] = len(ids)
+        counts[f"{table}_ok"] = sum("ok" in v for v in ids.values())
+    return counts
+
+
+def _assert_tables_match_raw(gpu_dir: Path) -> int:
+    """Every measured row of the raw files is in the loaded tables (ok rows by default, all with
+    status=None); returns the number of ok operations."""
+    want = _raw_expectations(gpu_dir)
+    root = gpu_dir.parent
+    gpu = pd.read_parquet(gpu_dir / "operations.parquet", columns=["gpu"])["gpu"].iloc[0]
+    assert len(load_dataset(gpu, root=root)) == want["operations_ok"] > 0, gpu_dir.name
+    assert len(load_dataset(gpu, root=root, status=None)) == want["operations"], gpu_dir.name
+    assert len(load_dataset(gpu, root=root, table="networks", status=None)) == want["networks"], gpu_dir.name
+    assert len(load_dataset(gpu, root=root, table="networks")) == want["networks_ok"], gpu_dir.name
+    assert len(pd.read_parquet(gpu_dir / "repeats.parquet")) == want["repeats"], gpu_dir.name
+    assert len(pd.read_parquet(gpu_dir / "idle.parquet")) == want["idle"], gpu_dir.name
+    return want["operations_ok"]
+
+
 def test_shipped_datasets_load() -> None:
     assert default_root() == ROOT / "datasets" or default_root().exists()
+    assert {d.name for d in SHIPPED_GPU_DIRS} >= {"h100", "h200"}
     ops = gpurec.load_dataset()
     assert {"NVIDIA H100 80GB HBM3", "NVIDIA H200"} <= set(ops["gpu"])
+    assert len(ops) == sum(_assert_tables_match_raw(d) for d in SHIPPED_GPU_DIRS)
     h100 = gpurec.load_dataset("H100")
-    assert len(h100) >= 700 and set(h100["gpu"]) == {"NVIDIA H100 80GB HBM3"}
+    assert set(h100["gpu"]) == {"NVIDIA H100 80GB HBM3"}
     assert set(h100["mode"]) == {"inference", "training"}
     assert h100["op_signature"].str.len().eq(16).all()
     assert (h100["time_ms"] > 0).all() and (h100["energy_mj"] > 0).all() and (h100["power_w"] > 0).all()
@@ -190,14 +246,26 @@ def test_shipped_datasets_load() -> None:
     assert set(nets["mode"]) == {"inference", "training"}
 
 
-def test_shipped_raw_rebuilds_to_the_shipped_tables(tmp_path: Path) -> None:
-    """Raw shards are the source of truth: rebuilding them reproduces the Parquet exactly."""
-    src = ROOT / "datasets" / "h100"
-    shutil.copytree(src / "raw", tmp_path / "raw")
-    build_gpu_dataset(tmp_path)
-    for name in ("operations", "networks", "repeats", "idle"):
+def test_the_shipped_check_notices_lost_rows(tmp_path: Path) -> None:
+    """The check above can fail: the h100 tables with 90% of the operations gone no longer pass."""
+    gpu_dir = shutil.copytree(ROOT / "datasets" / "h100", tmp_path / "h100",
+                              ignore=shutil.ignore_patterns("calibration", "profile", "probe"))
+    _assert_tables_match_raw(gpu_dir)
+    ops = pd.read_parquet(gpu_dir / "operations.parquet")
+    ops.iloc[: len(ops) // 10].to_parquet(gpu_dir / "operations.parquet", index=False)
+    with pytest.raises(AssertionError):
+        _assert_tables_match_raw(gpu_dir)
+
+
+@pytest.mark.parametrize("gpu_dir", SHIPPED_GPU_DIRS, ids=lambda d: d.name)
+def test_shipped_raw_rebuilds_to_the_shipped_tables(tmp_path: Path, gpu_dir: Path) -> None:
+    """Raw shards are the source of truth: rebuilding them reproduces each GPU's Parquet exactly."""
+    shutil.copytree(gpu_dir / "raw", tmp_path / "raw")
+    summary = build_gpu_dataset(tmp_path)
+    assert summary["corrupt_lines_skipped"] == 0 and summary["bad_lines"] == []
+    for name in TABLES:
         pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / f"{name}.parquet"),
-                                      pd.read_parquet(src / f"{name}.parquet"), check_like=False)
+                                      pd.read_parquet(gpu_dir / f"{name}.parquet"), check_like=False)
 
 
 def test_json_safe_gives_strict_json_for_numpy_pandas_and_paths() -> None:

@@ -6,6 +6,10 @@ Layout per GPU (``datasets/<tag>/``):
   networks.parquet                          one row per measured (model-input set, mode)
   repeats.parquet                           re-measurements (repeatability)
   idle.parquet                              idle power readings
+
+An unreadable raw line fails the build (CorruptShardError names file and line) unless
+``allow_corrupt`` is passed; either way nothing is left out without being counted in the
+summary the build returns.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpurec.dataset.store import atomic_write_parquet, read_jsonl
+from gpurec.dataset.store import BadLine, atomic_write_parquet, count_torn_fragments, read_jsonl
 
 
 def _provenance(raw: Path) -> dict[str, dict[str, Any]]:
@@ -26,21 +30,39 @@ def _provenance(raw: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def build_gpu_dataset(gpu_dir: Path | str) -> dict[str, int]:
-    """(Re)build the Parquet tables of one GPU directory from its raw shards."""
+def _damage_summary(raw: Path, bad: list[BadLine]) -> dict[str, Any]:
+    """What the build could not read: skipped corrupt lines, torn last lines of shards still being
+    written, and torn fragments that an earlier resume moved aside into ``*.torn`` files."""
+    torn_kept = count_torn_fragments(raw)
+    return {"corrupt_lines_skipped": sum(b.kind == "corrupt" for b in bad),
+            "torn_last_lines": sum(b.kind == "torn_tail" for b in bad),
+            "torn_fragments_kept_aside": sum(torn_kept.values()),
+            "bad_lines": [b.describe() for b in bad]
+            + [f"{raw / name}: {n} torn fragment(s) kept aside" for name, n in torn_kept.items()]}
+
+
+def build_gpu_dataset(gpu_dir: Path | str, *, allow_corrupt: bool = False) -> dict[str, Any]:
+    """(Re)build the Parquet tables of one GPU directory from its raw shards.
+
+    Returns the row count of each table written, plus what could not be read (see
+    ``_damage_summary``).  Raises CorruptShardError at the first unreadable line that is not a
+    torn last line, unless ``allow_corrupt`` (then such lines are skipped and counted).
+    """
     import pandas as pd
 
     gpu_dir = Path(gpu_dir)
     raw = gpu_dir / "raw"
     rows: list[dict[str, Any]] = []
+    bad: list[BadLine] = []
     for p in sorted(glob.glob(str(raw / "rows-*.jsonl"))):
-        for r in read_jsonl(p):
+        for r in read_jsonl(p, allow_corrupt=allow_corrupt, bad_lines=bad):
             r["source_file"] = Path(p).name
             rows.append(r)
+    damage = _damage_summary(raw, bad)
     prov = _provenance(raw)
     df = pd.DataFrame(rows)
     if df.empty:
-        return {}
+        return damage
     for col, key in (("driver", ("gpu", "driver_version")), ("torch", ("torch",)), ("host_cpu", ("host_cpu",)),
                      ("cuda_runtime", ("cuda_runtime",)), ("date", ("date",)),
                      ("cudnn_allow_tf32", ("cudnn_allow_tf32",)), ("cuda_matmul_allow_tf32", ("cuda_matmul_allow_tf32",))):
@@ -53,7 +75,7 @@ def build_gpu_dataset(gpu_dir: Path | str) -> dict[str, int]:
         df[col] = df["run_id"].map(look)
     if "model_sets" in df:  # absent when a shard holds only idle readings so far
         df["model_sets"] = df["model_sets"].map(lambda v: json.dumps(v) if isinstance(v, list) else v)
-    counts = {}
+    counts: dict[str, Any] = {}
     is_repeat = df.get("repeat", pd.Series(False, index=df.index)).fillna(False).astype(bool)
     idle = df[df["item"] == "idle"]
     main = df[~is_repeat & (df["item"] != "idle")]
@@ -68,8 +90,10 @@ def build_gpu_dataset(gpu_dir: Path | str) -> dict[str, int]:
         part = part.dropna(axis=1, how="all")
         atomic_write_parquet(gpu_dir / f"{name}.parquet", part)
         counts[name] = int(len(part))
-    return counts
+    return {**counts, **damage}
 
 
-def build_all(root: Path | str = "datasets") -> dict[str, dict[str, int]]:
-    return {p.parent.name: build_gpu_dataset(p.parent) for p in sorted(Path(root).glob("*/raw"))}
+def build_all(root: Path | str = "datasets", *, allow_corrupt: bool = False) -> dict[str, dict[str, Any]]:
+    """Rebuild every ``<root>/<gpu>/`` that has a ``raw/`` directory; {gpu dir: build summary}."""
+    return {p.parent.name: build_gpu_dataset(p.parent, allow_corrupt=allow_corrupt)
+            for p in sorted(Path(root).glob("*/raw"))}

@@ -1,23 +1,36 @@
-"""Combine shards from several processes or hosts into one GPU dataset directory."""
+"""Combine shards from several processes or hosts into one GPU dataset directory.
+
+Shards are merged row by row, not file by file: a shard that grew since the last merge (the
+runner appends to the same file across calls) and a partial copy already in the target both
+end up with every row.  A row is identified by (id, run_id, t_unix); the same identity with
+other content is a conflict, reported and never overwritten.  Files are only ever replaced by
+rename, so an interrupted merge leaves each target file either as it was or complete.
+"""
 
 from __future__ import annotations
 
-import shutil
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from gpurec.dataset.build import build_gpu_dataset
+from gpurec.dataset.store import BadLine, atomic_write_bytes, read_jsonl_lines, repair_torn_tail
+
+RowKey = tuple[Any, Any, Any]
 
 
-def merge_shards(shards: Iterable[Path | str], out: Path | str) -> dict[str, Any]:
-    """Copy ``rows-*.jsonl`` / ``provenance-*.json`` from ``shards`` (files or directories)
-    into ``out/raw`` unchanged, then rebuild ``out``'s tables.  A shard already present
-    under the same name is kept as is (measured data is never overwritten)."""
-    out = Path(out)
-    raw = out / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    copied, skipped = [], []
+def row_key(row: dict[str, Any]) -> RowKey:
+    """A row's identity: the same work item can be measured again in another run or later in
+    the same run (repeats), so the item id alone is not unique."""
+    return (row.get("id"), row.get("run_id"), row.get("t_unix"))
+
+
+def _lines(path: Path, bad: list[BadLine], allow_corrupt: bool) -> list[tuple[int, bytes, dict[str, Any]]]:
+    return list(read_jsonl_lines(path, allow_corrupt=allow_corrupt, bad_lines=bad))
+
+
+def _source_files(shards: Iterable[Path | str]) -> list[Path]:
     files: list[Path] = []
     for s in map(Path, shards):
         if s.is_dir():
@@ -26,11 +39,79 @@ def merge_shards(shards: Iterable[Path | str], out: Path | str) -> dict[str, Any
             files.append(s)
         else:
             raise FileNotFoundError(f"shard {s} does not exist")
+    return files
+
+
+def _merge_rows(src: Path, dest: Path, result: dict[str, Any], bad: list[BadLine], allow_corrupt: bool) -> None:
+    src_lines = _lines(src, bad, allow_corrupt)
+    complete = b"".join(raw for _, raw, _ in src_lines)
+    if not dest.exists():
+        atomic_write_bytes(dest, complete)
+        result["copied"][dest.name] = len(src_lines)
+        return
+    repaired = repair_torn_tail(dest)  # a target left torn by a crash: fragment kept in <name>.torn
+    if repaired is not None:
+        bad.append(repaired)
+    have = {row_key(r): r for _, _, r in _lines(dest, bad, allow_corrupt)}
+    new: list[bytes] = []
+    for n, raw, row in src_lines:
+        key = row_key(row)
+        if key not in have:
+            new.append(raw)
+            have[key] = row
+        elif have[key] != row:
+            result["conflicts"].append({"file": dest.name, "source": str(src), "source_line": n,
+                                        "id": key[0], "run_id": key[1], "t_unix": key[2]})
+    if new:
+        atomic_write_bytes(dest, dest.read_bytes() + b"".join(new))
+        result["added_rows"][dest.name] = result["added_rows"].get(dest.name, 0) + len(new)
+    else:
+        result["unchanged"].append(dest.name)
+
+
+def _merge_provenance(src: Path, dest: Path, result: dict[str, Any]) -> None:
+    data = src.read_bytes()
+    if not dest.exists():
+        atomic_write_bytes(dest, data)
+        result["copied"][dest.name] = 1
+    elif dest.read_bytes() == data or _same_json(dest.read_bytes(), data):
+        result["unchanged"].append(dest.name)
+    else:
+        result["conflicts"].append({"file": dest.name, "source": str(src), "source_line": None,
+                                    "id": None, "run_id": None, "t_unix": None})
+
+
+def _same_json(a: bytes, b: bytes) -> bool:
+    try:
+        return bool(json.loads(a) == json.loads(b))
+    except ValueError:
+        return False
+
+
+def merge_shards(shards: Iterable[Path | str], out: Path | str, *, allow_corrupt: bool = False) -> dict[str, Any]:
+    """Merge ``rows-*.jsonl`` / ``provenance-*.json`` from ``shards`` (files or directories) into
+    ``out/raw`` row by row, then rebuild ``out``'s tables.
+
+    Returns ``copied`` {new file: rows}, ``added_rows`` {existing file: rows appended},
+    ``unchanged`` [files with nothing new], ``conflicts`` [rows or provenance files whose
+    content differs from what ``out`` already holds under the same identity; ``out`` keeps
+    its version], ``bad_lines`` [torn or skipped lines] and ``tables`` (the build summary).
+    Raises CorruptShardError on an unreadable line unless ``allow_corrupt``.
+    """
+    out = Path(out)
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    files = _source_files(shards)
+    result: dict[str, Any] = {"copied": {}, "added_rows": {}, "unchanged": [], "conflicts": []}
+    bad: list[BadLine] = []
     for f in files:
         dest = raw / f.name
-        if dest.exists():
-            skipped.append(f.name)
-            continue
-        shutil.copy2(f, dest)
-        copied.append(f.name)
-    return {"copied": copied, "skipped_existing": skipped, "tables": build_gpu_dataset(out)}
+        if f.resolve() == dest.resolve():
+            result["unchanged"].append(dest.name)
+        elif f.name.startswith("provenance-"):
+            _merge_provenance(f, dest, result)
+        else:
+            _merge_rows(f, dest, result, bad, allow_corrupt)
+    result["bad_lines"] = [b.describe() for b in bad]
+    result["tables"] = build_gpu_dataset(out, allow_corrupt=allow_corrupt)
+    return result

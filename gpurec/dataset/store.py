@@ -1,8 +1,12 @@
 """Append-only JSON-lines shards: every row is durable the moment it is written.
 
 A row is one ``write()`` of a complete line followed by flush + fsync, so ``kill -9`` loses
-at most the row in flight; a torn last line is ignored on read.  Whole files (Parquet,
-JSON reports) are written to a temporary name and renamed, which is atomic on POSIX.
+at most the row in flight.  That torn last line is the only damage a crash can leave: on
+resume the fragment is moved to ``<shard>.torn`` beside the shard (kept, and reported) and the
+shard is cut back to its last complete row.  A reader skips a torn last line and reports it;
+any other unreadable line raises CorruptShardError naming file and line, unless the caller
+explicitly allows corrupt lines (then each one is reported).  Whole files (Parquet, JSON
+reports) are written to a temporary name and renamed, which is atomic on POSIX.
 """
 
 from __future__ import annotations
@@ -11,9 +15,43 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+TORN_SUFFIX = ".torn"  # <shard>.torn: fragments of torn last lines, moved aside on resume
+
+
+class TornLineRepaired(UserWarning):
+    """A shard's torn last line was moved aside to ``<shard>.torn`` before appending to it."""
+
+
+class CorruptShardError(ValueError):
+    """A raw shard holds an unreadable line that a crash cannot explain (not a torn last line)."""
+
+    def __init__(self, bad: BadLine):
+        self.bad = bad
+        super().__init__(
+            f"{bad.path} line {bad.line_no}: {bad.reason} ({bad.text!r}). Raw rows are kept as measured, so find "
+            "what damaged the file and restore it from its source, or pass --skip-corrupt-lines "
+            "(allow_corrupt=True) to leave such lines out and report how many")
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """One line of a shard that is not a row: ``kind`` is 'torn_tail' (a crash's unfinished last
+    line) or 'corrupt' (anything else)."""
+
+    path: str
+    line_no: int
+    kind: str
+    reason: str
+    text: str  # the start of the line, for the report
+
+    def describe(self) -> str:
+        return f"{self.path}:{self.line_no}: {self.kind}: {self.reason}"
 
 
 def _clean(value: Any) -> Any:
@@ -44,27 +82,28 @@ def json_safe(value: Any) -> Any:
 class JsonlShard:
     """One worker's output file."""
 
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, on_repair: Callable[[BadLine], None] | None = None):
+        """``on_repair`` hears about a torn last line moved aside before the first append (also
+        kept in ``self.repaired``); without it, the repair is reported as a TornLineRepaired warning."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = None
+        self.on_repair = on_repair
+        self.repaired: BadLine | None = None
 
     def append(self, row: dict[str, Any]) -> None:
         line = json.dumps({k: _clean(v) for k, v in row.items()}, separators=(",", ":"), default=str) + "\n"
         if self._fh is None:
-            self._repair_tail()
+            self.repaired = repair_torn_tail(self.path)
+            if self.repaired is not None:
+                if self.on_repair is not None:
+                    self.on_repair(self.repaired)
+                else:
+                    warnings.warn(f"repaired {self.repaired.describe()}", TornLineRepaired, stacklevel=2)
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for speed
         self._fh.write(line)
         self._fh.flush()
         os.fsync(self._fh.fileno())
-
-    def _repair_tail(self) -> None:
-        """Terminate a torn last line so the next row starts on its own line."""
-        if self.path.exists() and self.path.stat().st_size > 0:
-            with open(self.path, "rb+") as fh:
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) != b"\n":
-                    fh.write(b"\n")
 
     def close(self) -> None:
         if self._fh is not None:
@@ -78,20 +117,125 @@ class JsonlShard:
         self.close()
 
 
-def read_jsonl(path: Path | str) -> Iterator[dict[str, Any]]:
-    """Rows of a shard, skipping a torn (partially written) line."""
+def _excerpt(raw: bytes) -> str:
+    return raw[:120].decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+def _parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    """(row, '') or (None, why the line is not a row)."""
+    try:
+        row = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 ({exc.reason} at byte {exc.start})"
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON ({exc.msg} at column {exc.colno})"
+    if not isinstance(row, dict):
+        return None, f"a JSON {type(row).__name__}, not a row object"
+    return row, ""
+
+
+def read_jsonl(path: Path | str, *, allow_corrupt: bool = False,
+               bad_lines: list[BadLine] | None = None) -> Iterator[dict[str, Any]]:
+    """Rows of a shard.
+
+    An unreadable last line without a newline is a crash's torn row: it is skipped and reported
+    in ``bad_lines``.  Any other unreadable line raises CorruptShardError (file and line), or with
+    ``allow_corrupt`` is skipped and reported in ``bad_lines``.  Blank lines are not rows.
+    """
+    for _, _, row in read_jsonl_lines(path, allow_corrupt=allow_corrupt, bad_lines=bad_lines):
+        yield row
+
+
+def read_jsonl_lines(path: Path | str, *, allow_corrupt: bool = False, bad_lines: list[BadLine] | None = None
+                     ) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
+    """(line number, the line as written with its newline, row) for each row; as ``read_jsonl``."""
     p = Path(path)
     if not p.exists():
         return
-    with open(p, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
+    with open(p, "rb") as fh:
+        for line_no, raw in enumerate(fh, start=1):
+            if not raw.strip():
                 continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
+            row, reason = _parse_line(raw)
+            if row is not None:
+                yield line_no, raw, row
                 continue
+            torn = not raw.endswith(b"\n")  # only the last line can lack its newline
+            bad = BadLine(str(p), line_no, "torn_tail" if torn else "corrupt",
+                          "unfinished last line (a crash while writing)" if torn else reason, _excerpt(raw))
+            if not torn and not allow_corrupt:
+                raise CorruptShardError(bad)
+            if bad_lines is not None:
+                bad_lines.append(bad)
+
+
+def _last_newline_end(fh: Any, size: int, chunk: int = 1 << 16) -> int:
+    """Offset just after the last newline of an open binary file (0 when it has none)."""
+    pos = size
+    while pos > 0:
+        start = max(0, pos - chunk)
+        fh.seek(start)
+        block = fh.read(pos - start)
+        i = block.rfind(b"\n")
+        if i >= 0:
+            return start + i + 1
+        pos = start
+    return 0
+
+
+def repair_torn_tail(path: Path | str) -> BadLine | None:
+    """Make a shard end on a complete line before appending to it.
+
+    A last line without a newline that still parses as a row is complete (only the newline was
+    lost) and gets its newline.  Otherwise it is a torn row: the fragment is appended to
+    ``<shard>.torn`` (fsynced first, so it is never lost), the shard is cut back to its last
+    complete line, and the fragment is returned as a BadLine for the caller to report.
+    """
+    p = Path(path)
+    if not p.exists() or p.stat().st_size == 0:
+        return None
+    with open(p, "rb+") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        cut = _last_newline_end(fh, size)
+        if cut == size:
+            return None
+        fh.seek(cut)
+        tail = fh.read()
+        if not tail.strip():  # trailing whitespace only: nothing to keep aside
+            fh.write(b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+            return None
+        row, _ = _parse_line(tail)
+        if row is not None:
+            fh.write(b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+            return None
+        line_no, pos = 1, 0
+        fh.seek(0)
+        while pos < cut:
+            block = fh.read(min(1 << 16, cut - pos))
+            line_no += block.count(b"\n")
+            pos += len(block)
+        side = p.with_name(p.name + TORN_SUFFIX)
+        with open(side, "ab") as out:
+            out.write(tail + b"\n")
+            out.flush()
+            os.fsync(out.fileno())
+        fh.truncate(cut)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return BadLine(str(p), line_no, "torn_tail", f"unfinished last line moved to {side.name}", _excerpt(tail))
+
+
+def count_torn_fragments(raw_dir: Path | str) -> dict[str, int]:
+    """{side file name: fragments kept} for the ``*.torn`` files of a raw directory."""
+    out = {}
+    for side in sorted(Path(raw_dir).glob(f"*{TORN_SUFFIX}")):
+        with open(side, "rb") as fh:
+            out[side.name] = sum(1 for line in fh if line.strip())
+    return out
 
 
 def read_many(paths: Iterable[Path | str]) -> list[dict[str, Any]]:
@@ -115,6 +259,28 @@ def atomic_write_text(path: Path | str, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_file(path: Path | str, write: Callable[[Path], None]) -> None:
+    """Call ``write(temp_path)`` on a temporary file beside ``path`` (same suffix, so writers that
+    pick a format by extension still work), then rename it over ``path``."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=f".tmp{p.suffix}")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    atomic_write_file(path, lambda tmp: tmp.write_bytes(data))
 
 
 def atomic_write_json(path: Path | str, obj: Any) -> None:

@@ -9,6 +9,14 @@ Loading refuses (IncompatibleModel) what would give silently wrong predictions: 
 schema version, features this code can no longer compute, a booster that is missing, altered
 or has another feature count. It warns (ModelWarning) about what may merely shift numbers:
 other library versions, or training data that differs from the data now on disk.
+
+Integrity: the manifest lists every file of the directory that gpurec reads (boosters, the
+measured-operation table, report.json) with its sha256, and carries a digest of its own
+content (``manifest_sha256``).  Loading refuses a file that is missing, unlisted or changed,
+and a manifest whose content no longer matches its digest.  This guards against accidental
+edits and mismatched copies (a hand-tuned number, a booster copied from another training run,
+a half-copied directory), not against an attacker: anyone who can edit the files can also
+recompute the digests.
 """
 
 from __future__ import annotations
@@ -20,10 +28,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: every file hashed in file_sha256, the manifest sealed by manifest_sha256
 MODELS_ENV = "GPUREC_MODELS"
 MANIFEST = "manifest.json"
 REPORT = "report.json"
+FILES_KEY = "file_sha256"
+DIGEST_KEY = "manifest_sha256"
+RETRAIN = "retrain with `gpurec train --out DIR` (or restore the whole directory from where it came from)"
 _VERSION_KEYS = ("xgboost", "sklearn", "torch", "gpurec")
 
 
@@ -51,37 +62,99 @@ def _sha256(path: Path) -> str:
 LOOKUP = "measured_ops.parquet"
 
 
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's content without its own digest, in one canonical JSON form (sorted
+    keys, no whitespace), so re-indenting the file does not change it but any edited value does."""
+    from gpurec.dataset.store import json_safe
+
+    body = {k: v for k, v in manifest.items() if k != DIGEST_KEY}
+    text = json.dumps(json_safe(body), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def model_files(manifest: dict[str, Any]) -> list[str]:
+    """Every file of the model directory that gpurec reads, by the manifest's own description."""
+    names = {name for routes in manifest.get("boosters", {}).values() for name in routes.values()}
+    if manifest.get("measured_lookup"):
+        names.add(manifest["measured_lookup"])
+    names.add(REPORT)
+    return sorted(names)
+
+
+def write_manifest(model_dir: Path | str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Hash every file the manifest refers to, seal the manifest with its digest and write it
+    atomically (last, so a directory without it is an unfinished save).  Returns what was written."""
+    from gpurec.dataset.store import atomic_write_text
+    from gpurec.model.training import dumps
+
+    model_dir = Path(model_dir)
+    files = {}
+    for name in model_files(manifest):
+        if not (model_dir / name).is_file():
+            raise FileNotFoundError(f"{model_dir / name} is missing: the manifest refers to it")
+        files[name] = _sha256(model_dir / name)
+    sealed = {k: v for k, v in manifest.items() if k not in (DIGEST_KEY, "booster_sha256")}
+    sealed[FILES_KEY] = files
+    sealed = json.loads(dumps(sealed))  # the form it will be read back in
+    sealed[DIGEST_KEY] = manifest_digest(sealed)
+    atomic_write_text(model_dir / MANIFEST, dumps(sealed) + "\n")
+    return sealed
+
+
+def verify_model_files(manifest: dict[str, Any], model_dir: Path | str) -> None:
+    """Raise IncompatibleModel unless the manifest matches its digest and every file gpurec reads is
+    listed in it, present, and has the listed sha256."""
+    model_dir = Path(model_dir)
+    where = model_dir / MANIFEST
+    if DIGEST_KEY not in manifest:
+        raise IncompatibleModel(f"{where} has no {DIGEST_KEY}: it was not written by gpurec's save; {RETRAIN}")
+    if manifest_digest(manifest) != manifest[DIGEST_KEY]:
+        raise IncompatibleModel(f"{where} was edited after it was written (its content no longer matches "
+                                f"{DIGEST_KEY}); {RETRAIN}")
+    sums = manifest.get(FILES_KEY)
+    if not isinstance(sums, dict):
+        raise IncompatibleModel(f"{where} lacks '{FILES_KEY}' (the sha256 of each model file); {RETRAIN}")
+    for name in sorted(set(model_files(manifest)) | set(sums)):
+        path = model_dir / name
+        if name not in sums:
+            raise IncompatibleModel(f"{name} is read from {model_dir} but has no sha256 entry in the manifest; "
+                                    f"{RETRAIN}")
+        if not path.is_file():
+            raise IncompatibleModel(f"{name} is missing from {model_dir}; {RETRAIN}")
+        if _sha256(path) != sums[name]:
+            raise IncompatibleModel(f"{name} in {model_dir} differs from the file the manifest was written with; "
+                                    f"{RETRAIN}")
+
+
 def save_model(out_dir: Path, models: dict[str, Any], manifest: dict[str, Any], report: dict[str, Any],
                lookup: Any = None) -> None:
-    """Write boosters (one file per distinct route), the measured-operation table, report.json,
-    then manifest.json last (a directory without it is an unfinished save)."""
+    """Write boosters (one file per distinct route), the measured-operation table and report.json,
+    each atomically, then the sealed manifest.json last (a directory without it is an unfinished save)."""
+    from gpurec.dataset.store import atomic_write_file, atomic_write_text
     from gpurec.model.training import dumps
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    stale = out_dir / MANIFEST
+    if stale.exists():  # an interrupted save must not leave the old manifest over new files
+        stale.unlink()
     boosters: dict[str, dict[str, str]] = {}
-    files: dict[str, str] = {}
     for target, routed in models.items():
         boosters[target] = {}
         written: dict[str, str] = {}
         for mode, key in routed.route.items():
             if key not in written:
                 name = f"{target}_{key}.ubj"
-                routed.models[key].save(out_dir / name)
+                atomic_write_file(out_dir / name, routed.models[key].save)
                 written[key] = name
-                files[name] = _sha256(out_dir / name)
             boosters[target][mode] = written[key]
     if lookup is not None:
-        lookup.to_parquet(out_dir / LOOKUP)
-        files[LOOKUP] = _sha256(out_dir / LOOKUP)
+        atomic_write_file(out_dir / LOOKUP, lookup.to_parquet)
     elif (out_dir / LOOKUP).exists():
         (out_dir / LOOKUP).unlink()
-    manifest = {**manifest, "boosters": boosters, "booster_sha256": files,
-                "measured_lookup": LOOKUP if lookup is not None else None}
-    (out_dir / REPORT).write_text(dumps(report) + "\n")
-    tmp = out_dir / (MANIFEST + ".tmp")
-    tmp.write_text(dumps(manifest) + "\n")
-    tmp.replace(out_dir / MANIFEST)
+    atomic_write_text(out_dir / REPORT, dumps(report) + "\n")
+    write_manifest(out_dir, {**manifest, "boosters": boosters,
+                             "measured_lookup": LOOKUP if lookup is not None else None})
 
 
 def read_manifest(model_dir: Path | str) -> dict[str, Any]:
@@ -93,7 +166,7 @@ def read_manifest(model_dir: Path | str) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise IncompatibleModel(f"{path} is not valid JSON: {exc}") from exc
+        raise IncompatibleModel(f"{path} is not valid JSON: {exc}; {RETRAIN}") from exc
 
 
 def check_manifest(manifest: dict[str, Any], model_dir: Path | str, data_root: Path | str | None = None,
@@ -104,7 +177,8 @@ def check_manifest(manifest: dict[str, Any], model_dir: Path | str, data_root: P
     model_dir = Path(model_dir)
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise IncompatibleModel(f"model schema_version {manifest.get('schema_version')!r}, this gpurec reads "
-                                f"{SCHEMA_VERSION}: retrain (python3 -m gpurec.model.training)")
+                                f"{SCHEMA_VERSION}: {RETRAIN}")
+    verify_model_files(manifest, model_dir)
     if manifest.get("feature_schema_version") != FEATURE_SCHEMA_VERSION:
         raise IncompatibleModel(f"feature schema {manifest.get('feature_schema_version')!r}, this gpurec builds "
                                 f"{FEATURE_SCHEMA_VERSION}: retrain")
@@ -125,21 +199,6 @@ def check_manifest(manifest: dict[str, Any], model_dir: Path | str, data_root: P
             + (f"; missing here: {missing[:8]}" if missing else "")
             + (f"; not in the model: {extra[:8]}" if extra else "")
             + ("; same names in another order" if not missing and not extra else "") + ". Retrain.")
-    sums = manifest.get("booster_sha256", {})
-    for target, routes in manifest["boosters"].items():
-        for mode, name in routes.items():
-            path = model_dir / name
-            if not path.exists():
-                raise IncompatibleModel(f"booster {name} ({target}, {mode}) is missing from {model_dir}")
-            if name in sums and _sha256(path) != sums[name]:
-                raise IncompatibleModel(f"booster {name} differs from the one the manifest was written with")
-    lk = manifest.get("measured_lookup")
-    if lk:
-        path = model_dir / lk
-        if not path.exists():
-            raise IncompatibleModel(f"measured-operation table {lk} is missing from {model_dir}")
-        if lk in sums and _sha256(path) != sums[lk]:
-            raise IncompatibleModel(f"measured-operation table {lk} differs from the one the manifest was written with")
     notes: list[str] = []
     from gpurec.model.training import library_versions
 

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,12 +141,14 @@ def _worker_env() -> dict[str, str]:
 
 
 def _worker_cmd(model_name: str, model_file: str | None, batch_size: int, resolution: int, mode: str,
-                precision: str, device: str, out_dir: Path, phase: str, **settings: Any) -> list[str]:
+                precision: str, device: str, out_dir: Path, phase: str, model_globals: Sequence[str] = (),
+                **settings: Any) -> list[str]:
     """The child's command line: the worker module and a spec file (it has no argument parser)."""
     from gpurec.profile.worker import WorkerSpec
 
     spec = WorkerSpec(model=model_name, model_file=model_file, batch_size=batch_size, resolution=resolution,
-                      mode=mode, precision=precision, device=device, phase=phase, out_dir=str(out_dir), **settings)
+                      mode=mode, precision=precision, device=device, phase=phase, out_dir=str(out_dir),
+                      model_globals=tuple(model_globals), **settings)
     path = spec.write(out_dir / f"worker_{phase}_spec.json")
     return [sys.executable, "-m", "gpurec.profile.worker", str(path)]
 
@@ -228,6 +231,7 @@ def profile_network(
     out.mkdir(parents=True, exist_ok=True)
 
     model_file = None
+    model_globals: list[str] = []  # what the saved module may use; the worker allows nothing else
     if isinstance(model, str):
         model_name = model
     else:
@@ -241,11 +245,14 @@ def profile_network(
             raise ProfileError(
                 f"could not pickle {model_name} for the profiling child process ({exc}); define the "
                 "module class in an importable file (not __main__ or a notebook)") from exc
+        from gpurec.profile.worker import module_globals
+
+        model_globals = module_globals(model_file)
     env = _worker_env()
 
     trace_log = out / "worker_trace.log"
     cmd = _worker_cmd(model_name, model_file, batch_size, resolution, mode, precision, dev, out, "trace",
-                      max_warmup_iters=max_warmup_iters, max_warmup_s=max_warmup_s)
+                      model_globals, max_warmup_iters=max_warmup_iters, max_warmup_s=max_warmup_s)
     try:
         rc = ncu_io.run_process_group(cmd, trace_log, trace_timeout_s, env=env)
     except subprocess.TimeoutExpired as exc:
@@ -261,7 +268,7 @@ def profile_network(
     metrics: list[str] = []
     if ncu_path is not None:
         ncu_cmd = _worker_cmd(model_name, model_file, batch_size, resolution, mode, precision, dev, out, "ncu",
-                              warmup_iters=int(meta["profiled_iteration"]))
+                              model_globals, warmup_iters=int(meta["profiled_iteration"]))
         ncu_csv, metrics, ncu_error = collect_counters(ncu_path, ncu_cmd, out, ncu_timeout_s, env,
                                                        sampling=ncu_sampling)
 

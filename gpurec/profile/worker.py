@@ -22,7 +22,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ class WorkerSpec:
     phase: str = "trace"
     out_dir: str | None = None
     model_file: str | None = None  # a saved nn.Module to load instead of the torchvision model
+    model_globals: tuple[str, ...] = ()  # the globals model_file may use (weights-only load allows no others)
     warmup_iters: int = 0  # ncu phase: iterations before the profiled one
     max_warmup_iters: int = 40
     max_warmup_s: float = 20.0
@@ -114,6 +115,60 @@ def _logits(out: Any) -> Any:
     return out
 
 
+class UnsafeModelFile(ValueError):
+    """A saved module needs a global its saver did not declare, or is not an nn.Module."""
+
+
+def _resolve_global(name: str) -> Any:
+    """``a.b.C`` or ``a.b.C.Inner`` -> the object, importing the longest module prefix."""
+    import importlib
+
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise UnsafeModelFile(f"cannot import {name!r} named by the model file's saver")
+
+
+def module_globals(model_file: str | Path) -> list[str]:
+    """The globals (module classes, and e.g. ``functools.partial``) a torch.save'd module needs
+    beyond tensors and containers: what its saver passes as ``--model-globals``."""
+    import torch
+
+    return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(model_file)))
+
+
+def load_module_file(model_file: str | Path, allowed_globals: Sequence[str]) -> Any:
+    """A torch.save'd nn.Module, loaded without running pickled code.
+
+    ``torch.load(weights_only=True)`` rebuilds only tensors, containers and the globals
+    allowlisted here: exactly ``allowed_globals``, which the process that saved the module
+    declares on the command line (``module_globals``).  A file needing any other global (a
+    replaced or foreign file: pickle could otherwise call anything, e.g. ``os.system``) is
+    refused before loading, and the result must be an nn.Module.
+    """
+    import torch
+
+    needed = module_globals(model_file)
+    undeclared = sorted(set(needed) - set(allowed_globals))
+    if undeclared:
+        raise UnsafeModelFile(
+            f"{model_file} needs globals its saver did not declare: {undeclared[:8]}; refusing to load it. "
+            "Save the module with gpurec.profile.profile_network (which declares them), or pass the "
+            "globals you trust with --model-globals")
+    allowed = [_resolve_global(g) for g in needed]
+    with torch.serialization.safe_globals(allowed):
+        model = torch.load(str(model_file), map_location="cpu", weights_only=True)
+    if not isinstance(model, torch.nn.Module):
+        raise UnsafeModelFile(f"{model_file} holds a {type(model).__name__}, not an nn.Module")
+    return model
+
+
 def build_workload(
     model_name: str,
     batch_size: int,
@@ -122,8 +177,12 @@ def build_workload(
     precision: str,
     device_str: str,
     model_file: str | None = None,
+    model_globals: Sequence[str] = (),
 ) -> Workload:
-    """Model, random inputs on the device and a step closure; identical in both phases."""
+    """Model, random inputs on the device and a step closure; identical in both phases.
+
+    ``model_file`` is loaded with ``load_module_file`` (no pickled code runs), allowing only
+    ``model_globals``."""
     import torch
 
     torch.manual_seed(0)
@@ -135,7 +194,7 @@ def build_workload(
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     if model_file:
-        model = torch.load(model_file, map_location="cpu", weights_only=False)
+        model = load_module_file(model_file, model_globals)
     else:
         import torchvision
 
@@ -255,7 +314,7 @@ def run_trace_phase(args: WorkerSpec) -> dict[str, Any]:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     w = build_workload(args.model, args.batch_size, args.resolution, args.mode, args.precision,
-                       args.device, args.model_file)
+                       args.device, args.model_file, list(args.model_globals))
     times, stable = warm_up(w, args.max_warmup_iters, args.max_warmup_s, args.stable_window, args.stable_tol)
     idx = stable if stable is not None else len(times) - 1
     ref = times[max(0, idx - args.stable_window):idx + 1]
@@ -312,7 +371,7 @@ def run_ncu_phase(args: WorkerSpec) -> dict[str, Any]:
     import torch
 
     w = build_workload(args.model, args.batch_size, args.resolution, args.mode, args.precision,
-                       args.device, args.model_file)
+                       args.device, args.model_file, list(args.model_globals))
     if w.device.type != "cuda":
         raise RuntimeError("the ncu phase needs a CUDA device")
     for _ in range(args.warmup_iters):

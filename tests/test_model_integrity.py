@@ -1,0 +1,172 @@
+"""An edited, swapped or incomplete model directory is refused; saves are atomic and sealed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from gpurec.model import IncompatibleModel, load_predictor
+from gpurec.model.persist import (
+    DIGEST_KEY,
+    FILES_KEY,
+    manifest_digest,
+    save_model,
+    verify_model_files,
+    write_manifest,
+)
+
+SHIPPED = Path(__file__).resolve().parents[1] / "models"
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(SHIPPED, tmp_path / "models"))
+
+
+def _manifest(d: Path) -> dict[str, Any]:
+    return json.loads((d / "manifest.json").read_text())
+
+
+def _write_raw(d: Path, m: dict[str, Any], reseal_digest: bool = False) -> None:
+    """Write a manifest by hand, as an editor would (optionally recomputing only its digest)."""
+    if reseal_digest:
+        m[DIGEST_KEY] = manifest_digest(m)
+    (d / "manifest.json").write_text(json.dumps(m, indent=1))
+
+
+def _refused(d: Path, match: str) -> None:
+    with pytest.raises(IncompatibleModel, match=match) as exc:
+        load_predictor(d, check_data=False)
+    assert "gpurec train" in str(exc.value)  # says how to fix it
+
+
+def test_shipped_model_directory_is_sealed() -> None:
+    m = _manifest(SHIPPED)
+    verify_model_files(m, SHIPPED)
+    assert set(m[FILES_KEY]) == {*(n for r in m["boosters"].values() for n in r.values()), m["measured_lookup"],
+                                 "report.json"}
+
+
+def test_reformatting_the_manifest_is_not_an_edit(models: Path) -> None:
+    m = _manifest(models)
+    (models / "manifest.json").write_text(json.dumps(m, indent=4, sort_keys=False))
+    assert load_predictor(models, check_data=False).predict("resnet18", (1, 3, 224, 224), gpu="H100").time_ms > 0
+
+
+@pytest.mark.parametrize("edit", ["correction_scale_x3", "cv_scores", "schema_of_a_file"])
+def test_an_edited_manifest_is_refused(models: Path, edit: str) -> None:
+    m = _manifest(models)
+    if edit == "correction_scale_x3":
+        m["network_correction"]["time_coef"][f"{H100}|inference"]["scale"] *= 3
+    elif edit == "cv_scores":
+        m["cv"]["grouped_kfold_per_op"]["time"]["mape"] = 1.0
+    else:
+        m[FILES_KEY]["report.json"] = "0" * 64
+    _write_raw(models, m)
+    _refused(models, "was edited after it was written")
+
+
+def test_a_manifest_without_digest_is_refused(models: Path) -> None:
+    m = _manifest(models)
+    del m[DIGEST_KEY]
+    _write_raw(models, m)
+    _refused(models, f"no {DIGEST_KEY}")
+
+
+def test_a_swapped_booster_without_its_hash_entry_is_refused(models: Path) -> None:
+    m = _manifest(models)
+    name = m["boosters"]["time"]["training"]
+    shutil.copy(models / m["boosters"]["time"]["inference"], models / name)
+    _refused(models, f"{name} in .* differs")
+    del m[FILES_KEY][name]
+    _write_raw(models, m)
+    _refused(models, "edited")
+    _write_raw(models, m, reseal_digest=True)  # even with a matching digest: every read file needs a hash
+    _refused(models, f"{name} is read from .* no sha256 entry")
+
+
+def test_scaled_measured_table_without_its_hash_entry_is_refused(models: Path) -> None:
+    m = _manifest(models)
+    lookup = models / m["measured_lookup"]
+    df = pd.read_parquet(lookup)
+    df["time_ms"] *= 10
+    df.to_parquet(lookup, index=False)
+    _refused(models, "measured_ops.parquet in .* differs")
+    del m[FILES_KEY]["measured_ops.parquet"]
+    _write_raw(models, m, reseal_digest=True)
+    _refused(models, "measured_ops.parquet is read from .* no sha256 entry")
+
+
+def test_missing_or_changed_files_are_refused(models: Path) -> None:
+    (models / "report.json").write_text((models / "report.json").read_text().replace('"', "'", 1))
+    _refused(models, "report.json in .* differs")
+    (models / "report.json").unlink()
+    _refused(models, "report.json is missing")
+
+
+# -- saving ------------------------------------------------------------------------------------
+
+class _Booster:
+    def __init__(self, payload: bytes):
+        self.payload = payload
+
+    def save(self, path: Path) -> None:
+        Path(path).write_bytes(self.payload)
+
+
+class _Routed:
+    def __init__(self, payload: bytes):
+        self.route = {"inference": "all", "training": "all"}
+        self.models = {"all": _Booster(payload)}
+
+
+class _Lookup:
+    def to_parquet(self, path: Path) -> None:
+        pd.DataFrame({"time_ms": [1.0]}).to_parquet(path, index=False)
+
+
+def test_save_model_seals_every_file(tmp_path: Path) -> None:
+    out = tmp_path / "m"
+    save_model(out, {"time": _Routed(b"t1")}, {"schema_version": 2, "note": "x"}, {"cv": 1}, _Lookup())
+    m = _manifest(out)
+    assert set(m[FILES_KEY]) == {"time_all.ubj", "measured_ops.parquet", "report.json"}
+    assert m[DIGEST_KEY] == manifest_digest(m) and "booster_sha256" not in m
+    verify_model_files(m, out)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "measured_ops.parquet", "report.json",
+                                                    "time_all.ubj"]  # no temporary files left
+
+
+def test_an_interrupted_save_leaves_no_manifest_over_new_files(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "m"
+    save_model(out, {"time": _Routed(b"old")}, {"n": 1}, {"cv": 1}, _Lookup())
+    old_report = (out / "report.json").read_bytes()
+    real_replace = os.replace
+
+    def failing_replace(src: Any, dst: Any) -> None:
+        if str(dst).endswith("report.json"):
+            raise OSError("disk full")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        save_model(out, {"time": _Routed(b"new")}, {"n": 2}, {"cv": 2}, _Lookup())
+    monkeypatch.undo()
+    assert (out / "report.json").read_bytes() == old_report  # never half-written
+    assert not (out / "manifest.json").exists()  # the old manifest no longer describes these files
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    with pytest.raises(FileNotFoundError, match="manifest.json missing"):
+        load_predictor(out, check_data=False)
+
+
+def test_write_manifest_refuses_a_missing_file(tmp_path: Path) -> None:
+    (tmp_path / "report.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="a.ubj is missing"):
+        write_manifest(tmp_path, {"boosters": {"time": {"inference": "a.ubj"}}})
