@@ -1,4 +1,4 @@
-"""Markdown helpers shared by the report scripts (docs/*.md, datasets/README.md)."""
+"""Markdown helpers shared by the reports (docs/*.md, datasets/README.md)."""
 
 from __future__ import annotations
 
