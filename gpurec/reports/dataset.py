@@ -874,13 +874,15 @@ def validation_table(gpus: list[GpuData], plan: list[dict[str, Any]], extract: C
         if p:
             jobs.append((p[0], p[1], p[2], m))
     ops_of = extract_sets(jobs, extract)
+    from gpurec.validate import sum_operations
+
     rows = []
     for g in gpus:
         o = ok(g.t("operations"))
-        look = {}
+        look: dict[str, dict[str, tuple[float, float, float]]] = {}  # mode -> signature -> measured
         if not o.empty and "op_signature" in o.columns:
             for r in o.itertuples(index=False):
-                look[(str(r.op_signature), str(r.mode))] = (
+                look.setdefault(str(r.mode), {})[str(r.op_signature)] = (
                     float(getattr(r, "time_ms", np.nan)), float(getattr(r, "energy_mj", np.nan)),
                     float(getattr(r, "dynamic_energy_mj", np.nan)) if hasattr(r, "dynamic_energy_mj") else np.nan)
         n = ok(g.t("networks"))
@@ -892,27 +894,15 @@ def validation_table(gpus: list[GpuData], plan: list[dict[str, Any]], extract: C
             s = f"{a}:b{b}:r{r}"
             if not ops:
                 continue
-            total_f = sum(f for _, f in ops)
-            cov_n = cov_f = 0.0
-            st = se = sd = tiny = 0.0
-            for sig, f in ops:
-                v = look.get((sig, m))
-                if v is None:
-                    continue
-                cov_n += 1
-                cov_f += f
-                st += v[0]
-                se += v[1]
-                sd += v[2]
-                if v[0] < TINY_MS:
-                    tiny += v[0]
+            su = sum_operations(ops, look.get(m, {}), tiny_ms=TINY_MS)
+            st, se = su["sum_time_ms"], su["sum_energy_mj"]
             net = nets.get((s, m), {})
             rows.append({
                 "gpu": g.tag, "set": s, "arch": a, "batch": b, "mode": m, "ops": len(ops),
                 "distinct_ops": len({sig for sig, _ in ops}),
-                "cov_ops": cov_n / len(ops), "cov_flops": cov_f / total_f if total_f else np.nan,
-                "sum_time_ms": st, "sum_energy_mj": se, "sum_dyn_mj": sd,
-                "tiny_share": tiny / st if st else np.nan,
+                "cov_ops": su["coverage"], "cov_flops": su["flops_coverage"],
+                "sum_time_ms": st, "sum_energy_mj": se, "sum_dyn_mj": su["sum_dynamic_energy_mj"],
+                "tiny_share": su["tiny_time_share"],
                 "net_time_ms": net.get("time_ms", np.nan), "net_energy_mj": net.get("energy_mj", np.nan),
                 "net_dyn_mj": net.get("dynamic_energy_mj", np.nan), "net_power_w": net.get("power_w", np.nan),
                 "net_throttle": net.get("throttle_reasons", ""),
@@ -1192,6 +1182,42 @@ def section_networks_across(gpus: list[GpuData]) -> str:
 
 
 # ----------------------------------------------------------------------------- driver
+@dataclass
+class Context:
+    """What every section may read: the loaded GPU folders, the plan, where plots go."""
+
+    gpus: list[GpuData]
+    plan: list[dict[str, Any]]
+    img: Path
+    out_dir: Path
+    extract: Callable[..., Any] | None = None
+    validation: bool = True
+    min_coverage: float = 0.5
+
+
+def _validation(c: Context) -> str:
+    if not c.validation:
+        return "## First validation: sum of operations vs whole network\n\nSkipped (`validation=False`).\n"
+    return section_validation(c.gpus, c.plan, c.img, c.out_dir, c.extract, c.min_coverage)
+
+
+# The README's sections in order: (name, renderer).  A new section is one function returning
+# Markdown (or "" to leave it out) and one entry here.
+SECTIONS: list[tuple[str, Callable[[Context], str]]] = [
+    ("overview", lambda c: section_overview(c.gpus, c.plan) + "\n"),
+    ("layout", lambda c: section_layout(c.gpus)),
+    ("columns", lambda c: section_columns(c.gpus)),
+    ("loading", lambda c: section_loading()),
+    ("provenance", lambda c: section_provenance(c.gpus)),
+    ("rows", lambda c: section_rows(c.gpus, c.plan, c.img, c.out_dir)),
+    ("repeatability", lambda c: section_repeatability(c.gpus, c.img, c.out_dir)),
+    ("probe", lambda c: section_probe(c.gpus, c.img, c.out_dir)),
+    ("validation", _validation),
+    ("power", lambda c: section_power(c.gpus, c.img, c.out_dir)),
+    ("networks_across", lambda c: section_networks_across(c.gpus)),
+]
+
+
 def generate(root: Path | str = "datasets", out: Path | str | None = None, img: Path | str | None = None,
              plan_path: Path | str | None = None, extract: Callable[..., Any] | None = None,
              validation: bool = True, min_coverage: float = 0.5) -> str:
@@ -1200,8 +1226,7 @@ def generate(root: Path | str = "datasets", out: Path | str | None = None, img: 
     out = Path(out) if out is not None else root / "README.md"
     img = Path(img) if img is not None else out.parent / "img"
     plan_path = Path(plan_path) if plan_path is not None else root / "plans" / "main.json"
-    gpus = load_all(root)
-    plan = load_plan(plan_path)
+    ctx = Context(load_all(root), load_plan(plan_path), img, out.parent, extract, validation, min_coverage)
     for name in PLOTS:  # never leave a plot of an earlier run that this run did not redraw
         (img / name).unlink(missing_ok=True)
     parts = [
@@ -1210,21 +1235,7 @@ def generate(root: Path | str = "datasets", out: Path | str | None = None, img: 
         "<!-- Generated by `gpurec report dataset`; do not edit by hand. -->",
         "_Generated by `gpurec report dataset` from the files below; every number is computed from the data._",
         "",
-        section_overview(gpus, plan),
-        "",
-        section_layout(gpus),
-        section_columns(gpus),
-        section_loading(),
-        section_provenance(gpus),
-        section_rows(gpus, plan, img, out.parent),
-        section_repeatability(gpus, img, out.parent),
-        section_probe(gpus, img, out.parent),
-    ]
-    if validation:
-        parts.append(section_validation(gpus, plan, img, out.parent, extract, min_coverage))
-    else:
-        parts.append("## First validation: sum of operations vs whole network\n\nSkipped (`validation=False`).\n")
-    parts += [section_power(gpus, img, out.parent), section_networks_across(gpus)]
+    ] + [render(ctx) for _, render in SECTIONS]
     text = "\n".join(p for p in parts if p is not None).rstrip() + "\n"
     atomic_write_text(out, text)
     return text
