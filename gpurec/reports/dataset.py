@@ -346,10 +346,9 @@ def section_layout(gpus: list[GpuData]) -> str:
                 stale.append(f"`{g.tag}/{tname}.parquet` lacks {len(missing)} row ids found in raw shards")
     if stale:
         lines += ["**Tables older than the raw shards:** " + "; ".join(stale) + ". Rebuild with "
-                  "`python3 -c \"from gpurec.dataset.build import build_all; print(build_all())\"`.", ""]
+                  "`gpurec dataset build`.", ""]
     else:
-        lines += ["The Parquet tables hold every row id of the raw shards (rebuild with "
-                  "`python3 -c \"from gpurec.dataset.build import build_all; print(build_all())\"`).", ""]
+        lines += ["The Parquet tables hold every row id of the raw shards (rebuild with `gpurec dataset build`).", ""]
     return "\n".join(lines)
 
 
