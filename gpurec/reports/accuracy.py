@@ -196,37 +196,24 @@ def by_batch_lines(records: list[dict[str, Any]]) -> list[str]:
 
 
 def repeatability_section(data_root: Path | None = None) -> list[str]:
-    """Measurement noise floor: re-measured rows (datasets/*/repeats.parquet) against their first value."""
+    """Measurement noise floor: re-measured rows (datasets/*/repeats.parquet) against their first
+    value, paired as the dataset report pairs them (``gpurec.reports.dataset.repeat_pairs``)."""
     try:
         import numpy as np
-        import pandas as pd
 
         from gpurec.dataset.load import default_root
+        from gpurec.reports.dataset import load_all, repeat_pairs
 
         lines = []
-        for d in sorted((data_root or default_root()).glob("*/repeats.parquet")):
-            rep = pd.read_parquet(d)
-            if "item" in rep:
-                rep = rep[rep["item"] != "idle"]
-            rep = rep[rep.get("status", "ok") == "ok"] if "status" in rep else rep
-            base = []
-            for t in ("operations", "networks"):
-                f = d.parent / f"{t}.parquet"
-                if f.exists():
-                    part = pd.read_parquet(f)
-                    if len(part):
-                        base.append(part[["id", "time_ms", "power_w"]])
-            if not base or not len(rep):
+        for g in load_all(data_root or default_root()):
+            pairs = repeat_pairs(g)
+            if pairs.empty:
                 continue
-            first = pd.concat(base).drop_duplicates("id").rename(
-                columns={"id": "base_id", "time_ms": "time_ms_first", "power_w": "power_w_first"})
-            rep = rep.assign(base_id=rep["id"].str.replace(":rep", "", regex=False))
-            m = rep.merge(first, on="base_id", how="inner").dropna(subset=["time_ms_first"])
-            for item, part in m.groupby("item"):
-                et = np.abs(part["time_ms"] / part["time_ms_first"] - 1) * 100
-                ep = np.abs(part["power_w"] / part["power_w_first"] - 1) * 100
-                gpu = short(str(part["gpu"].iloc[0]))
-                lines.append(row([gpu, "operation" if item == "op" else str(item), len(part),
+            pairs = pairs.dropna(subset=["time_ms_orig"])
+            for item, part in pairs.groupby("item"):
+                et = np.abs(part["time_ms_rep"] / part["time_ms_orig"] - 1) * 100
+                ep = np.abs(part["power_w_rep"] / part["power_w_orig"] - 1) * 100
+                lines.append(row([short(g.name), "operation" if item == "op" else str(item), len(part),
                                   f"{et.mean():.1f}% / {et.median():.1f}%", f"{ep.mean():.1f}% / {ep.median():.1f}%"]))
         if not lines:
             return []
