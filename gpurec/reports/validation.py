@@ -75,8 +75,8 @@ def _pct(x: float | None, digits: int = 1) -> str:
 
 
 def generate(root: Path | str = ".", warn: Callable[[str], None] | None = None) -> str:
-    """docs/validation.md from <root>/datasets/validation/live_*.jsonl, the shipped dataset and
-    the shipped models; returns the text.  ``warn`` hears of records the models cannot cover
+    """docs/validation.md (and datasets/validation/live_<gpu>.png) from <root>/datasets/validation/
+    live_*.jsonl, the shipped dataset and the shipped models; returns the text.  ``warn`` hears of records the models cannot cover
     (they stay in the table)."""
     root = Path(root)
     warn = warn or (lambda msg: warnings.warn(msg, stacklevel=2))
@@ -165,8 +165,12 @@ def generate(root: Path | str = ".", warn: Callable[[str], None] | None = None) 
     lines += ["The op-sum comparison needs every operation of the set measured on this GPU: "
               + (f"{len(full)} of these sets are fully covered." if full else
                  "none of these sets is fully covered yet (column *ops measured*), so it is reported as not "
-                 "comparable."), "",
-              "![predicted vs measured](../datasets/validation/live_h100.png)", ""]
+                 "comparable."), ""]
+    from gpurec.validate import plot_log
+
+    for log in sorted(val_dir.glob("live_*.jsonl")):  # one plot per live log, drawn by gpurec.validate
+        plot_log(log, log.with_suffix(".png"))
+        lines += [f"![predicted vs measured](../datasets/validation/{log.stem}.png)", ""]
     text = "\n".join(lines)
     atomic_write_text(root / "docs" / "validation.md", text)
     return text
