@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpurec.dataset.store import atomic_write_text
+from gpurec.reports.markdown import row, rule
 
 TARGET_MAPE = 5.0
 PUBLISHED = [
@@ -45,10 +46,6 @@ def short(gpu: str) -> str:
         return gpu
 
 
-def row(cells: list[Any]) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
-
-
 def triple_cells(t: dict[str, Any]) -> list[str]:
     return [str(t.get("n", 0)), pct(t["time"].get("mape")), share(t["time"].get("within10")),
             pct(t["energy"].get("mape")), share(t["energy"].get("within10")), pct(t["power"].get("mape"))]
@@ -67,7 +64,8 @@ def breakdown_rows(label: list[str], b: dict[str, Any]) -> list[str]:
 
 
 def table(header: list[str], lines: list[str]) -> list[str]:
-    return [row(header), row(["---"] * len(header)), *lines]
+    """A table of rows already rendered with ``row``, as a list of lines."""
+    return [row(header), rule(len(header)), *lines]
 
 
 def plots(rep: dict[str, Any], img: Path) -> list[str]:

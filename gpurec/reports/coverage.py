@@ -26,6 +26,7 @@ from typing import Any
 
 from gpurec.dataset.store import atomic_write_text
 from gpurec.reports.machine import describe
+from gpurec.reports.markdown import table
 
 JSON_PATH = Path("benchmarks") / "coverage.json"
 
@@ -160,10 +161,10 @@ def render(data: dict[str, Any]) -> str:
         f"**{len(ok_models)}/{len(models)} models within {TOLERANCE:.0%} of FlopCounterMode in both modes; "
         f"{len({r['model'] for r in failed})} failed; sweep took {wall_s:.0f} s.**",
         "",
-        "| model | res | build s | inference: extract s | ops | distinct | GFLOPs | ratio "
-        "| training: extract s | ops | distinct | GFLOPs | ratio | status |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    header = ["model", "res", "build s", "inference: extract s", "ops", "distinct", "GFLOPs", "ratio",
+              "training: extract s", "ops", "distinct", "GFLOPs", "ratio", "status"]
+    table_rows = []
 
     def cells(r: dict[str, Any] | None) -> list[str]:
         if r is None or "ops" not in r:
@@ -180,10 +181,9 @@ def render(data: dict[str, Any]) -> str:
         bumped = [mode for mode, r in rs.items() if r.get("batch", 1) != 1]
         if bumped:
             status += f" ({', '.join(bumped)} at batch 2: BatchNorm cannot train on 1 value per channel at batch 1)"
-        status = status.replace("|", "\\|")
-        lines.append("| " + " | ".join([m, str(any_r.get("resolution", "-")), f"{any_r.get('build_s', 0.0):.2f}",
-                                        *cells(inf), *cells(tr), status]) + " |")
-    lines.append("")
+        table_rows.append([m, str(any_r.get("resolution", "-")), f"{any_r.get('build_s', 0.0):.2f}",
+                           *cells(inf), *cells(tr), status])
+    lines += [table(header, table_rows, align="l" + "r" * 12 + "l"), ""]
     if failed or off:
         lines.append("## Failures and deviations")
         lines.append("")

@@ -21,6 +21,7 @@ from typing import Any
 from gpurec.collect.plan import TEST_ARCHS
 from gpurec.dataset import load_dataset
 from gpurec.dataset.store import atomic_write_text
+from gpurec.reports.markdown import table
 
 
 def _records(val_dir: Path) -> list[dict[str, Any]]:
@@ -108,12 +109,12 @@ def generate(root: Path | str = ".", warn: Callable[[str], None] | None = None) 
         col_t = f"{col['time_ms']:.2f} ({_pct(dt)})" if col else "—"
         col_e = f"{col['energy_mj']:.0f} ({_pct(de)})" if col else "—"
         cov_s = "—" if cov is None else f"{100 * cov:.0f}%"
-        rows.append(
-            f"| {r['model']} | {r['batch_size']} | {r['mode']} | {'unseen' if unseen else 'training arch'} | "
-            f"{r['measured_time_ms']:.2f} | {r.get('predicted_time_ms', float('nan')):.2f} | {_pct(te)} | "
-            f"{r['measured_energy_mj']:.0f} | {r.get('predicted_energy_mj', float('nan')):.0f} | {_pct(ee)} | "
-            f"{'— | —' if cur is None else f'{_pct(cur[0])} | {_pct(cur[1])}'} | "
-            f"{r['measured_power_w']:.0f} | {cov_s} | {col_t} | {col_e} |")
+        rows.append([
+            r["model"], r["batch_size"], r["mode"], "unseen" if unseen else "training arch",
+            f"{r['measured_time_ms']:.2f}", f"{r.get('predicted_time_ms', float('nan')):.2f}", _pct(te),
+            f"{r['measured_energy_mj']:.0f}", f"{r.get('predicted_energy_mj', float('nan')):.0f}", _pct(ee),
+            *(("—", "—") if cur is None else (_pct(cur[0]), _pct(cur[1]))),
+            f"{r['measured_power_w']:.0f}", cov_s, col_t, col_e])
     gpus = sorted({r["gpu"] for r in recs})
     prov = recs[0].get("provenance", {})
     lines = [
@@ -137,11 +138,9 @@ def generate(root: Path | str = ".", warn: Callable[[str], None] | None = None) 
         f"{models['operations']:,} operation rows), recomputed from the same measurement; the *predicted* columns "
         "keep the prediction the log recorded when it was completed.",
         "",
-        "| model | batch | mode | architecture | measured ms | predicted ms | time error | measured mJ | "
-        "predicted mJ | energy error | time error now | energy error now | power W | ops measured (sum) | "
-        "collected ms (live vs it) | collected mJ (live vs it) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        *rows,
+        table(["model", "batch", "mode", "architecture", "measured ms", "predicted ms", "time error",
+               "measured mJ", "predicted mJ", "energy error", "time error now", "energy error now", "power W",
+               "ops measured (sum)", "collected ms (live vs it)", "collected mJ (live vs it)"], rows),
         "",
     ]
     cur_ok = [c for c in now if c is not None]
