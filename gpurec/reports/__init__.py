@@ -40,7 +40,7 @@ def generate(name: str, root: Path | str = ".", measure: bool = False, analytic:
     if name == "dataset":
         from gpurec.reports import dataset
 
-        dataset.generate(root / "datasets")
+        dataset.generate(root / "datasets", progress=progress)
     elif name == "accuracy":
         from gpurec.reports import accuracy
 
