@@ -628,6 +628,95 @@ def validate(
         typer.echo(render(record))
 
 
+# -- generated documents and developer tools ----------------------------------------------------
+tools_app = typer.Typer(no_args_is_help=True, help="Developer tools: plan, extraction snapshot, counter features, "
+                                                    "validation log.")
+app.add_typer(tools_app, name="tools")
+REPORT_CHOICES = ("dataset", "accuracy", "calibration", "profile", "validation", "speed", "coverage", "all")
+
+
+def _progress(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+@app.command()
+def report(
+    what: str = typer.Argument("all", help=f"one of {', '.join(REPORT_CHOICES)}"),
+    root: Path = typer.Option(Path("."), "--root", help="repository root (datasets/, models/, docs/)"),
+    measure: bool = typer.Option(False, "--measure", help="speed, coverage: re-run the benchmark on this machine "
+                                 "first (minutes) and rewrite its benchmarks/*.json"),
+    no_analytic: bool = typer.Option(False, "--no-analytic", help="calibration: skip re-extracting the profiled "
+                                     "operations (~40 s)"),
+) -> None:
+    """Regenerate docs/*.md and datasets/README.md (with their plots) from the committed data and models."""
+    import time
+
+    from gpurec.reports import REPORTS, generate
+
+    if what not in REPORT_CHOICES:
+        _fail(f"unknown report '{what}': choose one of {', '.join(REPORT_CHOICES)}")
+    for name in REPORTS if what == "all" else (what,):
+        _progress(f"report {name} ...")
+        t0 = time.perf_counter()
+        path = _guard(generate, name, root, measure=measure, analytic=not no_analytic, progress=_progress)
+        _progress(f"report {name}: wrote {path} ({time.perf_counter() - t0:.0f} s)")
+
+
+@tools_app.command("plan")
+def tools_plan(out: Path = typer.Option(Path("datasets/plans/main.json"), "--out")) -> None:
+    """Write the collection plan (work order) with the local torch."""
+    from gpurec.tools.plan import write_main_plan
+
+    _print_json(_guard(write_main_plan, out))
+
+
+@tools_app.command("snapshot")
+def tools_snapshot(
+    action: str = typer.Argument(..., help="write PATH, or compare A B"),
+    paths: list[Path] = typer.Argument(..., help="snapshot file(s)"),
+    models: str = typer.Option("", "--models", help="write: comma-separated subset (default: every classifier)"),
+) -> None:
+    """Operation lists of every torchvision classifier, to check that a change to gpurec.ops keeps them.
+    Compare exits 1 when any list differs."""
+    from gpurec.tools import snapshot
+
+    if action == "write" and len(paths) == 1:
+        n = _guard(snapshot.write, paths[0], [m for m in models.split(",") if m] or None, _progress)
+        typer.echo(f"wrote {paths[0]}: {n} operation lists")
+    elif action == "compare" and len(paths) == 2:
+        na, nb, differ = _guard(snapshot.compare, *paths)
+        typer.echo(f"{na} vs {nb} operation lists; {len(differ)} differ" + (": " + ", ".join(differ[:20])
+                                                                          if differ else ""))
+        raise typer.Exit(1 if differ else 0)
+    else:
+        _fail("use `gpurec tools snapshot write PATH` or `gpurec tools snapshot compare A B`")
+
+
+@tools_app.command("counters-features")
+def tools_counters_features(
+    gpu: str = typer.Option("h200", "--gpu", help="datasets/<gpu>/ folder"),
+    root: Path = typer.Option(Path("datasets"), "--root"),
+    calibration: Path = typer.Option(None, "--calibration", help="default: datasets/<gpu>/calibration/calibration.json"),
+    out: Path = typer.Option(None, "--out", help="default: datasets/<gpu>/counters/op_features.parquet"),
+) -> None:
+    """Per-operation ncu counters -> memory-energy and utilization features (op_features.parquet)."""
+    from gpurec.tools.counters import write
+
+    path, table = _guard(write, root / gpu, calibration, out, root.resolve().parent)
+    share = table["mem_share_of_dynamic"].median() if "mem_share_of_dynamic" in table else None
+    _print_json({"out": str(path), "rows": len(table), "kinds": int(table["op_kind"].nunique()),
+                 "median_mem_share_of_dynamic": share})
+
+
+@tools_app.command("validation-log")
+def tools_validation_log(root: Path = typer.Option(Path("."), "--root", help="repository root")) -> None:
+    """Rewrite datasets/validation/validation_log.jsonl: the shipped predictor against every collected
+    whole-network row (needs xgboost)."""
+    from gpurec.tools.validation_log import write_log
+
+    typer.echo(f"wrote {_guard(write_log, root)}")
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

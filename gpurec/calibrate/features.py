@@ -119,7 +119,7 @@ def memory_energy_features(counters: pd.DataFrame, calibration: dict[str, Any]) 
     return out
 
 
-# -- per-operation table (scripts/counters_features.py) -------------------------------------------
+# -- per-operation table (gpurec tools counters-features) -------------------------------------------
 
 # Per-kernel occupancy attributes that gpurec.collect.counters.segment() summed along with the
 # counters before it kept only ".sum" columns (datasets/h200/counters/counters.jsonl has them);

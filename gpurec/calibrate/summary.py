@@ -1,6 +1,6 @@
 """Read a calibration.json back: acceptance criteria, DIV normalisations, ncu checks, clocks.
 
-Used by scripts/calibration_report.py (docs/calibration.md) and the tests; pure Python.
+Used by gpurec/reports/calibration.py (docs/calibration.md) and the tests; pure Python.
 
 Acceptance (the issue's criteria, checked per GPU):
   * every level's lower-bound fit has r2 >= 0.95;

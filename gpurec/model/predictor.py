@@ -8,7 +8,7 @@ A network's estimate is the sum of per-operation predictions plus the learned wh
 correction (gpurec.model.network). Extracted operations are cached per (model name or module
 structure, input shape, mode), and all operations of all candidates of ``predict_many`` go
 through each booster in one call, so repeated and batched predictions are cheap; extracting
-a never-seen model is what costs time (see scripts/bench_predict.py).
+a never-seen model is what costs time (see gpurec/reports/speed.py, docs/speed.md).
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ def first_launch_per_config(csv_text: str) -> str:
     """What ``--filter-mode per-launch-config --launch-count 1`` keeps of a full raw CSV.
 
     Lets a full report be reduced to the sampled one, to check the per-config imputation
-    against the full counters (tests, scripts/profile_report.py).
+    against the full counters (tests, gpurec/reports/profile.py).
     """
     lines = csv_text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)

@@ -5,10 +5,41 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 DEFAULT_LOG = Path("datasets") / "validation" / "validation_log.jsonl"
+
+
+def sum_operations(ops: Iterable[tuple[str, float]], measured: Mapping[str, Sequence[float]],
+                   tiny_ms: float = 0.02) -> dict[str, Any]:
+    """Sum of measured per-call figures over a network's operations, counted with multiplicity.
+
+    ``ops``: (signature, FLOPs) per executed operation; ``measured``: signature -> (time_ms,
+    energy_mj, dynamic_energy_mj) of that GPU and mode.  Returns the sums over the measured
+    operations and how much is measured (operations, FLOPs), plus the share of the summed time
+    in operations under ``tiny_ms`` (launch-bound).  The sums are the network's only when
+    ``coverage`` is 1."""
+    n = covered = 0
+    flops = covered_flops = t = e = d = tiny = 0.0
+    for sig, f in ops:
+        n += 1
+        flops += f
+        v = measured.get(sig)
+        if v is None:
+            continue
+        covered += 1
+        covered_flops += f
+        t += float(v[0])
+        e += float(v[1])
+        d += float(v[2]) if len(v) > 2 else float("nan")
+        if v[0] < tiny_ms:
+            tiny += float(v[0])
+    return {"ops": n, "covered_ops": covered, "coverage": covered / max(1, n),
+            "flops_coverage": covered_flops / flops if flops else float("nan"),
+            "sum_time_ms": t, "sum_energy_mj": e, "sum_dynamic_energy_mj": d,
+            "tiny_time_share": tiny / t if t else float("nan")}
 
 
 def sum_of_measured_ops(model: str, input_shape: tuple[int, ...], mode: str, gpu: str,
@@ -22,17 +53,13 @@ def sum_of_measured_ops(model: str, input_shape: tuple[int, ...], mode: str, gpu
         df = load_dataset(gpu=gpu, root=root)
     except FileNotFoundError:
         return {"ops": len(ops), "covered_ops": 0, "coverage": 0.0}
-    df = df[df["mode"] == mode].drop_duplicates("op_signature").set_index("op_signature")
-    t = e = 0.0
-    covered = 0
-    for op in ops:
-        if op.signature in df.index:
-            covered += 1
-            t += float(df.at[op.signature, "time_ms"])
-            e += float(df.at[op.signature, "energy_mj"])
-    out: dict[str, Any] = {"ops": len(ops), "covered_ops": covered, "coverage": covered / max(1, len(ops))}
-    if covered == len(ops):
-        out.update({"sum_time_ms": t, "sum_energy_mj": e})
+    df = df[df["mode"] == mode].drop_duplicates("op_signature")
+    measured = {str(sig): (t, e) for sig, t, e in zip(df["op_signature"], df["time_ms"], df["energy_mj"],
+                                                     strict=True)}
+    sums = sum_operations(((op.signature, float(op.flops_total)) for op in ops), measured)
+    out: dict[str, Any] = {k: sums[k] for k in ("ops", "covered_ops", "coverage")}
+    if sums["covered_ops"] == sums["ops"]:
+        out.update({"sum_time_ms": sums["sum_time_ms"], "sum_energy_mj": sums["sum_energy_mj"]})
     return out
 
 

@@ -1,6 +1,6 @@
 """`gpurec profile` device runs -> docs/profile_results.md (+ docs/img/profile_h100_*.png).
 
-    PYTHONPATH=. python3 scripts/profile_report.py
+    gpurec report profile
 
 Inputs (all in the repository): datasets/h100/profile/{profile_results.tar.gz,profile_log.txt}
 (the 12 H100 runs of issue 7: resnet50, vit_b_16, convnext_tiny x batch 8, 64 x inference,
@@ -20,25 +20,20 @@ import gzip
 import json
 import math
 import re
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
 from statistics import mean
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from gpurec.dataset.store import atomic_write_text
+from gpurec.profile import ProfileResult, analyze, ncu_io, save_plots
+from gpurec.reports.markdown import table
 
-from gpurec.profile import ProfileResult, analyze, ncu_io, save_plots  # noqa: E402
-from scripts._markdown import table  # noqa: E402
-
-DATA = ROOT / "datasets"
-DOCS = ROOT / "docs"
-IMG = DOCS / "img"
-FIXTURE = ROOT / "tests" / "fixtures" / "profile" / "real"
-FULL_TAR = DATA / "h100" / "profile" / "full_profile_results.tar.gz"   # runs profiled with --ncu-sampling all
-FULL_LOG = DATA / "h100" / "profile" / "full_profile_log.txt"
+# Inputs, relative to the repository root given to generate().
+FIXTURE = Path("tests") / "fixtures" / "profile" / "real"
+FULL_TAR = Path("datasets") / "h100" / "profile" / "full_profile_results.tar.gz"  # profiled with --ncu-sampling all
+FULL_LOG = Path("datasets") / "h100" / "profile" / "full_profile_log.txt"
 MODELS = ("resnet50", "vit_b_16", "convnext_tiny")
 LABEL = {"resnet50": "ResNet-50", "vit_b_16": "ViT-B/16", "convnext_tiny": "ConvNeXt-T"}
 ORDER = [(m, b, mode) for b in (8, 64) for mode in ("inference", "training") for m in MODELS]
@@ -111,9 +106,9 @@ def finite(x: Any) -> Any:
 
 # -- loading -------------------------------------------------------------------------------------
 
-def load_runs(gpu: str, tmp: Path, write_json: bool) -> dict[Key, dict[str, Any]]:
-    """Re-analyse every run in datasets/<gpu>/profile/profile_results.tar.gz."""
-    tar_path = DATA / gpu / "profile" / "profile_results.tar.gz"
+def load_runs(root: Path, gpu: str, tmp: Path, write_json: bool) -> dict[Key, dict[str, Any]]:
+    """Re-analyse every run in <root>/datasets/<gpu>/profile/profile_results.tar.gz."""
+    tar_path = root / "datasets" / gpu / "profile" / "profile_results.tar.gz"
     out: dict[Key, dict[str, Any]] = {}
     if not tar_path.exists():
         return out
@@ -121,7 +116,7 @@ def load_runs(gpu: str, tmp: Path, write_json: bool) -> dict[Key, dict[str, Any]
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(tar_path) as tf:
         tf.extractall(dest, filter="data")
-    runs_dir = DATA / gpu / "profile" / "runs"
+    runs_dir = root / "datasets" / gpu / "profile" / "runs"
     for k in ORDER:
         d = dest / run_name(k)
         if not (d / "trace.json.gz").exists():
@@ -154,10 +149,9 @@ def load_runs(gpu: str, tmp: Path, write_json: bool) -> dict[Key, dict[str, Any]
                 slim["matching"] = m
             slim["kernel_sources"] = run["sources"]
             slim["ncu_profiled_iteration_wall_s"] = run["ncu_wall_s"]
-            slim["source"] = (f"{tar_path.relative_to(ROOT)}:{d.name}/ re-analysed with gpurec.profile.analyze "
-                              "by scripts/profile_report.py (per-kernel rows left out)")
-            runs_dir.mkdir(parents=True, exist_ok=True)
-            (runs_dir / f"{d.name}.json").write_text(json.dumps(finite(slim), indent=1, allow_nan=False) + "\n")
+            slim["source"] = (f"{tar_path.relative_to(root).as_posix()}:{d.name}/ re-analysed with "
+                              "gpurec.profile.analyze by `gpurec report profile` (per-kernel rows left out)")
+            atomic_write_text(runs_dir / f"{d.name}.json", json.dumps(finite(slim), indent=1, allow_nan=False) + "\n")
     return out
 
 
@@ -173,23 +167,24 @@ def _per_config_check(label: str, trace: Path, ncu: Path, meta: dict[str, Any], 
             "max_rel": max(abs(s - fu) / fu for fu, s in rows.values() if fu)}
 
 
-def sampling_checks(tmp: Path) -> list[dict[str, Any]]:
+def sampling_checks(root: Path, tmp: Path) -> list[dict[str, Any]]:
     """Every full ncu profile in the repository against its per-config subset: the H200 test
     fixture (inference) and the H100 full-sampling runs (training) of full_profile_results.tar.gz."""
     checks = []
-    ncu = next((p for p in (FIXTURE / "ncu.csv", FIXTURE / "ncu.csv.gz") if p.is_file()), None)
-    if (FIXTURE / "trace.json.gz").is_file() and ncu is not None and (FIXTURE / "meta.json").is_file():
-        checks.append(_per_config_check("`tests/fixtures/profile/real/`", FIXTURE / "trace.json.gz", ncu,
-                                        json.loads((FIXTURE / "meta.json").read_text()), tmp))
-    if FULL_TAR.exists():
+    fixture, full_tar = root / FIXTURE, root / FULL_TAR
+    ncu = next((p for p in (fixture / "ncu.csv", fixture / "ncu.csv.gz") if p.is_file()), None)
+    if (fixture / "trace.json.gz").is_file() and ncu is not None and (fixture / "meta.json").is_file():
+        checks.append(_per_config_check("`tests/fixtures/profile/real/`", fixture / "trace.json.gz", ncu,
+                                        json.loads((fixture / "meta.json").read_text()), tmp))
+    if full_tar.exists():
         dest = tmp / "full"
         dest.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(FULL_TAR) as tf:
+        with tarfile.open(full_tar) as tf:
             tf.extractall(dest, filter="data")
         for k in ORDER:
             d = dest / run_name(k)
             if (d / "trace.json.gz").exists() and (d / "ncu.csv").exists():
-                checks.append(_per_config_check(f"`{FULL_TAR.relative_to(ROOT)}`", d / "trace.json.gz",
+                checks.append(_per_config_check(f"`{FULL_TAR.as_posix()}`", d / "trace.json.gz",
                                                 d / "ncu.csv", json.loads((d / "worker_trace.json").read_text()),
                                                 tmp) | {"key": k})
     return checks
@@ -352,7 +347,7 @@ def header(L: list[str], runs: dict[Key, dict[str, Any]], facts: dict[str, Any],
     cudnn = f"{cv // 10000}.{cv % 10000 // 100}.{cv % 100}" if isinstance(cv, int) and cv >= 10000 else cv
 
     w(f"# `gpurec profile` results on the {gpu.replace('NVIDIA ', '')} vs the seed's takeaways\n")
-    w("_Generated by `PYTHONPATH=. python3 scripts/profile_report.py` from `datasets/h100/profile/` "
+    w("_Generated by `gpurec report profile` from `datasets/h100/profile/` "
       "(`profile_results.tar.gz`, `profile_log.txt`); every run is re-analysed with the current "
       "`gpurec.profile.analyze` and written, without per-kernel rows, to `datasets/h100/profile/runs/<run>.json`. "
       "The batch-8 H200 runs of `datasets/h200/profile/` are compared at the end._\n")
@@ -422,7 +417,7 @@ def sampling_section(L: list[str], runs: dict[Key, dict[str, Any]], checks: list
             d = [(u, float(r["it"][u]), float(c["full"].iteration[u])) for u in UTILS]
             cells.append(f"{who(c['meta'])}: " + ", ".join(
                 f"{UTIL_NAME[u]} {pct(b, 2)} vs {pct(a, 2)} ({100 * (a - b) / b:+.1f} %)" for u, a, b in d))
-        full_card = re.search(r"\(UUID: (GPU-[0-9a-f-]+)\)", FULL_LOG.read_text()) if FULL_LOG.exists() else None
+        full_card = re.search(r"\(UUID: (GPU-[0-9a-f-]+)\)", facts.get("full_log", ""))
         cards = {facts.get("card_of_run", {}).get(run_name(c["key"]), "?") for c, _ in pairs}
         where = (f"per-config on `{', '.join(sorted(x[:12] + '…' for x in cards))}`, full on "
                  f"`{full_card.group(1)[:12]}…`" if full_card else "another device call")
@@ -624,7 +619,7 @@ def takeaways(L: list[str], runs: dict[Key, dict[str, Any]]) -> None:
       + "\n")
 
 
-def layer_section(L: list[str], runs: dict[Key, dict[str, Any]]) -> None:
+def layer_section(L: list[str], runs: dict[Key, dict[str, Any]], img: Path) -> None:
     w = L.append
     w("## Per layer type\n")
     for k in LAYER_RUNS:
@@ -653,7 +648,7 @@ def layer_section(L: list[str], runs: dict[Key, dict[str, Any]]) -> None:
         w(f"Per-run plots of {lab(k)} (`gpurec.profile.save_plots`):\n")
         for name, title in (("utilization_levels", "utilization levels"), ("layer_types", "layer types"),
                             ("tc_issue_cdf", "cumulative GPU time vs TC issue-slot utilization")):
-            p = IMG / f"profile_h100_{run_name(k)}_{name}.png"
+            p = img / f"profile_h100_{run_name(k)}_{name}.png"
             if p.exists():
                 w(f"![{lab(k)}: {title}](img/{p.name})\n")
 
@@ -765,37 +760,39 @@ def h200_section(L: list[str], runs: dict[Key, dict[str, Any]], h200: dict[Key, 
     w(txt + "\n")
 
 
-def main() -> int:
-    IMG.mkdir(parents=True, exist_ok=True)
-    log_path = DATA / "h100" / "profile" / "profile_log.txt"
+def generate(root: Path | str = ".") -> str:
+    """docs/profile_results.md, docs/img/profile_h100_*.png and datasets/h100/profile/runs/*.json
+    under the repository ``root``, re-analysing every committed run; returns the text."""
+    root = Path(root)
+    img = root / "docs" / "img"
+    img.mkdir(parents=True, exist_ok=True)
+    log_path = root / "datasets" / "h100" / "profile" / "profile_log.txt"
     log = log_path.read_text() if log_path.exists() else ""
     with tempfile.TemporaryDirectory(prefix="gpurec-prof-report-") as tmp_s:
         tmp = Path(tmp_s)
-        runs = load_runs("h100", tmp, write_json=True)
+        runs = load_runs(root, "h100", tmp, write_json=True)
         if not runs:
-            print("no runs in datasets/h100/profile/profile_results.tar.gz", file=sys.stderr)
-            return 1
-        h200 = load_runs("h200", tmp, write_json=False)
-        checks = sampling_checks(tmp)
-        levels_plot(runs, IMG / "profile_h100_utilization.png")
-        batch_plot(runs, IMG / "profile_h100_batch.png")
+            raise FileNotFoundError(f"no runs in {root / 'datasets/h100/profile/profile_results.tar.gz'}: "
+                                    "run scripts/device_profile.sh on an H100 and commit its archive there")
+        h200 = load_runs(root, "h200", tmp, write_json=False)
+        checks = sampling_checks(root, tmp)
+        levels_plot(runs, img / "profile_h100_utilization.png")
+        batch_plot(runs, img / "profile_h100_batch.png")
         if PLOT_RUN in runs:
             r: ProfileResult = runs[PLOT_RUN]["result"]
             for name, p in save_plots(r, tmp / "plots").items():
-                (IMG / f"profile_h100_{run_name(PLOT_RUN)}_{name}.png").write_bytes(Path(p).read_bytes())
+                (img / f"profile_h100_{run_name(PLOT_RUN)}_{name}.png").write_bytes(Path(p).read_bytes())
         facts = log_facts(log)
+        full_log = root / FULL_LOG
+        facts["full_log"] = full_log.read_text() if full_log.exists() else ""
         L: list[str] = []
         header(L, runs, facts, checks)
         runs_table(L, runs)
         takeaways(L, runs)
         L.append("![GPU utilization and framework overhead, batch 8 vs 64](img/profile_h100_batch.png)\n")
-        layer_section(L, runs)
+        layer_section(L, runs, img)
         matching_section(L, runs, facts, checks)
         h200_section(L, runs, h200)
-    (DOCS / "profile_results.md").write_text("\n".join(L).rstrip() + "\n")
-    print(f"wrote {DOCS / 'profile_results.md'}, docs/img/profile_h100_*.png, datasets/h100/profile/runs/*.json")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    text = "\n".join(L).rstrip() + "\n"
+    atomic_write_text(root / "docs" / "profile_results.md", text)
+    return text

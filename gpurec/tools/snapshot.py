@@ -1,9 +1,9 @@
 """Snapshot of what extraction gives for every torchvision classifier, to check that a change
 to gpurec.ops leaves the operation lists as they were.
 
-    PYTHONPATH=. python3 scripts/extraction_snapshot.py write before.json   # on the old code
-    PYTHONPATH=. python3 scripts/extraction_snapshot.py write after.json    # on the new code
-    python3 scripts/extraction_snapshot.py compare before.json after.json
+    gpurec tools snapshot write before.json   # on the old code
+    gpurec tools snapshot write after.json    # on the new code
+    gpurec tools snapshot compare before.json after.json
 
 Each classifier (299 px for Inception, else 224, batch 2) in both modes, by name and as a fresh
 nn.Module (the prediction fast path): kind, signature, FLOPs (forward, backward,
@@ -13,13 +13,11 @@ element-wise), parameters and bytes of every operation, in order.  About 2 minut
 from __future__ import annotations
 
 import json
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from gpurec.dataset.store import atomic_write_text
 
 
 def _rows(ops: list[Any]) -> list[list[Any]]:
@@ -27,14 +25,19 @@ def _rows(ops: list[Any]) -> list[list[Any]]:
              o.bytes_written] for o in ops]
 
 
-def snapshot() -> dict[str, list[list[Any]]]:
+def snapshot(models: list[str] | None = None,
+             progress: Callable[[str], None] | None = None) -> dict[str, list[list[Any]]]:
+    """``"<model>|<mode>|name"`` and ``"...|module"`` -> that extraction's operation rows."""
     import torch
     import torchvision
 
     from gpurec.ops import classification_models, extract_operations
 
     out: dict[str, list[list[Any]]] = {}
-    for name in classification_models():
+    names = list(models) if models else list(classification_models())
+    for i, name in enumerate(names):
+        if progress:
+            progress(f"[{i + 1}/{len(names)}] {name}")
         res = 299 if name.startswith("inception") else 224
         for mode in ("inference", "training"):
             out[f"{name}|{mode}|name"] = _rows(extract_operations(name, (2, 3, res, res), mode=mode,
@@ -49,21 +52,15 @@ def snapshot() -> dict[str, list[list[Any]]]:
     return out
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) == 2 and argv[0] == "write":
-        snap = snapshot()
-        Path(argv[1]).write_text(json.dumps(snap))
-        print(f"wrote {argv[1]}: {len(snap)} operation lists")
-        return 0
-    if len(argv) == 3 and argv[0] == "compare":
-        a, b = (json.loads(Path(p).read_text()) for p in argv[1:])
-        differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-        print(f"{len(a)} vs {len(b)} operation lists; {len(differ)} differ" + (": " + ", ".join(differ[:20])
-                                                                            if differ else ""))
-        return 1 if differ else 0
-    print(__doc__)
-    return 2
+def write(path: Path | str, models: list[str] | None = None,
+          progress: Callable[[str], None] | None = None) -> int:
+    """Write a snapshot to ``path``; returns how many operation lists it holds."""
+    snap = snapshot(models, progress)
+    atomic_write_text(path, json.dumps(snap))
+    return len(snap)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+def compare(a_path: Path | str, b_path: Path | str) -> tuple[int, int, list[str]]:
+    """(lists in a, lists in b, keys whose operation lists differ or exist on one side only)."""
+    a, b = (json.loads(Path(p).read_text()) for p in (a_path, b_path))
+    return len(a), len(b), sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))

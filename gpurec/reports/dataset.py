@@ -1,39 +1,31 @@
-"""(Re)write datasets/README.md and its plots (datasets/img/*.png) from the measured data.
-
-    PYTHONPATH=. python3 scripts/dataset_report.py [--root datasets] [--plan datasets/plans/main.json]
-                                                    [--out datasets/README.md] [--img datasets/img]
-                                                    [--min-coverage 0.5] [--no-validation] [--rebuild]
+"""datasets/README.md and its plots (datasets/img/*.png), from the measured data.
 
 Every number in the README is computed here from ``datasets/<gpu>/`` (Parquet tables, raw
 provenance, probe) and the plan; nothing is typed in by hand.  Missing tables or columns
-shrink the affected section instead of failing.  ``--rebuild`` first rebuilds the Parquet
-tables from the raw shards (gpurec.dataset.build.build_all); without it the tables are read
-as they are and the README warns when they hold fewer rows than the raw shards.
+shrink the affected section instead of failing.  The tables are read as they are; the README
+warns when they hold fewer rows than the raw shards (``gpurec dataset build`` rebuilds them).
+
+Each ``section_*`` function renders one section, so a section can be added without touching
+the others; ``generate`` puts them in order.  Run through ``gpurec report dataset``.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
 import json
 import math
 import os
-import sys
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import numpy as np
+import pandas as pd
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from gpurec.dataset.store import read_jsonl  # noqa: E402
-from scripts._markdown import table  # noqa: E402
+from gpurec.dataset.store import atomic_write_text, read_jsonl
+from gpurec.reports.markdown import table
 
 TINY_MS = 0.02  # ops faster than 20 us per call are launch-bound
 HOST_MS = 0.3  # below this, training ops are mostly autograd/host time (see the repeatability section)
@@ -269,7 +261,7 @@ def _save(fig: Any, path: Path, tight: bool = True) -> bool:
         fig.savefig(path, dpi=80)
         return True
     except Exception as exc:  # the report must not fail on a plot
-        print(f"warning: plot {path.name} skipped: {exc}", file=sys.stderr)
+        warnings.warn(f"plot {path.name} skipped: {exc}", stacklevel=2)
         path.unlink(missing_ok=True)
         return False
     finally:
@@ -354,10 +346,9 @@ def section_layout(gpus: list[GpuData]) -> str:
                 stale.append(f"`{g.tag}/{tname}.parquet` lacks {len(missing)} row ids found in raw shards")
     if stale:
         lines += ["**Tables older than the raw shards:** " + "; ".join(stale) + ". Rebuild with "
-                  "`python3 -c \"from gpurec.dataset.build import build_all; print(build_all())\"`.", ""]
+                  "`gpurec dataset build`.", ""]
     else:
-        lines += ["The Parquet tables hold every row id of the raw shards (rebuild with "
-                  "`python3 -c \"from gpurec.dataset.build import build_all; print(build_all())\"`).", ""]
+        lines += ["The Parquet tables hold every row id of the raw shards (rebuild with `gpurec dataset build`).", ""]
     return "\n".join(lines)
 
 
@@ -882,13 +873,15 @@ def validation_table(gpus: list[GpuData], plan: list[dict[str, Any]], extract: C
         if p:
             jobs.append((p[0], p[1], p[2], m))
     ops_of = extract_sets(jobs, extract)
+    from gpurec.validate import sum_operations
+
     rows = []
     for g in gpus:
         o = ok(g.t("operations"))
-        look = {}
+        look: dict[str, dict[str, tuple[float, float, float]]] = {}  # mode -> signature -> measured
         if not o.empty and "op_signature" in o.columns:
             for r in o.itertuples(index=False):
-                look[(str(r.op_signature), str(r.mode))] = (
+                look.setdefault(str(r.mode), {})[str(r.op_signature)] = (
                     float(getattr(r, "time_ms", np.nan)), float(getattr(r, "energy_mj", np.nan)),
                     float(getattr(r, "dynamic_energy_mj", np.nan)) if hasattr(r, "dynamic_energy_mj") else np.nan)
         n = ok(g.t("networks"))
@@ -900,27 +893,15 @@ def validation_table(gpus: list[GpuData], plan: list[dict[str, Any]], extract: C
             s = f"{a}:b{b}:r{r}"
             if not ops:
                 continue
-            total_f = sum(f for _, f in ops)
-            cov_n = cov_f = 0.0
-            st = se = sd = tiny = 0.0
-            for sig, f in ops:
-                v = look.get((sig, m))
-                if v is None:
-                    continue
-                cov_n += 1
-                cov_f += f
-                st += v[0]
-                se += v[1]
-                sd += v[2]
-                if v[0] < TINY_MS:
-                    tiny += v[0]
+            su = sum_operations(ops, look.get(m, {}), tiny_ms=TINY_MS)
+            st, se = su["sum_time_ms"], su["sum_energy_mj"]
             net = nets.get((s, m), {})
             rows.append({
                 "gpu": g.tag, "set": s, "arch": a, "batch": b, "mode": m, "ops": len(ops),
                 "distinct_ops": len({sig for sig, _ in ops}),
-                "cov_ops": cov_n / len(ops), "cov_flops": cov_f / total_f if total_f else np.nan,
-                "sum_time_ms": st, "sum_energy_mj": se, "sum_dyn_mj": sd,
-                "tiny_share": tiny / st if st else np.nan,
+                "cov_ops": su["coverage"], "cov_flops": su["flops_coverage"],
+                "sum_time_ms": st, "sum_energy_mj": se, "sum_dyn_mj": su["sum_dynamic_energy_mj"],
+                "tiny_share": su["tiny_time_share"],
                 "net_time_ms": net.get("time_ms", np.nan), "net_energy_mj": net.get("energy_mj", np.nan),
                 "net_dyn_mj": net.get("dynamic_energy_mj", np.nan), "net_power_w": net.get("power_w", np.nan),
                 "net_throttle": net.get("throttle_reasons", ""),
@@ -1200,69 +1181,66 @@ def section_networks_across(gpus: list[GpuData]) -> str:
 
 
 # ----------------------------------------------------------------------------- driver
+@dataclass
+class Context:
+    """What every section may read: the loaded GPU folders, the plan, where plots go."""
+
+    gpus: list[GpuData]
+    plan: list[dict[str, Any]]
+    img: Path
+    out_dir: Path
+    extract: Callable[..., Any] | None = None
+    validation: bool = True
+    min_coverage: float = 0.5
+
+
+def _validation(c: Context) -> str:
+    if not c.validation:
+        return "## First validation: sum of operations vs whole network\n\nSkipped (`validation=False`).\n"
+    return section_validation(c.gpus, c.plan, c.img, c.out_dir, c.extract, c.min_coverage)
+
+
+# The README's sections in order: (name, renderer).  A new section is one function returning
+# Markdown (or "" to leave it out) and one entry here.
+SECTIONS: list[tuple[str, Callable[[Context], str]]] = [
+    ("overview", lambda c: section_overview(c.gpus, c.plan) + "\n"),
+    ("layout", lambda c: section_layout(c.gpus)),
+    ("columns", lambda c: section_columns(c.gpus)),
+    ("loading", lambda c: section_loading()),
+    ("provenance", lambda c: section_provenance(c.gpus)),
+    ("rows", lambda c: section_rows(c.gpus, c.plan, c.img, c.out_dir)),
+    ("repeatability", lambda c: section_repeatability(c.gpus, c.img, c.out_dir)),
+    ("probe", lambda c: section_probe(c.gpus, c.img, c.out_dir)),
+    ("validation", _validation),
+    ("power", lambda c: section_power(c.gpus, c.img, c.out_dir)),
+    ("networks_across", lambda c: section_networks_across(c.gpus)),
+]
+
+
 def generate(root: Path | str = "datasets", out: Path | str | None = None, img: Path | str | None = None,
              plan_path: Path | str | None = None, extract: Callable[..., Any] | None = None,
-             validation: bool = True, min_coverage: float = 0.5, now: _dt.datetime | None = None) -> str:
-    """Write the README (and plots) for the datasets under ``root``; return its text."""
+             validation: bool = True, min_coverage: float = 0.5,
+             progress: Callable[[str], None] | None = None) -> str:
+    """Write the README (and plots) for the datasets under ``root``; return its text.
+    ``progress`` hears the name of each section as it starts."""
     root = Path(root)
     out = Path(out) if out is not None else root / "README.md"
     img = Path(img) if img is not None else out.parent / "img"
     plan_path = Path(plan_path) if plan_path is not None else root / "plans" / "main.json"
-    gpus = load_all(root)
-    plan = load_plan(plan_path)
+    ctx = Context(load_all(root), load_plan(plan_path), img, out.parent, extract, validation, min_coverage)
     for name in PLOTS:  # never leave a plot of an earlier run that this run did not redraw
         (img / name).unlink(missing_ok=True)
-    now = now or _dt.datetime.now(_dt.timezone.utc)
     parts = [
         "# gpurec dataset",
         "",
-        f"<!-- Generated by `python scripts/dataset_report.py` on {now:%Y-%m-%d %H:%M} UTC; do not edit by hand. -->",
-        f"_Generated by `python scripts/dataset_report.py` on {now:%Y-%m-%d} from the files below; every number "
-        "is computed from the data._",
+        "<!-- Generated by `gpurec report dataset`; do not edit by hand. -->",
+        "_Generated by `gpurec report dataset` from the files below; every number is computed from the data._",
         "",
-        section_overview(gpus, plan),
-        "",
-        section_layout(gpus),
-        section_columns(gpus),
-        section_loading(),
-        section_provenance(gpus),
-        section_rows(gpus, plan, img, out.parent),
-        section_repeatability(gpus, img, out.parent),
-        section_probe(gpus, img, out.parent),
     ]
-    if validation:
-        parts.append(section_validation(gpus, plan, img, out.parent, extract, min_coverage))
-    else:
-        parts.append("## First validation: sum of operations vs whole network\n\nSkipped (`--no-validation`).\n")
-    parts += [section_power(gpus, img, out.parent), section_networks_across(gpus)]
+    for name, render in SECTIONS:
+        if progress:
+            progress(f"  dataset section {name}")
+        parts.append(render(ctx))
     text = "\n".join(p for p in parts if p is not None).rstrip() + "\n"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out)
+    atomic_write_text(out, text)
     return text
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--root", type=Path, default=ROOT / "datasets")
-    ap.add_argument("--plan", type=Path, default=None)
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--img", type=Path, default=None)
-    ap.add_argument("--min-coverage", type=float, default=0.5,
-                    help="extract op lists only for sets with at least this distinct-op coverage on some GPU")
-    ap.add_argument("--no-validation", action="store_true", help="skip the op-sum vs network check (no extraction)")
-    ap.add_argument("--rebuild", action="store_true", help="rebuild the Parquet tables from raw shards first")
-    a = ap.parse_args(argv)
-    if a.rebuild:
-        from gpurec.dataset.build import build_all
-
-        print(build_all(a.root))
-    text = generate(a.root, a.out, a.img, a.plan, validation=not a.no_validation, min_coverage=a.min_coverage)
-    out = a.out or a.root / "README.md"
-    print(f"wrote {out} ({len(text.splitlines())} lines)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,28 +6,27 @@ prediction error, the report compares each live measurement with the whole-netwo
 `gpurec collect` measured for the same set and mode on another board of the same GPU model
 (datasets/<gpu>/networks.parquet): how far a measurement itself moves between machines.
 
-    PYTHONPATH=. python3 scripts/live_validation_report.py
+    gpurec report validation
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import statistics
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpurec.collect.plan import TEST_ARCHS
 from gpurec.dataset import load_dataset
-
-ROOT = Path(__file__).resolve().parents[1]
-VAL = ROOT / "datasets" / "validation"
-DOC = ROOT / "docs" / "validation.md"
+from gpurec.dataset.store import atomic_write_text
+from gpurec.reports.markdown import table
 
 
-def _records() -> list[dict[str, Any]]:
+def _records(val_dir: Path) -> list[dict[str, Any]]:
     out = []
-    for path in sorted(VAL.glob("live_*.jsonl")):
+    for path in sorted(val_dir.glob("live_*.jsonl")):
         for line in path.read_text().splitlines():
             if line.strip():
                 rec = json.loads(line)
@@ -36,13 +35,8 @@ def _records() -> list[dict[str, Any]]:
     return out
 
 
-@functools.cache
-def _networks(gpu: str) -> Any:
-    return load_dataset(gpu=gpu, table="networks")
-
-
-def _collected(gpu: str, model: str, batch: int, res: int, mode: str) -> dict[str, Any] | None:
-    nets = _networks(gpu)
+def _collected(nets: Any, model: str, batch: int, res: int, mode: str) -> dict[str, Any] | None:
+    """The collected whole-network row of the same set and mode (``nets``: that GPU's networks table)."""
     row = nets[(nets["set_key"] == f"{model}:b{batch}:r{res}") & (nets["mode"] == mode)]
     if row.empty:
         return None
@@ -50,7 +44,8 @@ def _collected(gpu: str, model: str, batch: int, res: int, mode: str) -> dict[st
     return {"time_ms": float(r["time_ms"]), "energy_mj": float(r["energy_mj"]), "board": str(r.get("gpu_uuid", ""))}
 
 
-def _current_errors(recs: list[dict[str, Any]]) -> tuple[list[tuple[float, float] | None], dict[str, Any]]:
+def _current_errors(recs: list[dict[str, Any]], models_dir: Path,
+                    warn: Callable[[str], None]) -> tuple[list[tuple[float, float] | None], dict[str, Any]]:
     """(time, energy) error of the models shipped now for each record, and what they were trained on.
 
     The log keeps the prediction made when the record was completed; the shipped models may have
@@ -59,19 +54,19 @@ def _current_errors(recs: list[dict[str, Any]]) -> tuple[list[tuple[float, float
     from gpurec.model import load_predictor
     from gpurec.validate import prediction_fields
 
-    predictor = load_predictor()
+    predictor = load_predictor(models_dir, data_root=models_dir.parent / "datasets")
     errors: list[tuple[float, float] | None] = []
     for r in recs:
         shape = (int(r["batch_size"]), 3, int(r["resolution"]), int(r["resolution"]))
         try:
             est = predictor.predict(r["model"], input_shape=shape, mode=r["mode"], gpu=r["gpu"])
         except Exception as exc:  # a record the current models cannot cover is shown, not dropped
-            print(f"current models: {r['model']} b{r['batch_size']} {r['mode']}: {exc}")
+            warn(f"current models: {r['model']} b{r['batch_size']} {r['mode']}: {exc}")
             errors.append(None)
             continue
         now = prediction_fields(est, r["measured_time_ms"], r["measured_energy_mj"])
         errors.append((now["time_error_pct"], now["energy_error_pct"]))
-    manifest = json.loads((ROOT / "models" / "manifest.json").read_text())
+    manifest = json.loads((models_dir / "manifest.json").read_text())
     return errors, {"created": manifest.get("created", "?"),
                     "operations": manifest.get("training_data", {}).get("operations")}
 
@@ -80,16 +75,25 @@ def _pct(x: float | None, digits: int = 1) -> str:
     return "—" if x is None else f"{x:+.{digits}f}%"
 
 
-def main() -> int:
-    recs = _records()
+def generate(root: Path | str = ".", warn: Callable[[str], None] | None = None) -> str:
+    """docs/validation.md (and datasets/validation/live_<gpu>.png) from <root>/datasets/validation/
+    live_*.jsonl, the shipped dataset and the shipped models; returns the text.  ``warn`` hears of records the models cannot cover
+    (they stay in the table)."""
+    root = Path(root)
+    warn = warn or (lambda msg: warnings.warn(msg, stacklevel=2))
+    val_dir = root / "datasets" / "validation"
+    recs = _records(val_dir)
     if not recs:
-        print("no datasets/validation/live_*.jsonl")
-        return 1
+        raise FileNotFoundError(f"no {val_dir}/live_*.jsonl: run scripts/device_validate.sh on a GPU, then "
+                                "`gpurec validate --complete LOG`")
+    networks: dict[str, Any] = {}
     rows, t_err, e_err, t_moved, e_moved, far = [], [], [], [], [], []
-    now, models = _current_errors(recs)
+    now, models = _current_errors(recs, root / "models", warn)
     for r, cur in zip(recs, now, strict=True):
         unseen = r["model"] in TEST_ARCHS
-        col = _collected(r["gpu"], r["model"], r["batch_size"], r["resolution"], r["mode"])
+        if r["gpu"] not in networks:
+            networks[r["gpu"]] = load_dataset(gpu=r["gpu"], table="networks", root=root / "datasets")
+        col = _collected(networks[r["gpu"]], r["model"], r["batch_size"], r["resolution"], r["mode"])
         dt = 100 * (r["measured_time_ms"] / col["time_ms"] - 1) if col else None
         de = 100 * (r["measured_energy_mj"] / col["energy_mj"] - 1) if col else None
         te, ee = r.get("time_error_pct"), r.get("energy_error_pct")
@@ -105,18 +109,18 @@ def main() -> int:
         col_t = f"{col['time_ms']:.2f} ({_pct(dt)})" if col else "—"
         col_e = f"{col['energy_mj']:.0f} ({_pct(de)})" if col else "—"
         cov_s = "—" if cov is None else f"{100 * cov:.0f}%"
-        rows.append(
-            f"| {r['model']} | {r['batch_size']} | {r['mode']} | {'unseen' if unseen else 'training arch'} | "
-            f"{r['measured_time_ms']:.2f} | {r.get('predicted_time_ms', float('nan')):.2f} | {_pct(te)} | "
-            f"{r['measured_energy_mj']:.0f} | {r.get('predicted_energy_mj', float('nan')):.0f} | {_pct(ee)} | "
-            f"{'— | —' if cur is None else f'{_pct(cur[0])} | {_pct(cur[1])}'} | "
-            f"{r['measured_power_w']:.0f} | {cov_s} | {col_t} | {col_e} |")
+        rows.append([
+            r["model"], r["batch_size"], r["mode"], "unseen" if unseen else "training arch",
+            f"{r['measured_time_ms']:.2f}", f"{r.get('predicted_time_ms', float('nan')):.2f}", _pct(te),
+            f"{r['measured_energy_mj']:.0f}", f"{r.get('predicted_energy_mj', float('nan')):.0f}", _pct(ee),
+            *(("—", "—") if cur is None else (_pct(cur[0]), _pct(cur[1]))),
+            f"{r['measured_power_w']:.0f}", cov_s, col_t, col_e])
     gpus = sorted({r["gpu"] for r in recs})
     prov = recs[0].get("provenance", {})
     lines = [
         "# Live validation: `gpurec validate` on real GPUs",
         "",
-        f"_Generated by `scripts/live_validation_report.py` from {', '.join(sorted({r['_file'] for r in recs}))} "
+        f"_Generated by `gpurec report validation` from {', '.join(sorted({r['_file'] for r in recs}))} "
         "(`datasets/validation/`); every number comes from those files and the shipped dataset._",
         "",
         f"GPU: {', '.join(gpus)}; driver {prov.get('driver', '?')}, torch {prov.get('torch', '?')}, host CPU "
@@ -134,11 +138,9 @@ def main() -> int:
         f"{models['operations']:,} operation rows), recomputed from the same measurement; the *predicted* columns "
         "keep the prediction the log recorded when it was completed.",
         "",
-        "| model | batch | mode | architecture | measured ms | predicted ms | time error | measured mJ | "
-        "predicted mJ | energy error | time error now | energy error now | power W | ops measured (sum) | "
-        "collected ms (live vs it) | collected mJ (live vs it) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        *rows,
+        table(["model", "batch", "mode", "architecture", "measured ms", "predicted ms", "time error",
+               "measured mJ", "predicted mJ", "energy error", "time error now", "energy error now", "power W",
+               "ops measured (sum)", "collected ms (live vs it)", "collected mJ (live vs it)"], rows),
         "",
     ]
     cur_ok = [c for c in now if c is not None]
@@ -162,12 +164,12 @@ def main() -> int:
     lines += ["The op-sum comparison needs every operation of the set measured on this GPU: "
               + (f"{len(full)} of these sets are fully covered." if full else
                  "none of these sets is fully covered yet (column *ops measured*), so it is reported as not "
-                 "comparable."), "",
-              "![predicted vs measured](../datasets/validation/live_h100.png)", ""]
-    DOC.write_text("\n".join(lines))
-    print(f"wrote {DOC}")
-    return 0
+                 "comparable."), ""]
+    from gpurec.validate import plot_log
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    for log in sorted(val_dir.glob("live_*.jsonl")):  # one plot per live log, drawn by gpurec.validate
+        plot_log(log, log.with_suffix(".png"))
+        lines += [f"![predicted vs measured](../datasets/validation/{log.stem}.png)", ""]
+    text = "\n".join(lines)
+    atomic_write_text(root / "docs" / "validation.md", text)
+    return text

@@ -1,21 +1,18 @@
-"""Write docs/accuracy.md (+ docs/img/accuracy_*.png) from a trained model's report.json.
+"""docs/accuracy.md (+ docs/img/accuracy_*.png) from a trained model's report.json.
 
-    PYTHONPATH=. python3 scripts/accuracy_report.py [--models models/] [--train] [--trials 20]
-
-Every number names its GPU, mode and how many rows it rests on. ``--train`` (or a missing
-report) trains first with gpurec.model.training on the shipped datasets.
+Every number names its GPU, mode and how many rows it rests on.  The cross-validation that
+produced the numbers runs at training time (``gpurec train`` writes ``models/report.json``);
+this module only renders it, so ``gpurec report accuracy`` is cheap and reproducible.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from gpurec.dataset.store import atomic_write_text
+from gpurec.reports.markdown import row, rule
 
 TARGET_MAPE = 5.0
 PUBLISHED = [
@@ -49,10 +46,6 @@ def short(gpu: str) -> str:
         return gpu
 
 
-def row(cells: list[Any]) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
-
-
 def triple_cells(t: dict[str, Any]) -> list[str]:
     return [str(t.get("n", 0)), pct(t["time"].get("mape")), share(t["time"].get("within10")),
             pct(t["energy"].get("mape")), share(t["energy"].get("within10")), pct(t["power"].get("mape"))]
@@ -71,7 +64,8 @@ def breakdown_rows(label: list[str], b: dict[str, Any]) -> list[str]:
 
 
 def table(header: list[str], lines: list[str]) -> list[str]:
-    return [row(header), row(["---"] * len(header)), *lines]
+    """A table of rows already rendered with ``row``, as a list of lines."""
+    return [row(header), rule(len(header)), *lines]
 
 
 def plots(rep: dict[str, Any], img: Path) -> list[str]:
@@ -199,38 +193,25 @@ def by_batch_lines(records: list[dict[str, Any]]) -> list[str]:
             *table(["batch", "mode", "networks", "time MAPE", "energy MAPE", "time ±10%"], lines)]
 
 
-def repeatability_section() -> list[str]:
-    """Measurement noise floor: re-measured rows (datasets/*/repeats.parquet) against their first value."""
+def repeatability_section(data_root: Path | None = None) -> list[str]:
+    """Measurement noise floor: re-measured rows (datasets/*/repeats.parquet) against their first
+    value, paired as the dataset report pairs them (``gpurec.reports.dataset.repeat_pairs``)."""
     try:
         import numpy as np
-        import pandas as pd
 
         from gpurec.dataset.load import default_root
+        from gpurec.reports.dataset import load_all, repeat_pairs
 
         lines = []
-        for d in sorted(default_root().glob("*/repeats.parquet")):
-            rep = pd.read_parquet(d)
-            if "item" in rep:
-                rep = rep[rep["item"] != "idle"]
-            rep = rep[rep.get("status", "ok") == "ok"] if "status" in rep else rep
-            base = []
-            for t in ("operations", "networks"):
-                f = d.parent / f"{t}.parquet"
-                if f.exists():
-                    part = pd.read_parquet(f)
-                    if len(part):
-                        base.append(part[["id", "time_ms", "power_w"]])
-            if not base or not len(rep):
+        for g in load_all(data_root or default_root()):
+            pairs = repeat_pairs(g)
+            if pairs.empty:
                 continue
-            first = pd.concat(base).drop_duplicates("id").rename(
-                columns={"id": "base_id", "time_ms": "time_ms_first", "power_w": "power_w_first"})
-            rep = rep.assign(base_id=rep["id"].str.replace(":rep", "", regex=False))
-            m = rep.merge(first, on="base_id", how="inner").dropna(subset=["time_ms_first"])
-            for item, part in m.groupby("item"):
-                et = np.abs(part["time_ms"] / part["time_ms_first"] - 1) * 100
-                ep = np.abs(part["power_w"] / part["power_w_first"] - 1) * 100
-                gpu = short(str(part["gpu"].iloc[0]))
-                lines.append(row([gpu, "operation" if item == "op" else str(item), len(part),
+            pairs = pairs.dropna(subset=["time_ms_orig"])
+            for item, part in pairs.groupby("item"):
+                et = np.abs(part["time_ms_rep"] / part["time_ms_orig"] - 1) * 100
+                ep = np.abs(part["power_w_rep"] / part["power_w_orig"] - 1) * 100
+                lines.append(row([short(g.name), "operation" if item == "op" else str(item), len(part),
                                   f"{et.mean():.1f}% / {et.median():.1f}%", f"{ep.mean():.1f}% / {ep.median():.1f}%"]))
         if not lines:
             return []
@@ -243,15 +224,16 @@ def repeatability_section() -> list[str]:
         return [f"(repeatability not computed: {exc})", ""]
 
 
-def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, models_dir: Path) -> str:
+def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: Path | None = None) -> str:
+    """Render the report (and its plots next to ``out``); return the Markdown text."""
     img = out.parent / "img"
     made = plots(rep, img)
     gpus = rep.get("gpus_measured", [])
     rows = rep["rows"]
     L: list[str] = ["# Prediction accuracy", ""]
     c = rep.get("config", {})
-    L += [f"Generated by `scripts/accuracy_report.py` from the `report.json` of a model trained "
-          f"{rep.get('created', '?')} by `python3 -m gpurec.model.training` (Optuna trials {c.get('tune_trials')}, "
+    L += [f"Generated by `gpurec report accuracy` from the `report.json` of a model trained "
+          f"{rep.get('created', '?')} by `gpurec train` (Optuna trials {c.get('tune_trials')}, "
           f"{c.get('n_folds')} folds, seed {c.get('seed')}; data sha256 `{rep.get('data_sha256', '?')[:12]}…`). "
           "Re-run after retraining. MAPE = mean absolute percentage error; ±10% = share of rows within 10% of "
           "the measurement; `rows` = how many measurements each number rests on.", ""]
@@ -435,39 +417,25 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, models_dir: 
               f"energy ×{fmt(b.get('energy_ratio', []))}. GPUs without operation measurements: "
               + (f"from {u['source']}: time ×{fmt(u['time_ratio'])}, energy ×{fmt(u['energy_ratio'])}."
                  if "time_ratio" in u else f"{u.get('source', 'measured band widened')}."), ""]
-    L += repeatability_section()
-    speed = out.parent / "speed.md"
+    L += repeatability_section(data_root)
     L += ["## Speed", "",
-          f"Prediction speed on the 2-core CPU machine is measured by `scripts/bench_predict.py`; the latest "
-          f"figures are in [{speed.name}]({speed.name})" + (" and below." if speed.exists() else "."), ""]
-    if speed.exists():
-        L += [ln for ln in speed.read_text().splitlines()[1:]] + [""]
+          "Prediction speed is measured by `gpurec report speed --measure` and reported in "
+          "[speed.md](speed.md).", ""]
     if made:
         L += ["## Plots", ""] + [f"![{m}](img/{m})" for m in made] + [""]
     text = "\n".join(L)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    atomic_write_text(out, text)
     return text
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", type=Path, default=ROOT / "models")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "accuracy.md")
-    ap.add_argument("--train", action="store_true", help="train first (python3 -m gpurec.model.training)")
-    ap.add_argument("--trials", type=int, default=20)
-    ap.add_argument("--data", default=None)
-    a = ap.parse_args(argv)
-    if a.train or not (a.models / "report.json").exists():
-        from gpurec.model import train
-
-        train(a.data, a.models, tune_trials=a.trials)
-    rep = json.loads((a.models / "report.json").read_text())
-    manifest = json.loads((a.models / "manifest.json").read_text())
-    write(rep, manifest, a.out, a.models)
-    print(f"wrote {a.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def generate(models_dir: Path | str = "models", out: Path | str = "docs/accuracy.md",
+             data_root: Path | str | None = None) -> str:
+    """docs/accuracy.md from ``models_dir``'s report.json and manifest.json (``gpurec train``
+    writes both); returns the text."""
+    models_dir = Path(models_dir)
+    for name in ("report.json", "manifest.json"):
+        if not (models_dir / name).exists():
+            raise FileNotFoundError(f"{models_dir / name} is missing: train first (`gpurec train --out {models_dir}`)")
+    rep = json.loads((models_dir / "report.json").read_text())
+    manifest = json.loads((models_dir / "manifest.json").read_text())
+    return write(rep, manifest, Path(out), Path(data_root) if data_root is not None else None)
