@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpurec.collect.plan import TEST_ARCHS
 from gpurec.dataset import load_dataset
 from gpurec.dataset.store import atomic_write_text
 from gpurec.reports.markdown import table
+from gpurec.sets import TEST_ARCHS
 
 
 def _records(val_dir: Path) -> list[dict[str, Any]]:

@@ -39,7 +39,7 @@ def write_log(root: Path | str = ".") -> Path:
 
 def _record(p: Any, r: dict[str, Any]) -> dict[str, Any]:
     """One validation record for one measured network row."""
-    from gpurec.collect.plan import TEST_ARCHS, ModelInputSet
+    from gpurec.sets import TEST_ARCHS, ModelInputSet
     from gpurec.validate import validate
 
     s = ModelInputSet.parse(r["set_key"])
