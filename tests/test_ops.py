@@ -499,3 +499,42 @@ def test_analytic_leaves_agree_with_meta_kernels(training: bool) -> None:
         assert _analytic_leaf(mod, args, {}) is None, mod
     one = nn.BatchNorm2d(8).to("meta").train()
     assert _analytic_leaf(one, (torch.empty(1, 8, 1, 1, device="meta"),), {}) is None
+
+
+def test_step_memory_matches_known_pytorch_figures() -> None:
+    """resnet50 at batch 256, fp32 training: PyTorch's allocator peaks at about 22-25 GB."""
+    from gpurec.ops.memory import step_memory
+
+    train = step_memory(extract_operations("resnet50", (256, 3, 224, 224), mode="training", keep_sources=False))
+    assert 20 < train.memory_gb < 25, train
+    assert train.params_bytes == train.grads_bytes == 25_557_032 * 4
+    infer = step_memory(extract_operations("resnet50", (256, 3, 224, 224), keep_sources=False))
+    assert infer.grads_bytes == 0 and 1 < infer.memory_gb < train.memory_gb / 4
+    # twice the batch: activations double, parameters do not
+    big = step_memory(extract_operations("resnet50", (512, 3, 224, 224), mode="training", keep_sources=False))
+    assert abs((big.activations_bytes / train.activations_bytes) - 2) < 0.01
+
+
+def test_step_memory_liveness_views_and_in_place() -> None:
+    """Inference peak is the largest set alive at once; views and in-place ops add no storage."""
+    from gpurec.ops.memory import step_memory
+
+    class Chain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(100, 1000, bias=False)
+            self.act = nn.ReLU(inplace=True)
+            self.b = nn.Linear(1000, 10, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.act(self.a(x)).reshape(x.shape[0], -1))
+
+    ops = extract_operations(Chain(), (8, 100), keep_sources=False)
+    assert [op.in_place for op in ops if op.kind == "ReLU"] == [True]
+    mem = step_memory(ops)
+    # at its peak, a's input (8x100) and output (8x1000) are alive; ReLU and reshape share a's output
+    assert mem.params_bytes == (100 * 1000 + 1000 * 10) * 4
+    assert mem.activations_bytes == (8 * 100 + 8 * 1000) * 4
+    train = step_memory(extract_operations(Chain(), (8, 100), mode="training", keep_sources=False))
+    # kept: x (by a), a's output (by ReLU, its output in place, and by b); plus the largest once more
+    assert train.activations_bytes == (8 * 100 + 8 * 1000) * 4 + 8 * 1000 * 4

@@ -527,6 +527,9 @@ def _interpret(traced: _Traced, shape: tuple[int, ...], dtype: torch.dtype, trai
             bytes_read=int((in_numel + param_numel) * elem_size),
             bytes_written=int(out_numel * elem_size),
             name=str(node.target) if node.op == "call_module" else node.name,
+            node=node.name,
+            input_nodes=list(act_nodes),
+            in_place=_is_in_place(node, settings),
         )
         if keep_sources:
             if node.op == "call_module":
@@ -535,6 +538,18 @@ def _interpret(traced: _Traced, shape: tuple[int, ...], dtype: torch.dtype, trai
                 op.source = (node.op.replace("call_", ""), node.target, arg_template, kwarg_template)
         ops.append(op)
     return ops
+
+
+_IN_PLACE_FUNCTIONS = {operator.iadd, operator.imul, operator.isub, operator.itruediv}
+
+
+def _is_in_place(node: torch.fx.Node, settings: dict[str, Any]) -> bool:
+    """Does the call write into its first input instead of allocating an output?"""
+    if node.op == "call_module":
+        return settings.get("inplace") is True
+    if node.op == "call_function":
+        return node.target in _IN_PLACE_FUNCTIONS or node.kwargs.get("inplace") is True
+    return node.op == "call_method" and str(node.target).endswith("_") and not str(node.target).startswith("_")
 
 
 def _map_nodes(a: Any, fn: Any) -> Any:
