@@ -270,125 +270,227 @@ def train(
     _print_json(report)
 
 
-def _predictor() -> Any:
+MODELS_UNUSABLE = 3  # exit code whenever the trained models cannot be loaded (missing, damaged, incompatible)
+MODELS_HELP = "trained model directory (default: $GPUREC_MODELS, else models/ of this checkout)"
+HOST_HELP = ("host that issues the kernels: a `gpurec host-bench` JSON file, 'local' (measure this machine's CPU), "
+             "or omitted for the reference host")
+GRAPHS_HELP = "the step runs as one CUDA graph: report and rank by host-free GPU time and energy"
+
+
+def _predictor(models: Path | None = None) -> Any:
+    """The trained predictors, or one line and exit code 3 saying how to get usable ones."""
     from gpurec.model import load_predictor
 
-    return _guard(load_predictor)
+    try:
+        return load_predictor(models)
+    except Exception as exc:  # missing, empty, truncated or incompatible: one exit code for all
+        where = models if models is not None else "the default models/"
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        _fail(f"cannot use the trained models in {where}: {first} Train them with `gpurec train --out DIR` and "
+              "pass --models DIR (or set GPUREC_MODELS).", MODELS_UNUSABLE)
+
+
+def _check_host(host: str | None) -> str | None:
+    if host is None or host == "local":
+        return host
+    if not Path(host).is_file():
+        _fail(f"--host must be a `gpurec host-bench` JSON file or 'local', not '{host}' (no such file)")
+    return host
+
+
+class _Progress:
+    """Sign of life on stderr for slow steps: a spinner on a terminal, nothing in pipes."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self._status: Any = None
+
+    def __enter__(self) -> _Progress:
+        if getattr(self.stream, "isatty", lambda: False)():
+            from rich.console import Console
+
+            self._status = Console(file=self.stream).status("starting")
+            self._status.start()
+        return self
+
+    def __call__(self, message: str) -> None:
+        if self._status is not None:
+            self._status.update(f"gpurec: {message}")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._status is not None:
+            self._status.stop()
+
+
+def _check_gpus(gpus_opt: str | None) -> list[str] | None:
+    from gpurec.catalog import resolve_gpu
+
+    if not gpus_opt:
+        return None
+    names: list[str] = []
+    for g in (g.strip() for g in gpus_opt.split(",")):
+        if g:
+            name = _guard(resolve_gpu, g).nvml_name
+            if name not in names:
+                names.append(name)
+    return names
 
 
 @app.command()
 def predict(
-    model: str = typer.Option(..., "--model", "-m"),
-    batch_size: int = typer.Option(32, "--batch-size", "-b"),
-    resolution: int = typer.Option(224, "--resolution", "-r"),
-    mode: str = typer.Option("inference", "--mode"),
-    gpu: str = typer.Option("H100", "--gpu"),
-    fmt: str = typer.Option("table", "--format", "-f"),
+    model: str = typer.Option(..., "--model", "-m", help="torchvision classification model name"),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images per step"),
+    resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
+    mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
+    gpu: str = typer.Option("H100", "--gpu", help="GPU short name or NVML name (see `gpurec gpus`)"),
+    host: str = typer.Option(None, "--host", help=HOST_HELP),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=GRAPHS_HELP),
+    models: Path = typer.Option(None, "--models", help=MODELS_HELP),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
 ) -> None:
-    """Predict a network's time, energy and power on one GPU."""
+    """Predict one step's time, energy and power on one GPU, with its uncertainty band."""
     _check_format(fmt, ("table", "json"))
     shape = _check_shape(batch_size, resolution)
     _check_mode(mode)
+    _check_model_name(model)
+    host = _check_host(host)
     from gpurec.catalog import resolve_gpu
+    from gpurec.recommend import BAND, estimate_fields, predict_step
 
     spec = _guard(resolve_gpu, gpu)
-    p = _predictor()
-    est = _guard(p.predict, model, input_shape=shape, mode=mode, gpu=spec.nvml_name)
+    with _Progress() as say:
+        say("loading the predictors")
+        p = _predictor(models)
+        say(f"predicting {model} on {spec.short_name}")
+        est = _guard(predict_step, p, model, shape, mode, spec.nvml_name, host)
+    f = estimate_fields(est)
     per_op = est.per_op
+    unc = _records(getattr(est, "uncovered", None))
     if fmt == "json":
         _print_json({"model": model, "input_shape": list(shape), "mode": mode, "gpu": spec.nvml_name,
-                     "measured_gpu": bool(getattr(est, "measured_gpu", False)), "time_ms": est.time_ms,
-                     "energy_mj": est.energy_mj, "power_w": est.power_w,
-                     "per_op": per_op.to_dict("records") if per_op is not None else [],
-                     "uncovered": _records(getattr(est, "uncovered", None))})
+                     "cuda_graphs": cuda_graphs, "energy_per": "step (one batch)", "band": BAND, **f,
+                     "per_op": per_op.to_dict("records") if per_op is not None else [], "uncovered": unc})
         return
+    g = "gpu_" if cuda_graphs else ""
     typer.echo(f"{model} {list(shape)} {mode} on {spec.nvml_name} "
-               f"({'measured' if getattr(est, 'measured_gpu', False) else 'extrapolated'} GPU)")
-    typer.echo(f"  time {est.time_ms:.3f} ms   energy {est.energy_mj:.1f} mJ   power {est.power_w:.0f} W")
+               f"({'measured' if f['measured_gpu'] else 'extrapolated'} GPU), host {f['host'] or host or 'reference'}"
+               f"{', as one CUDA graph' if cuda_graphs else ''}")
+    typer.echo(f"  time   {_fmt(f[g + 'time_ms'])} ms      band {_fmt(f[g + 'time_low_ms'])} – "
+               f"{_fmt(f[g + 'time_high_ms'])} ms")
+    typer.echo(f"  energy {_fmt(f[g + 'energy_mj'])} mJ per step (one batch)   band {_fmt(f[g + 'energy_low_mj'])} – "
+               f"{_fmt(f[g + 'energy_high_mj'])} mJ")
+    typer.echo(f"  power  {_fmt(f['power_w'])} W")
+    if f["bound"] is not None:
+        typer.echo(f"  bound  {f['bound']} (GPU alone {_fmt(f['gpu_time_ms'])} ms, host issue "
+                   f"{_fmt(f['host_time_ms'])} ms)")
+    typer.echo(f"  bands: {BAND}")
     if per_op is not None and len(per_op) and "time_share" in per_op:
         top = per_op.groupby("kind", as_index=False)[["time_share", "energy_share"]].sum()
         top = top.sort_values("time_share", ascending=False).head(5)
         typer.echo("  where the time goes: " + ", ".join(
             f"{r.kind} {r.time_share * 100:.0f}%" for r in top.itertuples()))
-    _report_uncovered(getattr(est, "uncovered", None))
+    _report_uncovered(unc, f["coverage"])
 
 
 def _records(df: Any) -> list[dict[str, Any]]:
-    return df.to_dict("records") if df is not None and hasattr(df, "to_dict") else []
+    return df.to_dict("records") if df is not None and hasattr(df, "to_dict") else list(df or [])
 
 
-def _report_uncovered(unc: Any) -> None:
+def _report_uncovered(unc: list[dict[str, Any]], coverage: float = 1.0) -> None:
     """Operations outside what the models were trained on: predicted anyway, never dropped."""
-    if unc is None or not len(unc):
+    if coverage < LOW_COVERAGE:
+        typer.echo(f"WARNING: only {coverage * 100:.1f}% of the FLOPs are in operations the models were trained "
+                   "on; the totals are not trustworthy.", err=True)
+    if not unc:
         return
-    kinds = ", ".join(sorted({str(k) for k in unc["kind"]})) if "kind" in unc else "?"
-    flops = float(unc["flops_share"].sum()) * 100 if "flops_share" in unc else float("nan")
-    time_share = float(unc["time_share"].sum()) * 100 if "time_share" in unc else float("nan")
+    kinds = ", ".join(sorted({str(u.get("kind")) for u in unc}))
+    flops = sum(float(u.get("flops_share", 0.0)) for u in unc) * 100
+    time_share = sum(float(u.get("time_share", 0.0)) for u in unc) * 100
     typer.echo(f"  not covered by the training data (predicted anyway, less trustworthy): {len(unc)} operations "
                f"[{kinds}], {flops:.1f}% of FLOPs, {time_share:.1f}% of the predicted operation time")
 
 
-@app.command()
-def recommend(
-    model: str = typer.Option(..., "--model", "-m"),
-    batch_size: int = typer.Option(32, "--batch-size", "-b"),
-    resolution: int = typer.Option(224, "--resolution", "-r"),
-    mode: str = typer.Option("inference", "--mode"),
-    objective: str = typer.Option("energy", "--objective", help="time, energy or edp"),
-    gpus_opt: str = typer.Option(None, "--gpus", help="comma-separated GPUs (default: all the predictor covers)"),
-    host_cpu: str = typer.Option(None, "--host-cpu", help="your host CPU model (default: this machine's)"),
-    fmt: str = typer.Option("table", "--format", "-f"),
-) -> None:
-    """Rank GPUs for a network by time, energy or energy-delay product."""
-    _check_format(fmt, ("table", "json"))
-    shape = _check_shape(batch_size, resolution)
-    from gpurec.catalog import resolve_gpu
-    from gpurec.recommend import check_objective, to_json
-    from gpurec.recommend import recommend as run_recommend
+LOW_COVERAGE = 0.9
 
-    _guard(check_objective, objective)
-    gpu_list = [g.strip() for g in gpus_opt.split(",") if g.strip()] if gpus_opt else None
-    for g in gpu_list or []:
-        _guard(resolve_gpu, g)
-    _check_mode(mode)
+
+def _check_model_name(model: str) -> None:
     from gpurec.ops.extract import _check_name
 
     _guard(_check_name, model)
-    df = _guard(run_recommend, model, shape, mode=mode, objective=objective, gpus=gpu_list,
-                predictor=_predictor(), host_cpu=host_cpu)
+
+
+@app.command()
+def recommend(
+    model: str = typer.Option(..., "--model", "-m", help="torchvision classification model name"),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images per step"),
+    resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
+    mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
+    objective: str = typer.Option("energy", "--objective",
+                                  help="time, energy (per step) or edp (energy x time)"),
+    gpus_opt: str = typer.Option(None, "--gpus", help="comma-separated GPUs (default: every catalogue GPU)"),
+    host: str = typer.Option(None, "--host", help=HOST_HELP),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=GRAPHS_HELP),
+    models: Path = typer.Option(None, "--models", help=MODELS_HELP),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+) -> None:
+    """Rank GPUs for one step of a network by time, energy or energy-delay product."""
+    _check_format(fmt, ("table", "json"))
+    shape = _check_shape(batch_size, resolution)
+    _check_mode(mode)
+    _check_model_name(model)
+    host = _check_host(host)
+    from gpurec.recommend import check_objective
+    from gpurec.recommend import recommend as run_recommend
+
+    _guard(check_objective, objective)
+    gpu_list = _check_gpus(gpus_opt)
+    with _Progress() as say:
+        say("loading the predictors")
+        predictor = _predictor(models)
+        ranking = _guard(run_recommend, model, shape, mode=mode, objective=objective, gpus=gpu_list,
+                         predictor=predictor, host=host, cuda_graphs=cuda_graphs, progress=say)
     if fmt == "json":
-        _print_json(to_json(df, model))
+        _print_json(ranking.to_json())
         return
-    rows = df.to_dict("records")
-    for r in rows:
-        r["kind"] = "measured" if r["measured"] else "extrapolated"
-        r["band"] = f"{_fmt(r['low'])} – {_fmt(r['high'])}"
-        r["vs_best"] = "best" if r["rank"] == 1 else f"+{r['vs_best_pct']:.1f}%"
-    unit = {"time": "ms", "energy": "mJ", "edp": "mJ·ms"}[objective]
-    _table(rows, [("rank", "#"), ("short_name", "GPU"), ("kind", "data"), ("time_ms", "time ms"),
-                  ("energy_mj", "energy mJ"), ("power_w", "power W"), ("vs_best", f"vs best ({objective})"),
-                  ("band", f"band ({unit})")],
-           title=f"{model} {list(shape)} {mode}, ranked by {objective}")
-    measured = [r["short_name"] for r in rows if r["measured"]]
-    if len(measured) < len(rows):
-        typer.echo(f"Extrapolated rows are predicted from catalogue specifications by models trained on "
-                   f"{len(measured)} measured GPU(s) ({', '.join(measured)}); their bands are wide and GPUs "
-                   "of other architectures are far outside the measured range: treat them as rough.")
-    hosts = df.attrs.get("host_cpus_measured") or []
-    if host_cpu and hosts and host_cpu not in hosts:
-        typer.echo(f"Host CPU '{host_cpu}' was not measured (measured: {', '.join(hosts)}); host overhead is "
-                   "taken from the measured host(s).")
-    diffs = df.attrs.get("differences") or []
-    if diffs:
-        typer.echo(f"Operations behind most of the difference between {rows[0]['short_name']} "
-                   f"and {rows[1]['short_name']}:")
-        for d in diffs:
-            key = next(k for k in d if k.startswith("delta_"))
-            what = f"{d['op_kind']} x{d.get('count', 1)}" if d.get("count", 1) > 1 else str(d["op_kind"])
-            where = f"  e.g. {d['example']}" if d.get("example") else ""
-            typer.echo(f"  {what:<28} {d[key]:+.3f} {'ms' if key.endswith('_ms') else 'mJ'} "
-                       f"({d['share_of_difference'] * 100:.0f}% of the difference){where}")
-    _report_uncovered(df.attrs.get("uncovered"))
+    _render_ranking(ranking)
+
+
+def _render_ranking(r: Any) -> None:
+    g = "gpu_" if r.cuda_graphs else ""
+    rows = []
+    for row in r.rows:
+        d = row.to_dict()
+        d["kind"] = "measured" if row.measured else "extrapolated"
+        d["band"] = f"{_fmt(row.low)} – {_fmt(row.high)}"
+        d["vs_best"] = "best" if row.rank == 1 else (f"+{row.vs_best_pct:.1f}%" + (" (tie)" if row.tie_with_best
+                                                                                      else ""))
+        d["fits_text"] = "yes" if row.fits else f"NO ({_fmt(row.memory_capacity_gb)} GB)"
+        d["bound"] = row.bound or "?"
+        rows.append(d)
+    _table(rows, [("rank", "#"), ("short_name", "GPU"), ("kind", "data"), ("fits_text", "fits"),
+                  (g + "time_ms", "time ms"), ("gpu_time_ms" if not r.cuda_graphs else "time_ms",
+                                               "graph ms" if not r.cuda_graphs else "eager ms"),
+                  (g + "energy_mj", "energy mJ/step"), ("power_w", "power W"), ("bound", "bound"),
+                  ("vs_best", f"vs best ({r.objective})"), ("band", f"{r.objective} band ({r.unit})")],
+           title=f"{r.model} {list(r.input_shape)} {r.mode}, ranked by {r.objective}"
+                 f"{' with CUDA graphs' if r.cuda_graphs else ' (eager)'}, host {r.host}")
+    typer.echo(f"Bands: {r.band}. Energy is per step (one batch). '(tie)': the band overlaps the best's over most "
+               "of its width.")
+    typer.echo(f"Peak memory of the step: about {_fmt(r.memory_gb)} GB (parameters"
+               f"{', gradients, activations kept for backward' if r.mode == 'training' else ', live activations'}; "
+               "no optimizer state)." + (" GPUs that cannot hold it rank last." if not all(x.fits for x in r.rows)
+                                          else ""))
+    extrapolated = [x.short_name for x in r.rows if not x.measured]
+    if extrapolated:
+        from gpurec.catalog import resolve_gpu
+
+        names = ", ".join(resolve_gpu(n).short_name for n in r.measured_gpus) or "none"
+        typer.echo(f"Extrapolated rows ({', '.join(extrapolated)}) are predicted from catalogue specifications by "
+                   f"models trained on {len(r.measured_gpus)} measured GPU(s) ({names}); their bands are wide: "
+                   "treat them as rough.")
+    if r.advice is not None:
+        typer.echo(r.advice.sentence())
+    _report_uncovered(list(r.uncovered), r.coverage)
 
 
 @app.command()
@@ -413,11 +515,10 @@ def validate(
         _fail("--model is required (or --complete LOG)")
     _check_shape(batch_size, resolution)
     _check_mode(mode)
-    from gpurec.ops.extract import _check_name
+    _check_model_name(model)
     from gpurec.validate import render
     from gpurec.validate import validate as run_validate
 
-    _guard(_check_name, model)
     record = _guard(run_validate, model, batch_size, resolution, mode, gpu_index, log)
     if fmt == "json":
         _print_json(record)

@@ -35,7 +35,11 @@ def load_predictor(path: Any = None, **kwargs: Any) -> Any:
 
 def recommend(model: Any, input_shape: Any = None, mode: str = "inference", objective: str = "energy",
               gpus: Any = None, **kwargs: Any) -> Any:
-    """Rank GPUs for ``model``; see gpurec.recommend."""
+    """Rank GPUs for ``model`` (a gpurec.recommend.Ranking); see gpurec.recommend.recommend.
+
+    Importing the subpackage gpurec.recommend replaces this name with the package, which is
+    callable with the same arguments.
+    """
     from gpurec.recommend import recommend as _recommend
 
     return _recommend(model, input_shape, mode=mode, objective=objective, gpus=gpus, **kwargs)
