@@ -120,15 +120,18 @@ def ops(
 ) -> None:
     """List the operations a network executes, with their analytic features and totals."""
     _check_format(fmt)
-    from gpurec.ops import classification_models, extract_operations, network_totals
-
     if list_models:
+        from gpurec.ops import classification_models
+
         typer.echo("\n".join(classification_models()))
         return
     if not model:
         _fail("--model is required (see --list-models)")
     shape = _check_shape(batch_size, resolution)
     _check_mode(mode)
+    _check_model_name(model)
+    from gpurec.ops import extract_operations, network_totals
+
     op_list = _guard(extract_operations, model, shape, mode=mode, keep_sources=False)
     totals = network_totals(op_list)
     records = [op.to_record() for op in op_list]
@@ -245,6 +248,8 @@ def profile(
         _fail(f"--ncu-sampling must be one of {', '.join(SAMPLING_MODES)}, not '{ncu_sampling}'")
     _check_shape(batch_size, resolution)
     _check_mode(mode)
+    _check_model_name(model)
+    _require_gpu("profile", gpu_index)
     from gpurec.profile import profile_network as run_profile
     from gpurec.profile import render_table
 
@@ -254,6 +259,17 @@ def profile(
         _print_json(result.to_json())
     else:
         typer.echo(render_table(result))
+
+
+def _require_gpu(command: str, gpu_index: int = 0) -> None:
+    """One line and exit 2 when there is no usable CUDA GPU (instead of torch's traceback)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        _fail(f"`gpurec {command}` needs an NVIDIA GPU with a working driver, and torch finds none here; "
+              "`gpurec predict` and `gpurec recommend` work without one.")
+    if not 0 <= gpu_index < torch.cuda.device_count():
+        _fail(f"--gpu-index {gpu_index} is not one of this machine's {torch.cuda.device_count()} GPU(s)")
 
 
 @app.command()
@@ -414,9 +430,12 @@ LOW_COVERAGE = 0.9
 
 
 def _check_model_name(model: str) -> None:
-    from gpurec.ops.extract import _check_name
+    """Reject an unknown name before torch is imported (a fraction of a second, not seconds)."""
+    from gpurec.ops.names import unknown_model_message
 
-    _guard(_check_name, model)
+    message = unknown_model_message(model)
+    if message is not None:
+        _fail(message)
 
 
 @app.command()

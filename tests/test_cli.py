@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -135,3 +136,85 @@ def test_host_must_be_a_host_bench_file_or_local(command: str) -> None:
     res = run(command, "--model", "resnet18", "--host", "banana")
     assert res.exit_code == 2 and "host-bench" in res.output and "Traceback" not in res.output
     assert run(command, "--model", "resnet18", "--host-cpu", "x").exit_code == 2  # the old option is gone
+
+
+def _copy_models(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty", "no_manifest", "truncated_booster", "bad_json"])
+def test_unusable_models_exit_3_with_the_train_hint(damage: str, tmp_path: Path) -> None:
+    """Defect 9: a missing manifest exited 1, a truncated booster 2; the hint named a module path."""
+    from gpurec.model.persist import default_model_dir
+
+    d = tmp_path / "models"
+    if damage == "empty":
+        d.mkdir()
+    elif damage != "missing":
+        _copy_models(default_model_dir(), d)
+        if damage == "no_manifest":
+            (d / "manifest.json").unlink()
+        elif damage == "truncated_booster":
+            booster = next(d.glob("time_*.ubj"))
+            booster.write_bytes(booster.read_bytes()[:100])
+        else:
+            (d / "manifest.json").write_text("{")
+    for command in ("predict", "recommend"):
+        res = run(command, "--model", "resnet18", "--models", str(d))
+        assert res.exit_code == 3, (damage, res.output)
+        assert "gpurec train" in res.output and "Traceback" not in res.output
+        assert len(res.output.strip().splitlines()) == 1
+
+
+def test_a_copied_checkout_uses_its_own_models_or_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect 9: a copied checkout with no manifest silently used another checkout's models."""
+    from gpurec.model.persist import default_model_dir
+
+    copy = tmp_path / "copy"
+    (copy / "gpurec").mkdir(parents=True)
+    (copy / "pyproject.toml").write_text((Path(cli.__file__).parent / "pyproject.toml").read_text())
+    (copy / "models").mkdir()
+    monkeypatch.delenv("GPUREC_MODELS", raising=False)
+    monkeypatch.chdir(copy / "gpurec")
+    assert default_model_dir() == copy / "models"
+    res = run("predict", "--model", "resnet18")
+    assert res.exit_code == 3 and str(copy / "models") in res.output
+
+
+def test_profile_without_gpu_is_one_line_and_exit_2() -> None:
+    """Defect 8: a 54-62 line traceback before."""
+    res = run("profile", "--model", "resnet18", "--batch-size", "1", "--no-ncu")
+    assert res.exit_code == 2, res.output
+    assert "needs an NVIDIA GPU" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["ops", "predict", "recommend", "validate", "profile"])
+def test_unknown_model_is_rejected_before_torch_is_imported(command: str) -> None:
+    """Defect 11: an unknown model took 6 s to reject (torch and torchvision were imported first)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, cli\n"
+            f"try: cli.app(['{command}', '--model', 'resnet5'])\n"
+            "except SystemExit as e: print('exit', e.code, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                         cwd=Path(cli.__file__).parent)
+    assert out.stdout.split() == ["exit", "2", "False"], out.stdout + out.stderr
+    assert "Did you mean: resnet50" in out.stderr
+
+
+def test_progress_shows_on_a_terminal_only() -> None:
+    import io
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty, pipe = Tty(), io.StringIO()
+    for stream in (tty, pipe):
+        with cli._Progress(stream) as say:
+            say("predicting on H100")
+    assert "predicting on H100" in tty.getvalue() and pipe.getvalue() == ""

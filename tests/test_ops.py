@@ -538,3 +538,10 @@ def test_step_memory_liveness_views_and_in_place() -> None:
     train = step_memory(extract_operations(Chain(), (8, 100), mode="training", keep_sources=False))
     # kept: x (by a), a's output (by ReLU, its output in place, and by b); plus the largest once more
     assert train.activations_bytes == (8 * 100 + 8 * 1000) * 4 + 8 * 1000 * 4
+
+
+def test_shipped_model_names_are_torchvisions() -> None:
+    """The quick name check (no torch import) knows exactly the installed torchvision's names."""
+    from gpurec.ops.names import TORCHVISION_CLASSIFIERS
+
+    assert list(TORCHVISION_CLASSIFIERS) == classification_models()

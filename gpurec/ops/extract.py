@@ -13,7 +13,6 @@ import collections
 import contextlib
 import copy
 import dataclasses
-import difflib
 import functools
 import gc
 import json
@@ -213,11 +212,11 @@ def _in_mode(root: nn.Module, training: bool) -> Any:
 
 
 def _check_name(model: str) -> str:
-    names = _model_names()
-    if model not in names:
-        near = difflib.get_close_matches(model, names, n=3, cutoff=0.5)
-        hint = f" Did you mean: {', '.join(near)}?" if near else ""
-        raise UnknownModel(f"Unknown model '{model}'.{hint} Run `gpurec ops --list-models` for all {len(names)} names.")
+    from gpurec.ops.names import unknown_model_message
+
+    message = unknown_model_message(model, _model_names())
+    if message is not None:
+        raise UnknownModel(message)
     return model
 
 
