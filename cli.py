@@ -112,9 +112,9 @@ def _fmt(v: Any) -> str:
 @app.command()
 def ops(
     model: str = typer.Option(None, "--model", "-m", help="torchvision classification model name"),
-    batch_size: int = typer.Option(32, "--batch-size", "-b"),
-    resolution: int = typer.Option(224, "--resolution", "-r"),
-    mode: str = typer.Option("inference", "--mode", help="inference or training"),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images per step"),
+    resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
+    mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv"),
     list_models: bool = typer.Option(False, "--list-models", help="list the torchvision models and exit"),
 ) -> None:
@@ -173,11 +173,11 @@ def gpus(fmt: str = typer.Option("table", "--format", "-f", help="table or json"
     if fmt == "json":
         _print_json([asdict(s) for s in specs])
         return
-    _table([{**asdict(s), "alias": s.short_name} for s in specs],
+    _table([{**asdict(s), "alias": s.short_name, "source": "\n".join(s.sources)} for s in specs],
            [("nvml_name", "NVML name"), ("alias", "alias"), ("architecture", "arch"), ("sm_count", "SMs"),
             ("max_sm_clock_mhz", "max MHz"), ("fp32_tflops", "FP32 TF"), ("tf32_tflops", "TF32 TF"),
             ("bf16_tflops", "BF16 TF"), ("memory_gb", "GB"), ("memory_bandwidth_gbs", "GB/s"),
-            ("l2_cache_mb", "L2 MB"), ("tdp_w", "TDP W")])
+            ("l2_cache_mb", "L2 MB"), ("tdp_w", "TDP W"), ("source", "sources")])
 
 
 @app.command(context_settings=PASSTHROUGH)
@@ -195,14 +195,22 @@ def collect(ctx: typer.Context) -> None:
 
 @app.command("measure-network", context_settings=PASSTHROUGH)
 def measure_network(ctx: typer.Context) -> None:
-    """Whole-network measurements (ground truth for validation): `collect --what networks`."""
+    """Whole-network measurements (ground truth for validation): `collect --what networks`.
+
+    Takes collect's options except --what: --models --batch-sizes --resolutions --modes --out
+    [--devices 0,1] [--shard i/n] [--plan-only]; `gpurec collect --help` describes each.
+    """
+    if {"--help", "-h"} & set(ctx.args):
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
     from gpurec.collect.__main__ import main as collect_main
 
     raise typer.Exit(_guard(collect_main, ["--what", "networks", *ctx.args]) or 0)
 
 
 @dataset_app.command("build")
-def dataset_build(root: Path = typer.Option(Path("datasets"), "--root")) -> None:
+def dataset_build(root: Path = typer.Option(Path("datasets"), "--root",
+                                           help="dataset root with one directory per GPU")) -> None:
     """Rebuild the Parquet tables of every GPU directory from its raw shards."""
     from gpurec.dataset.build import build_all
 
@@ -228,17 +236,17 @@ def calibrate(ctx: typer.Context) -> None:
 
 @app.command()
 def profile(
-    model: str = typer.Option(..., "--model", "-m"),
-    batch_size: int = typer.Option(64, "--batch-size", "-b"),
-    resolution: int = typer.Option(224, "--resolution", "-r"),
-    mode: str = typer.Option("inference", "--mode"),
+    model: str = typer.Option(..., "--model", "-m", help="torchvision classification model name"),
+    batch_size: int = typer.Option(64, "--batch-size", "-b", help="images per step"),
+    resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
+    mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
     out: Path = typer.Option(None, "--out", help="directory for trace, counters, JSON and plots"),
-    gpu_index: int = typer.Option(0, "--gpu-index"),
+    gpu_index: int = typer.Option(0, "--gpu-index", help="CUDA index of the GPU to profile"),
     no_ncu: bool = typer.Option(False, "--no-ncu", help="framework trace only (no hardware counters)"),
     ncu_sampling: str = typer.Option(
         "all", "--ncu-sampling",
         help="all: count every kernel; per-config: one launch per (kernel, grid, block), repeats imputed"),
-    fmt: str = typer.Option("table", "--format", "-f"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
 ) -> None:
     """Multi-level GPU utilization of one iteration (framework trace + Nsight Compute)."""
     _check_format(fmt, ("table", "json"))
@@ -274,10 +282,10 @@ def _require_gpu(command: str, gpu_index: int = 0) -> None:
 
 @app.command()
 def train(
-    data: Path = typer.Option(Path("datasets"), "--data"),
-    out: Path = typer.Option(Path("models"), "--out"),
+    data: Path = typer.Option(Path("datasets"), "--data", help="dataset root with one directory per GPU"),
+    out: Path = typer.Option(Path("models"), "--out", help="directory to write the trained models to"),
     trials: int = typer.Option(20, "--trials", help="Optuna trials per target"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="random seed for tuning and cross-validation"),
 ) -> None:
     """Train the per-operation predictors and the whole-network corrections."""
     from gpurec.model import train as run_train
@@ -514,13 +522,15 @@ def _render_ranking(r: Any) -> None:
 
 @app.command()
 def validate(
-    model: str = typer.Option(None, "--model", "-m"),
-    batch_size: int = typer.Option(32, "--batch-size", "-b"),
-    resolution: int = typer.Option(224, "--resolution", "-r"),
-    mode: str = typer.Option("inference", "--mode"),
-    gpu_index: int = typer.Option(0, "--gpu-index"),
-    log: Path = typer.Option(Path("datasets/validation/validation_log.jsonl"), "--log"),
-    fmt: str = typer.Option("table", "--format", "-f"),
+    model: str = typer.Option(None, "--model", "-m",
+                              help="torchvision classification model name (required unless --complete)"),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images per step"),
+    resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
+    mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
+    gpu_index: int = typer.Option(0, "--gpu-index", help="CUDA index of the GPU to measure on"),
+    log: Path = typer.Option(Path("datasets/validation/validation_log.jsonl"), "--log",
+                             help="JSON-lines file the record is appended to"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
     complete: Path = typer.Option(None, "--complete", help="add predictions to a log measured without xgboost"),
 ) -> None:
     """Measure a whole network on this GPU and compare with the prediction and the op sum."""

@@ -218,3 +218,53 @@ def test_progress_shows_on_a_terminal_only() -> None:
         with cli._Progress(stream) as say:
             say("predicting on H100")
     assert "predicting on H100" in tty.getvalue() and pipe.getvalue() == ""
+
+
+def _commands() -> list[tuple[str, object]]:
+    import click
+    import typer
+
+    out: list[tuple[str, object]] = []
+
+    def walk(cmd: object, prefix: str) -> None:
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                walk(sub, f"{prefix} {name}".strip())
+        else:
+            out.append((prefix, cmd))
+
+    walk(typer.main.get_command(cli.app), "")
+    return out
+
+
+def test_every_option_has_a_description() -> None:
+    """Defect 10: many options had no description."""
+    import click
+
+    missing = [f"{name} {p.opts[0]}" for name, cmd in _commands() for p in cmd.params  # type: ignore[attr-defined]
+               if isinstance(p, click.Option) and not p.help]
+    assert missing == []
+
+
+def test_measure_network_help_is_its_own_and_validate_model_is_marked_required() -> None:
+    """Defect 10: measure-network --help printed collect's argparse help."""
+    res = run("measure-network", "--help")
+    assert res.exit_code == 0 and "Whole-network measurements" in res.output and "usage:" not in res.output
+    text = " ".join(run("validate", "--help").output.replace("│", " ").split())
+    assert "required unless --complete" in text
+
+
+def test_gpus_table_shows_its_sources() -> None:
+    """Defect 10: `gpus` promised sources but showed none."""
+    out = run("gpus").output
+    assert "sources" in out and "https://" in out
+
+
+def test_tests_leave_no_files_in_the_shared_temp_folder() -> None:
+    """Defect 13: tests left gpurec_ncu_metrics_*.txt in the machine's temp folder."""
+    from conftest import SYSTEM_TMP
+
+    from gpurec.profile.ncu_io import query_available_metrics
+
+    assert query_available_metrics("/nonexistent/ncu-for-a-test") is None
+    assert not list(SYSTEM_TMP.glob("gpurec_ncu_metrics_*nonexistent_ncu_for_a_test*"))
