@@ -174,3 +174,37 @@ def test_estimate_fields_reads_estimates_without_the_host_split() -> None:
 def test_recommend_rejects_unknown_objective() -> None:
     with pytest.raises(UnknownObjective, match="time, energy, edp"):
         recommend("resnet18", (8, 3, 224, 224), objective="speed", predictor=FakePredictor())
+
+
+def test_low_coverage_warns_with_a_filterable_class() -> None:
+    """Defect 2: an unknown composite gave meaningless totals silently."""
+    import warnings
+
+    import torch
+    from torch import nn
+
+    import gpurec
+
+    p = gpurec.load_predictor()
+    with pytest.warns(gpurec.LowCoverageWarning, match="% of the FLOPs"):
+        est = p.predict(nn.Sequential(nn.Conv3d(3, 64, 3), nn.ReLU()), (2, 3, 16, 32, 32), gpu="H100")
+    assert est.coverage < 0.9
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(256, 8, 1024, batch_first=True), 4,
+                                enable_nested_tensor=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gpurec.LowCoverageWarning)
+        est = p.predict(enc, (32, 128, 256), gpu="H100")  # decomposed: every kind is known
+        assert est.coverage > 0.99 and est.n_ops == 4 * 8
+        lstm = p.predict(nn.LSTM(256, 512, 2, batch_first=True), (32, 50, 256), mode="training", gpu="H100",
+                         dtype=torch.float32)
+        assert lstm.coverage > 0.9
+        warnings.simplefilter("ignore", gpurec.LowCoverageWarning)
+        p.predict(nn.Conv3d(3, 8, 3), (1, 3, 8, 8, 8), gpu="H100")  # filtered: no error
+
+
+def test_cli_warns_prominently_on_low_coverage(capsys: pytest.CaptureFixture[str]) -> None:
+    import cli
+
+    cli._report_uncovered([{"kind": "Conv3d", "flops_share": 0.6, "time_share": 0.5}], 0.4)
+    err = capsys.readouterr().err
+    assert err.startswith("WARNING: only 40.0% of the FLOPs")
