@@ -379,7 +379,7 @@ def predict(
     _check_model_name(model)
     host = _check_host(host)
     from gpurec.catalog import resolve_gpu
-    from gpurec.recommend import BAND, estimate_fields, predict_step
+    from gpurec.recommend import band_description, estimate_fields, predict_step
 
     spec = _guard(resolve_gpu, gpu)
     with _Progress() as say:
@@ -392,7 +392,7 @@ def predict(
     unc = _records(getattr(est, "uncovered", None))
     if fmt == "json":
         _print_json({"model": model, "input_shape": list(shape), "mode": mode, "gpu": spec.nvml_name,
-                     "cuda_graphs": cuda_graphs, "energy_per": "step (one batch)", "band": BAND, **f,
+                     "cuda_graphs": cuda_graphs, "energy_per": "step (one batch)", "band": band_description(p), **f,
                      "per_op": per_op.to_dict("records") if per_op is not None else [], "uncovered": unc})
         return
     g = "gpu_" if cuda_graphs else ""
@@ -407,7 +407,7 @@ def predict(
     if f["bound"] is not None:
         typer.echo(f"  bound  {f['bound']} (GPU alone {_fmt(f['gpu_time_ms'])} ms, host issue "
                    f"{_fmt(f['host_time_ms'])} ms)")
-    typer.echo(f"  bands: {BAND}")
+    typer.echo(f"  bands: {band_description(p)}")
     if per_op is not None and len(per_op) and "time_share" in per_op:
         top = per_op.groupby("kind", as_index=False)[["time_share", "energy_share"]].sum()
         top = top.sort_values("time_share", ascending=False).head(5)
@@ -501,8 +501,8 @@ def _render_ranking(r: Any) -> None:
                   ("vs_best", f"vs best ({r.objective})"), ("band", f"{r.objective} band ({r.unit})")],
            title=f"{r.model} {list(r.input_shape)} {r.mode}, ranked by {r.objective}"
                  f"{' with CUDA graphs' if r.cuda_graphs else ' (eager)'}, host {r.host}")
-    typer.echo(f"Bands: {r.band}. Energy is per step (one batch). '(tie)': the band overlaps the best's over most "
-               "of its width.")
+    typer.echo(f"Bands: {r.band}. Energy is per step (one batch). '(tie)': the band overlaps the best's over "
+               "at least half of the narrower width.")
     typer.echo(f"Peak memory of the step: about {_fmt(r.memory_gb)} GB (parameters"
                f"{', gradients, activations kept for backward' if r.mode == 'training' else ', live activations'}; "
                "no optimizer state)." + (" GPUs that cannot hold it rank last." if not all(x.fits for x in r.rows)

@@ -55,6 +55,9 @@ class FakePredictor:
     ms_per_sample: float = 0.01
     band: float = 0.1
     calls: list[tuple[Any, ...]] = field(default_factory=list)
+    manifest: dict[str, Any] = field(default_factory=lambda: {"uncertainty": {
+        "measured_gpu": {"quantiles": [0.05, 0.95]}, "source": "leave-one-family-out errors",
+        "unmeasured_gpu": {"quantiles": [0.1, 0.9], "source": "leave-one-GPU-out errors"}}})
 
     @property
     def gpus(self) -> list[SimpleNamespace]:
@@ -102,7 +105,10 @@ def test_ranking_is_typed_and_ranks_by_objective() -> None:
     out = r.to_json()
     json.dumps(out)
     assert "differences" not in out  # defect 3: a breakdown of raw operation sums that disagreed with the table
-    assert out["energy_per"] == "step (one batch)" and "percentile" in out["band"]
+    assert out["energy_per"] == "step (one batch)"
+    assert out["band"] == ("measured GPUs: 5th-95th percentile of measured/predicted ratios in leave-one-family-out "
+                           "errors; extrapolated GPUs: 10th-90th percentile of measured/predicted ratios in "
+                           "leave-one-GPU-out errors")
     assert all("share_of_difference" not in row for row in out["ranking"])
 
 

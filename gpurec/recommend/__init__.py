@@ -18,6 +18,7 @@ from gpurec.recommend.ranking import (
     RankedGPU,
     Ranking,
     UnknownObjective,
+    band_description,
     bands_tie,
     check_objective,
     default_input_shape,
@@ -28,7 +29,7 @@ from gpurec.recommend.ranking import (
     step_memory_gb,
 )
 
-__all__ = ["BAND", "OBJECTIVES", "BoundAdvice", "RankedGPU", "Ranking", "UnknownObjective", "bands_tie",
+__all__ = ["BAND", "OBJECTIVES", "BoundAdvice", "RankedGPU", "Ranking", "UnknownObjective", "band_description", "bands_tie",
            "check_objective", "default_input_shape", "estimate_fields", "predict_step", "recommend", "smallest_gpu_bound_batch",
            "step_memory_gb"]
 

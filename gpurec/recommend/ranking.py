@@ -20,7 +20,7 @@ OBJECTIVES: dict[str, tuple[str, str]] = {
     "edp": ("edp_mj_ms", "mJ·ms"),
 }
 TIE_OVERLAP = 0.5  # a rank ties with the best when their bands share at least this much of the narrower width
-BAND = "the predictor's cross-validated error band (10th to 90th percentile of measured/predicted ratios)"
+BAND = "the predictor's uncertainty band (how it was derived is not recorded in its manifest)"
 MAX_BATCH_SEARCH = 8192
 
 
@@ -38,6 +38,24 @@ def check_objective(objective: str) -> str:
 
 def default_input_shape(batch_size: int = 32, resolution: int = 224) -> tuple[int, int, int, int]:
     return (int(batch_size), 3, int(resolution), int(resolution))
+
+
+def band_description(predictor: Any) -> str:
+    """What the low/high band is, from the predictor's manifest (how training derived it)."""
+    manifest = getattr(predictor, "manifest", None)
+    unc = manifest.get("uncertainty") if isinstance(manifest, dict) else None
+    if not isinstance(unc, dict) or not isinstance(unc.get("measured_gpu"), dict):
+        return BAND
+    parts = []
+    for key, who in (("measured_gpu", "measured GPUs"), ("unmeasured_gpu", "extrapolated GPUs")):
+        band = unc.get(key)
+        if not isinstance(band, dict) or "quantiles" not in band:
+            continue
+        lo, hi = band["quantiles"]
+        source = band.get("source") or (unc.get("source") if key == "measured_gpu" else None)
+        parts.append(f"{who}: {lo * 100:g}th-{hi * 100:g}th percentile of measured/predicted ratios"
+                     + (f" in {source}" if source else ""))
+    return "; ".join(parts) if parts else BAND
 
 
 # -- the one place that reads an estimate --------------------------------------------------------
@@ -282,7 +300,8 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
                    objective=objective, cuda_graphs=bool(cuda_graphs), host=host_name, rows=tuple(ranked),
                    measured_gpus=measured, memory_gb=memory_gb,
                    coverage=min((r.coverage for r in ranked), default=1.0),
-                   uncovered=_uncovered(first), advice=advice, estimates=estimates)
+                   uncovered=_uncovered(first), advice=advice, band=band_description(predictor),
+                   estimates=estimates)
 
 
 _ROW_FIELDS = ("time_ms", "energy_mj", "power_w", "gpu_time_ms", "gpu_energy_mj", "host_time_ms", "bound",
