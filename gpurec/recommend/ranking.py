@@ -329,10 +329,12 @@ def _host_label(host: Any) -> str:
 
 
 def _uncovered(est: Any) -> tuple[dict[str, Any], ...]:
-    unc = getattr(est, "uncovered", None) if est is not None else None
+    """The estimate's uncovered operations as plain records (JSON-able Python values)."""
+    unc = est.uncovered if est is not None else None
     if unc is None or not len(unc):
         return ()
-    return tuple(unc.to_dict("records"))
+    return tuple({k: (v.item() if hasattr(v, "item") else v) for k, v in rec.items()}
+                 for rec in unc.to_dict("records"))
 
 
 def step_memory_gb(model: Any, shape: tuple[int, ...], mode: str, dtype: Any = None) -> float:
