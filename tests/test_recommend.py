@@ -214,3 +214,16 @@ def test_cli_warns_prominently_on_low_coverage(capsys: pytest.CaptureFixture[str
     cli._report_uncovered([{"kind": "Conv3d", "flops_share": 0.6, "time_share": 0.5}], 0.4)
     err = capsys.readouterr().err
     assert err.startswith("WARNING: only 40.0% of the FLOPs")
+
+
+def test_gpu_bound_batch_search_stays_within_memory() -> None:
+    """The advice never names a batch size the best GPU cannot hold."""
+    from gpurec.recommend.ranking import largest_fitting_batch, step_memory_of
+
+    p = FakePredictor(speed={L4: 3.0}, host_ms=50.0)  # GPU-bound only from B = 1389 on the L4
+    r = recommend("resnet50", (32, 3, 224, 224), mode="training", objective="time", gpus=["L4"], predictor=p)
+    limit = largest_fitting_batch(step_memory_of("resnet50", (32, 3, 224, 224), "training"), 32, 24)
+    assert 200 < limit < 300  # ~88 MB per image of resnet50 training
+    assert r.advice is not None and r.advice.gpu_bound_batch_size is None
+    assert r.advice.searched_up_to <= limit and max(c[1][0] for c in p.calls) <= limit
+    assert "stays host-bound up to batch size" in r.advice.sentence()

@@ -140,12 +140,13 @@ class BoundAdvice:
     gpu_time_ms: float  # the same step as one CUDA graph on it
     gpu_choice_pct: float  # eager time of the slowest fitting GPU vs the fastest, in percent
     gpu_bound_batch_size: int | None  # smallest batch size that is GPU-bound on the best GPU (None: not found)
-    searched_up_to: int  # the largest batch size tried
+    searched_up_to: int  # the largest batch size tried (at most what fits the best GPU's memory)
 
     def sentence(self) -> str:
         batch = (f"it becomes GPU-bound from batch size {self.gpu_bound_batch_size}"
                  if self.gpu_bound_batch_size is not None
-                 else f"it stays host-bound up to batch size {self.searched_up_to}")
+                 else f"it stays host-bound up to batch size {self.searched_up_to}, as far as was searched "
+                      "within the best GPU's memory")
         return (f"Host-bound on {', '.join(self.gpus)}: the GPU choice changes the eager step by only "
                 f"{self.gpu_choice_pct:.0f}%; with CUDA graphs it would take {self.gpu_time_ms:.3g} ms instead of "
                 f"{self.time_ms:.3g} ms; {batch}.")
@@ -274,7 +275,8 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
         if spec.nvml_name not in {s.nvml_name for s in specs}:  # "H100, H100" is one GPU
             specs.append(spec)
     say("estimating the step's memory")
-    memory_gb = step_memory_gb(model, shape, mode, dtype)
+    memory = step_memory_of(model, shape, mode, dtype)
+    memory_gb = memory.memory_gb
     rows: list[dict[str, Any]] = []
     estimates: dict[str, Any] = {}
     for spec in specs:
@@ -294,7 +296,7 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
     first = next(iter(estimates.values()), None)
     advice = None
     if ranked and ranked[0].bound == "host":
-        advice = _bound_advice(ranked, predictor, model, shape, mode, host, dtype, batch_search, say)
+        advice = _bound_advice(ranked, predictor, model, shape, mode, host, dtype, batch_search, say, memory)
     measured = tuple(e.nvml_name for e in predictor.gpus if e.measured)
     return Ranking(model=model if isinstance(model, str) else type(model).__name__, input_shape=shape, mode=mode,
                    objective=objective, cuda_graphs=bool(cuda_graphs), host=host_name, rows=tuple(ranked),
@@ -337,18 +339,34 @@ def _uncovered(est: Any) -> tuple[dict[str, Any], ...]:
                  for rec in unc.to_dict("records"))
 
 
-def step_memory_gb(model: Any, shape: tuple[int, ...], mode: str, dtype: Any = None) -> float:
-    """Estimated peak memory of one step in GB (gpurec.ops.memory)."""
+def step_memory_of(model: Any, shape: tuple[int, ...], mode: str, dtype: Any = None) -> Any:
+    """Estimated peak memory of one step (a gpurec.ops.memory.StepMemory)."""
     from gpurec.ops import extract_operations
     from gpurec.ops.memory import step_memory
 
     kwargs = {"dtype": dtype} if dtype is not None else {}
     ops = extract_operations(model, shape, mode=mode, keep_sources=False, **kwargs)
-    return step_memory(ops, mode).memory_gb
+    return step_memory(ops, mode)
+
+
+def step_memory_gb(model: Any, shape: tuple[int, ...], mode: str, dtype: Any = None) -> float:
+    """Estimated peak memory of one step in GB (gpurec.ops.memory)."""
+    return float(step_memory_of(model, shape, mode, dtype).memory_gb)
+
+
+def largest_fitting_batch(memory: Any, batch: int, capacity_gb: float) -> int:
+    """The largest batch size whose step fits ``capacity_gb``: activations grow with the batch,
+    parameters and gradients do not."""
+    fixed = memory.params_bytes + memory.grads_bytes
+    per_sample = memory.activations_bytes / max(batch, 1)
+    if per_sample <= 0:
+        return MAX_BATCH_SEARCH
+    return max(0, int((capacity_gb * 1e9 - fixed) // per_sample))
 
 
 def _bound_advice(ranked: list[RankedGPU], predictor: Any, model: Any, shape: tuple[int, ...], mode: str,
-                  host: Any, dtype: Any, batch_search: bool, say: Callable[[str], None]) -> BoundAdvice:
+                  host: Any, dtype: Any, batch_search: bool, say: Callable[[str], None], memory: Any
+                  ) -> BoundAdvice:
     fitting = [r for r in ranked if r.fits] or ranked
     best = ranked[0]
     host_bound = tuple(r.short_name for r in ranked if r.bound == "host" and (r is best or r.tie_with_best))
@@ -356,7 +374,8 @@ def _bound_advice(ranked: list[RankedGPU], predictor: Any, model: Any, shape: tu
     choice = (max(times) / min(times) - 1.0) * 100.0 if min(times) > 0 else math.nan
     found, tried = None, shape[0]
     if batch_search:
-        found, tried = smallest_gpu_bound_batch(predictor, model, shape, mode, best.gpu, host, dtype, say)
+        limit = min(MAX_BATCH_SEARCH, largest_fitting_batch(memory, shape[0], best.memory_capacity_gb))
+        found, tried = smallest_gpu_bound_batch(predictor, model, shape, mode, best.gpu, host, dtype, say, limit)
     return BoundAdvice(gpus=host_bound, time_ms=best.time_ms, gpu_time_ms=best.gpu_time_ms, gpu_choice_pct=choice,
                        gpu_bound_batch_size=found, searched_up_to=tried)
 
@@ -379,10 +398,15 @@ def smallest_gpu_bound_batch(predictor: Any, model: Any, shape: tuple[int, ...],
         return estimate_fields(est)["bound"] == "gpu"
 
     lo, hi = shape[0], shape[0] * 2
-    while hi <= limit and not gpu_bound(hi):
+    while True:
+        if hi > limit:
+            if lo >= limit or not gpu_bound(limit):
+                return None, max(lo, limit)
+            hi = limit
+            break
+        if gpu_bound(hi):
+            break
         lo, hi = hi, hi * 2
-    if hi > limit:
-        return None, lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if gpu_bound(mid):
