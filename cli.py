@@ -132,7 +132,9 @@ def ops(
     _check_model_name(model)
     from gpurec.ops import extract_operations, network_totals
 
-    op_list = _guard(extract_operations, model, shape, mode=mode, keep_sources=False)
+    with _Progress() as say:
+        say(f"extracting the operations of {model}")
+        op_list = _guard(extract_operations, model, shape, mode=mode, keep_sources=False)
     totals = network_totals(op_list)
     records = [op.to_record() for op in op_list]
     if fmt == "json":

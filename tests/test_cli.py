@@ -270,3 +270,19 @@ def test_tests_leave_no_files_in_the_shared_temp_folder() -> None:
 
     assert query_available_metrics("/nonexistent/ncu-for-a-test") is None
     assert not list(SYSTEM_TMP.glob("gpurec_ncu_metrics_*nonexistent_ncu_for_a_test*"))
+
+
+def test_readme_install_command_brings_the_test_runner() -> None:
+    """Defect 12: the README's test command failed after its install command (no pytest)."""
+    import re
+
+    root = Path(cli.__file__).parent
+    readme = (root / "README.md").read_text()
+    quick = readme[readme.index("## Quick start"):readme.index("## Tests")]
+    install = re.search(r"```bash\n(.*?)\n```", quick, re.S).group(1)  # type: ignore[union-attr]
+    assert install.startswith("pip install -e '.[dev]' && gpurec recommend")
+    tests = readme[readme.index("## Tests"):]
+    assert re.search(r"```bash\n(.*?)\n```", tests, re.S).group(1) == "python -m pytest"  # type: ignore[union-attr]
+    dev = re.search(r"^dev = \[(.*?)\]", (root / "pyproject.toml").read_text(), re.M)
+    assert dev is not None and '"pytest' in dev.group(1)
+    assert "download.pytorch.org/whl/cpu" in quick  # a CPU-only torch for machines without a GPU
