@@ -534,13 +534,15 @@ def validate(
                              help="JSON-lines file the record is appended to"),
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
     complete: Path = typer.Option(None, "--complete", help="add predictions to a log measured without xgboost"),
+    models: Path = typer.Option(None, "--models", help=MODELS_HELP + " (with --complete)"),
 ) -> None:
     """Measure a whole network on this GPU and compare with the prediction and the op sum."""
     _check_format(fmt, ("table", "json"))
     if complete is not None:
         from gpurec.validate import complete_log
 
-        typer.echo(f"added predictions to {_guard(complete_log, complete)} records of {complete}")
+        typer.echo(f"added predictions to {_guard(complete_log, complete, predictor=_predictor(models))} records "
+                   f"of {complete}")
         return
     if not model:
         _fail("--model is required (or --complete LOG)")

@@ -162,8 +162,11 @@ def test_unusable_models_exit_3_with_the_train_hint(damage: str, tmp_path: Path)
             booster.write_bytes(booster.read_bytes()[:100])
         else:
             (d / "manifest.json").write_text("{")
-    for command in ("predict", "recommend"):
-        res = run(command, "--model", "resnet18", "--models", str(d))
+    log = tmp_path / "log.jsonl"
+    log.write_text("")
+    for args in (("predict", "--model", "resnet18"), ("recommend", "--model", "resnet18"),
+                 ("validate", "--complete", str(log))):
+        res = run(*args, "--models", str(d))
         assert res.exit_code == 3, (damage, res.output)
         assert "gpurec train" in res.output and "Traceback" not in res.output
         assert len(res.output.strip().splitlines()) == 1
