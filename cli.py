@@ -116,24 +116,29 @@ def _fmt(v: Any) -> str:
 @app.command()
 def ops(
     model: str = typer.Option(None, "--model", "-m", help="torchvision classification model name"),
-    batch_size: int = typer.Option(32, "--batch-size", "-b"),
-    resolution: int = typer.Option(224, "--resolution", "-r"),
-    mode: str = typer.Option("inference", "--mode", help="inference or training"),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images per step"),
+    resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
+    mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv"),
     list_models: bool = typer.Option(False, "--list-models", help="list the torchvision models and exit"),
 ) -> None:
     """List the operations a network executes, with their analytic features and totals."""
     _check_format(fmt)
-    from gpurec.ops import classification_models, extract_operations, network_totals
-
     if list_models:
+        from gpurec.ops import classification_models
+
         typer.echo("\n".join(classification_models()))
         return
     if not model:
         _fail("--model is required (see --list-models)")
     shape = _check_shape(batch_size, resolution)
     _check_mode(mode)
-    op_list = _guard(extract_operations, model, shape, mode=mode, keep_sources=False)
+    _check_model_name(model)
+    from gpurec.ops import extract_operations, network_totals
+
+    with _Progress() as say:
+        say(f"extracting the operations of {model}")
+        op_list = _guard(extract_operations, model, shape, mode=mode, keep_sources=False)
     totals = network_totals(op_list)
     records = [op.to_record() for op in op_list]
     if fmt == "json":
@@ -174,11 +179,11 @@ def gpus(fmt: str = typer.Option("table", "--format", "-f", help="table or json"
     if fmt == "json":
         _print_json([asdict(s) for s in specs])
         return
-    _table([{**asdict(s), "alias": s.short_name} for s in specs],
+    _table([{**asdict(s), "alias": s.short_name, "source": "\n".join(s.sources)} for s in specs],
            [("nvml_name", "NVML name"), ("alias", "alias"), ("architecture", "arch"), ("sm_count", "SMs"),
             ("max_sm_clock_mhz", "max MHz"), ("fp32_tflops", "FP32 TF"), ("tf32_tflops", "TF32 TF"),
             ("bf16_tflops", "BF16 TF"), ("memory_gb", "GB"), ("memory_bandwidth_gbs", "GB/s"),
-            ("l2_cache_mb", "L2 MB"), ("tdp_w", "TDP W")])
+            ("l2_cache_mb", "L2 MB"), ("tdp_w", "TDP W"), ("source", "sources")])
 
 
 @app.command(context_settings=PASSTHROUGH)
@@ -196,7 +201,14 @@ def collect(ctx: typer.Context) -> None:
 
 @app.command("measure-network", context_settings=PASSTHROUGH)
 def measure_network(ctx: typer.Context) -> None:
-    """Whole-network measurements (ground truth for validation): `collect --what networks`."""
+    """Whole-network measurements (ground truth for validation): `collect --what networks`.
+
+    Takes collect's options except --what: --models --batch-sizes --resolutions --modes --out
+    [--devices 0,1] [--shard i/n] [--plan-only]; `gpurec collect --help` describes each.
+    """
+    if {"--help", "-h"} & set(ctx.args):
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
     from gpurec.collect.__main__ import main as collect_main
 
     raise typer.Exit(_guard(collect_main, ["--what", "networks", *ctx.args]) or 0)
@@ -213,7 +225,8 @@ def _note_bad_lines(by_gpu: dict[str, list[str]]) -> None:
 
 
 @dataset_app.command("build")
-def dataset_build(root: Path = typer.Option(Path("datasets"), "--root"),
+def dataset_build(root: Path = typer.Option(Path("datasets"), "--root",
+                                           help="dataset root with one directory per GPU"),
                   skip_corrupt_lines: bool = typer.Option(False, "--skip-corrupt-lines", help=SKIP_CORRUPT_HELP)
                   ) -> None:
     """Rebuild the Parquet tables of every GPU directory from its raw shards."""
@@ -398,12 +411,12 @@ def probe(out: Path = typer.Option(..., "--out", help="directory for the probe's
 
 @app.command()
 def profile(
-    model: str = typer.Option(..., "--model", "-m"),
-    batch_size: int = typer.Option(64, "--batch-size", "-b"),
-    resolution: int = typer.Option(224, "--resolution", "-r"),
-    mode: str = typer.Option("inference", "--mode"),
+    model: str = typer.Option(..., "--model", "-m", help="torchvision classification model name"),
+    batch_size: int = typer.Option(64, "--batch-size", "-b", help="images per step"),
+    resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
+    mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
     out: Path = typer.Option(None, "--out", help="directory for trace, counters, JSON and plots"),
-    gpu_index: int = typer.Option(0, "--gpu-index"),
+    gpu_index: int = typer.Option(0, "--gpu-index", help="CUDA index of the GPU to profile"),
     no_ncu: bool = typer.Option(False, "--no-ncu", help="framework trace only (no hardware counters)"),
     ncu_sampling: str = typer.Option(
         "all", "--ncu-sampling",
@@ -431,6 +444,8 @@ def profile(
         _fail(f"--precision must be one of fp32, tf32, bf16, fp16, not '{precision}'")
     _check_shape(batch_size, resolution)
     _check_mode(mode)
+    _check_model_name(model)
+    _require_gpu("profile", gpu_index)
     from gpurec.device.errors import NcuNotFound
     from gpurec.profile import ProfileError, render_table
     from gpurec.profile import profile_network as run_profile
@@ -459,12 +474,23 @@ def profile_summary(results: list[Path] = typer.Argument(..., help="result.json 
     typer.echo(summarize(list(results)))
 
 
+def _require_gpu(command: str, gpu_index: int = 0) -> None:
+    """One line and exit 2 when there is no usable CUDA GPU (instead of torch's traceback)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        _fail(f"`gpurec {command}` needs an NVIDIA GPU with a working driver, and torch finds none here; "
+              "`gpurec predict` and `gpurec recommend` work without one.")
+    if not 0 <= gpu_index < torch.cuda.device_count():
+        _fail(f"--gpu-index {gpu_index} is not one of this machine's {torch.cuda.device_count()} GPU(s)")
+
+
 @app.command()
 def train(
-    data: Path = typer.Option(Path("datasets"), "--data"),
-    out: Path = typer.Option(Path("models"), "--out"),
+    data: Path = typer.Option(Path("datasets"), "--data", help="dataset root with one directory per GPU"),
+    out: Path = typer.Option(Path("models"), "--out", help="directory to write the trained models to"),
     trials: int = typer.Option(20, "--trials", help="Optuna trials per target"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="random seed for tuning and cross-validation"),
 ) -> None:
     """Train the per-operation predictors and the whole-network corrections."""
     from gpurec.model import train as run_train
@@ -473,154 +499,262 @@ def train(
     _print_json(report)
 
 
-def _predictor() -> Any:
+MODELS_UNUSABLE = 3  # exit code whenever the trained models cannot be loaded (missing, damaged, incompatible)
+MODELS_HELP = "trained model directory (default: $GPUREC_MODELS, else models/ of this checkout)"
+HOST_HELP = ("host that issues the kernels: a `gpurec host-bench` JSON file, 'local' (measure this machine's CPU), "
+             "or omitted for the reference host")
+GRAPHS_HELP = "the step runs as one CUDA graph: report and rank by host-free GPU time and energy"
+
+
+def _predictor(models: Path | None = None) -> Any:
+    """The trained predictors, or one line and exit code 3 saying how to get usable ones."""
     from gpurec.model import load_predictor
 
-    return _guard(load_predictor)
+    try:
+        return load_predictor(models)
+    except Exception as exc:  # missing, empty, truncated or incompatible: one exit code for all
+        where = models if models is not None else "the default models/"
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        _fail(f"cannot use the trained models in {where}: {first} Train them with `gpurec train --out DIR` and "
+              "pass --models DIR (or set GPUREC_MODELS).", MODELS_UNUSABLE)
+
+
+def _check_host(host: str | None) -> str | None:
+    if host is None or host == "local":
+        return host
+    if not Path(host).is_file():
+        _fail(f"--host must be a `gpurec host-bench` JSON file or 'local', not '{host}' (no such file)")
+    return host
+
+
+class _Progress:
+    """Sign of life on stderr for slow steps: a spinner on a terminal, nothing in pipes."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self._status: Any = None
+
+    def __enter__(self) -> _Progress:
+        if getattr(self.stream, "isatty", lambda: False)():
+            from rich.console import Console
+
+            self._status = Console(file=self.stream).status("starting")
+            self._status.start()
+        return self
+
+    def __call__(self, message: str) -> None:
+        if self._status is not None:
+            self._status.update(f"gpurec: {message}")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._status is not None:
+            self._status.stop()
+
+
+def _check_gpus(gpus_opt: str | None) -> list[str] | None:
+    from gpurec.catalog import resolve_gpu
+
+    if not gpus_opt:
+        return None
+    names: list[str] = []
+    for g in (g.strip() for g in gpus_opt.split(",")):
+        if g:
+            name = _guard(resolve_gpu, g).nvml_name
+            if name not in names:
+                names.append(name)
+    return names
 
 
 @app.command()
 def predict(
-    model: str = typer.Option(..., "--model", "-m"),
-    batch_size: int = typer.Option(32, "--batch-size", "-b"),
-    resolution: int = typer.Option(224, "--resolution", "-r"),
-    mode: str = typer.Option("inference", "--mode"),
-    gpu: str = typer.Option("H100", "--gpu"),
-    fmt: str = typer.Option("table", "--format", "-f"),
+    model: str = typer.Option(..., "--model", "-m", help="torchvision classification model name"),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images per step"),
+    resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
+    mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
+    gpu: str = typer.Option("H100", "--gpu", help="GPU short name or NVML name (see `gpurec gpus`)"),
+    host: str = typer.Option(None, "--host", help=HOST_HELP),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=GRAPHS_HELP),
+    models: Path = typer.Option(None, "--models", help=MODELS_HELP),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
 ) -> None:
-    """Predict a network's time, energy and power on one GPU."""
+    """Predict one step's time, energy and power on one GPU, with its uncertainty band."""
     _check_format(fmt, ("table", "json"))
     shape = _check_shape(batch_size, resolution)
     _check_mode(mode)
+    _check_model_name(model)
+    host = _check_host(host)
     from gpurec.catalog import resolve_gpu
+    from gpurec.recommend import band_description, estimate_fields, predict_step
 
     spec = _guard(resolve_gpu, gpu)
-    p = _predictor()
-    est = _guard(p.predict, model, input_shape=shape, mode=mode, gpu=spec.nvml_name)
+    with _Progress() as say:
+        say("loading the predictors")
+        p = _predictor(models)
+        say(f"predicting {model} on {spec.short_name}")
+        est = _guard(predict_step, p, model, shape, mode, spec.nvml_name, host)
+    f = estimate_fields(est)
     per_op = est.per_op
+    unc = _records(getattr(est, "uncovered", None))
     if fmt == "json":
         _print_json({"model": model, "input_shape": list(shape), "mode": mode, "gpu": spec.nvml_name,
-                     "measured_gpu": bool(getattr(est, "measured_gpu", False)), "time_ms": est.time_ms,
-                     "energy_mj": est.energy_mj, "power_w": est.power_w,
-                     "per_op": per_op.to_dict("records") if per_op is not None else [],
-                     "uncovered": _records(getattr(est, "uncovered", None))})
+                     "cuda_graphs": cuda_graphs, "energy_per": "step (one batch)", "band": band_description(p), **f,
+                     "per_op": per_op.to_dict("records") if per_op is not None else [], "uncovered": unc})
         return
+    g = "gpu_" if cuda_graphs else ""
     typer.echo(f"{model} {list(shape)} {mode} on {spec.nvml_name} "
-               f"({'measured' if getattr(est, 'measured_gpu', False) else 'extrapolated'} GPU)")
-    typer.echo(f"  time {est.time_ms:.3f} ms   energy {est.energy_mj:.1f} mJ   power {est.power_w:.0f} W")
+               f"({'measured' if f['measured_gpu'] else 'extrapolated'} GPU), host {f['host'] or host or 'reference'}"
+               f"{', as one CUDA graph' if cuda_graphs else ''}")
+    typer.echo(f"  time   {_fmt(f[g + 'time_ms'])} ms      band {_fmt(f[g + 'time_low_ms'])} – "
+               f"{_fmt(f[g + 'time_high_ms'])} ms")
+    typer.echo(f"  energy {_fmt(f[g + 'energy_mj'])} mJ per step (one batch)   band {_fmt(f[g + 'energy_low_mj'])} – "
+               f"{_fmt(f[g + 'energy_high_mj'])} mJ")
+    typer.echo(f"  power  {_fmt(f['power_w'])} W")
+    if f["bound"] is not None:
+        typer.echo(f"  bound  {f['bound']} (GPU alone {_fmt(f['gpu_time_ms'])} ms, host issue "
+                   f"{_fmt(f['host_time_ms'])} ms)")
+    typer.echo(f"  bands: {band_description(p)}")
     if per_op is not None and len(per_op) and "time_share" in per_op:
         top = per_op.groupby("kind", as_index=False)[["time_share", "energy_share"]].sum()
         top = top.sort_values("time_share", ascending=False).head(5)
         typer.echo("  where the time goes: " + ", ".join(
             f"{r.kind} {r.time_share * 100:.0f}%" for r in top.itertuples()))
-    _report_uncovered(getattr(est, "uncovered", None))
+    _report_uncovered(unc, f["coverage"])
 
 
 def _records(df: Any) -> list[dict[str, Any]]:
-    return df.to_dict("records") if df is not None and hasattr(df, "to_dict") else []
+    return df.to_dict("records") if df is not None and hasattr(df, "to_dict") else list(df or [])
 
 
-def _report_uncovered(unc: Any) -> None:
+def _report_uncovered(unc: list[dict[str, Any]], coverage: float = 1.0) -> None:
     """Operations outside what the models were trained on: predicted anyway, never dropped."""
-    if unc is None or not len(unc):
+    if coverage < LOW_COVERAGE:
+        typer.echo(f"WARNING: only {coverage * 100:.1f}% of the FLOPs are in operations the models were trained "
+                   "on; the totals are not trustworthy.", err=True)
+    if not unc:
         return
-    kinds = ", ".join(sorted({str(k) for k in unc["kind"]})) if "kind" in unc else "?"
-    flops = float(unc["flops_share"].sum()) * 100 if "flops_share" in unc else float("nan")
-    time_share = float(unc["time_share"].sum()) * 100 if "time_share" in unc else float("nan")
+    kinds = ", ".join(sorted({str(u.get("kind")) for u in unc}))
+    flops = sum(float(u.get("flops_share", 0.0)) for u in unc) * 100
+    time_share = sum(float(u.get("time_share", 0.0)) for u in unc) * 100
     typer.echo(f"  not covered by the training data (predicted anyway, less trustworthy): {len(unc)} operations "
                f"[{kinds}], {flops:.1f}% of FLOPs, {time_share:.1f}% of the predicted operation time")
 
 
+LOW_COVERAGE = 0.9
+
+
+def _check_model_name(model: str) -> None:
+    """Reject an unknown name before torch is imported (a fraction of a second, not seconds)."""
+    from gpurec.ops.names import unknown_model_message
+
+    message = unknown_model_message(model)
+    if message is not None:
+        _fail(message)
+
+
 @app.command()
 def recommend(
-    model: str = typer.Option(..., "--model", "-m"),
-    batch_size: int = typer.Option(32, "--batch-size", "-b"),
-    resolution: int = typer.Option(224, "--resolution", "-r"),
-    mode: str = typer.Option("inference", "--mode"),
-    objective: str = typer.Option("energy", "--objective", help="time, energy or edp"),
-    gpus_opt: str = typer.Option(None, "--gpus", help="comma-separated GPUs (default: all the predictor covers)"),
-    host_cpu: str = typer.Option(None, "--host-cpu", help="your host CPU model (default: this machine's)"),
-    fmt: str = typer.Option("table", "--format", "-f"),
+    model: str = typer.Option(..., "--model", "-m", help="torchvision classification model name"),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images per step"),
+    resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
+    mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
+    objective: str = typer.Option("energy", "--objective",
+                                  help="time, energy (per step) or edp (energy x time)"),
+    gpus_opt: str = typer.Option(None, "--gpus", help="comma-separated GPUs (default: every catalogue GPU)"),
+    host: str = typer.Option(None, "--host", help=HOST_HELP),
+    cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=GRAPHS_HELP),
+    models: Path = typer.Option(None, "--models", help=MODELS_HELP),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
 ) -> None:
-    """Rank GPUs for a network by time, energy or energy-delay product."""
+    """Rank GPUs for one step of a network by time, energy or energy-delay product."""
     _check_format(fmt, ("table", "json"))
     shape = _check_shape(batch_size, resolution)
-    from gpurec.catalog import resolve_gpu
-    from gpurec.recommend import check_objective, to_json
+    _check_mode(mode)
+    _check_model_name(model)
+    host = _check_host(host)
+    from gpurec.recommend import check_objective
     from gpurec.recommend import recommend as run_recommend
 
     _guard(check_objective, objective)
-    gpu_list = [g.strip() for g in gpus_opt.split(",") if g.strip()] if gpus_opt else None
-    for g in gpu_list or []:
-        _guard(resolve_gpu, g)
-    _check_mode(mode)
-    from gpurec.ops.extract import _check_name
-
-    _guard(_check_name, model)
-    df = _guard(run_recommend, model, shape, mode=mode, objective=objective, gpus=gpu_list,
-                predictor=_predictor(), host_cpu=host_cpu)
+    gpu_list = _check_gpus(gpus_opt)
+    with _Progress() as say:
+        say("loading the predictors")
+        predictor = _predictor(models)
+        ranking = _guard(run_recommend, model, shape, mode=mode, objective=objective, gpus=gpu_list,
+                         predictor=predictor, host=host, cuda_graphs=cuda_graphs, progress=say)
     if fmt == "json":
-        _print_json(to_json(df, model))
+        _print_json(ranking.to_json())
         return
-    rows = df.to_dict("records")
-    for r in rows:
-        r["kind"] = "measured" if r["measured"] else "extrapolated"
-        r["band"] = f"{_fmt(r['low'])} – {_fmt(r['high'])}"
-        r["vs_best"] = "best" if r["rank"] == 1 else f"+{r['vs_best_pct']:.1f}%"
-    unit = {"time": "ms", "energy": "mJ", "edp": "mJ·ms"}[objective]
-    _table(rows, [("rank", "#"), ("short_name", "GPU"), ("kind", "data"), ("time_ms", "time ms"),
-                  ("energy_mj", "energy mJ"), ("power_w", "power W"), ("vs_best", f"vs best ({objective})"),
-                  ("band", f"band ({unit})")],
-           title=f"{model} {list(shape)} {mode}, ranked by {objective}")
-    measured = [r["short_name"] for r in rows if r["measured"]]
-    if len(measured) < len(rows):
-        typer.echo(f"Extrapolated rows are predicted from catalogue specifications by models trained on "
-                   f"{len(measured)} measured GPU(s) ({', '.join(measured)}); their bands are wide and GPUs "
-                   "of other architectures are far outside the measured range: treat them as rough.")
-    hosts = df.attrs.get("host_cpus_measured") or []
-    if host_cpu and hosts and host_cpu not in hosts:
-        typer.echo(f"Host CPU '{host_cpu}' was not measured (measured: {', '.join(hosts)}); host overhead is "
-                   "taken from the measured host(s).")
-    diffs = df.attrs.get("differences") or []
-    if diffs:
-        typer.echo(f"Operations behind most of the difference between {rows[0]['short_name']} "
-                   f"and {rows[1]['short_name']}:")
-        for d in diffs:
-            key = next(k for k in d if k.startswith("delta_"))
-            what = f"{d['op_kind']} x{d.get('count', 1)}" if d.get("count", 1) > 1 else str(d["op_kind"])
-            where = f"  e.g. {d['example']}" if d.get("example") else ""
-            typer.echo(f"  {what:<28} {d[key]:+.3f} {'ms' if key.endswith('_ms') else 'mJ'} "
-                       f"({d['share_of_difference'] * 100:.0f}% of the difference){where}")
-    _report_uncovered(df.attrs.get("uncovered"))
+    _render_ranking(ranking)
+
+
+def _render_ranking(r: Any) -> None:
+    g = "gpu_" if r.cuda_graphs else ""
+    rows = []
+    for row in r.rows:
+        d = row.to_dict()
+        d["kind"] = "measured" if row.measured else "extrapolated"
+        d["band"] = f"{_fmt(row.low)} – {_fmt(row.high)}"
+        d["vs_best"] = "best" if row.rank == 1 else (f"+{row.vs_best_pct:.1f}%" + (" (tie)" if row.tie_with_best
+                                                                                      else ""))
+        d["fits_text"] = "yes" if row.fits else f"NO ({_fmt(row.memory_capacity_gb)} GB)"
+        d["bound"] = row.bound or "?"
+        rows.append(d)
+    _table(rows, [("rank", "#"), ("short_name", "GPU"), ("kind", "data"), ("fits_text", "fits"),
+                  (g + "time_ms", "time ms"), ("gpu_time_ms" if not r.cuda_graphs else "time_ms",
+                                               "graph ms" if not r.cuda_graphs else "eager ms"),
+                  (g + "energy_mj", "energy mJ/step"), ("power_w", "power W"), ("bound", "bound"),
+                  ("vs_best", f"vs best ({r.objective})"), ("band", f"{r.objective} band ({r.unit})")],
+           title=f"{r.model} {list(r.input_shape)} {r.mode}, ranked by {r.objective}"
+                 f"{' with CUDA graphs' if r.cuda_graphs else ' (eager)'}, host {r.host}")
+    typer.echo(f"Bands: {r.band}. Energy is per step (one batch). '(tie)': the band overlaps the best's over "
+               "at least half of the narrower width.")
+    typer.echo(f"Peak memory of the step: about {_fmt(r.memory_gb)} GB (parameters"
+               f"{', gradients, activations kept for backward' if r.mode == 'training' else ', live activations'}; "
+               "no optimizer state)." + (" GPUs that cannot hold it rank last." if not all(x.fits for x in r.rows)
+                                          else ""))
+    extrapolated = [x.short_name for x in r.rows if not x.measured]
+    if extrapolated:
+        from gpurec.catalog import resolve_gpu
+
+        names = ", ".join(resolve_gpu(n).short_name for n in r.measured_gpus) or "none"
+        typer.echo(f"Extrapolated rows ({', '.join(extrapolated)}) are predicted from catalogue specifications by "
+                   f"models trained on {len(r.measured_gpus)} measured GPU(s) ({names}); their bands are wide: "
+                   "treat them as rough.")
+    if r.advice is not None:
+        typer.echo(r.advice.sentence())
+    _report_uncovered(list(r.uncovered), r.coverage)
 
 
 @app.command()
 def validate(
-    model: str = typer.Option(None, "--model", "-m"),
-    batch_size: int = typer.Option(32, "--batch-size", "-b"),
-    resolution: int = typer.Option(224, "--resolution", "-r"),
-    mode: str = typer.Option("inference", "--mode"),
-    gpu_index: int = typer.Option(0, "--gpu-index"),
-    log: Path = typer.Option(Path("datasets/validation/validation_log.jsonl"), "--log"),
-    fmt: str = typer.Option("table", "--format", "-f"),
+    model: str = typer.Option(None, "--model", "-m",
+                              help="torchvision classification model name (required unless --complete)"),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images per step"),
+    resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
+    mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
+    gpu_index: int = typer.Option(0, "--gpu-index", help="CUDA index of the GPU to measure on"),
+    log: Path = typer.Option(Path("datasets/validation/validation_log.jsonl"), "--log",
+                             help="JSON-lines file the record is appended to"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
     complete: Path = typer.Option(None, "--complete", help="add predictions to a log measured without xgboost"),
+    models: Path = typer.Option(None, "--models", help=MODELS_HELP + " (with --complete)"),
 ) -> None:
     """Measure a whole network on this GPU and compare with the prediction and the op sum."""
     _check_format(fmt, ("table", "json"))
     if complete is not None:
         from gpurec.validate import complete_log
 
-        typer.echo(f"added predictions to {_guard(complete_log, complete)} records of {complete}")
+        typer.echo(f"added predictions to {_guard(complete_log, complete, predictor=_predictor(models))} records "
+                   f"of {complete}")
         return
     if not model:
         _fail("--model is required (or --complete LOG)")
     _check_shape(batch_size, resolution)
     _check_mode(mode)
-    from gpurec.ops.extract import _check_name
+    _check_model_name(model)
     from gpurec.validate import render
     from gpurec.validate import validate as run_validate
 
-    _guard(_check_name, model)
     record = _guard(run_validate, model, batch_size, resolution, mode, gpu_index, log)
     if fmt == "json":
         _print_json(record)

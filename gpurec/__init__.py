@@ -11,14 +11,29 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["extract_operations", "load_dataset", "load_predictor", "recommend", "__version__"]
+__all__ = ["LowCoverageWarning", "extract_operations", "load_dataset", "load_predictor", "recommend", "__version__"]
 
 
-def extract_operations(model: Any, input_shape: Any, mode: str = "inference") -> Any:
-    """Operations a forward (and, in training, backward) of ``model`` executes; see gpurec.ops."""
+def extract_operations(model: Any, input_shape: Any = None, mode: str = "inference", dtype: Any = None,
+                       example_inputs: Any = None, **kwargs: Any) -> Any:
+    """Operations a forward (and, in training, backward) of ``model`` executes; see gpurec.ops.
+
+    ``dtype`` is the input's dtype (``torch.long`` for token ids); ``example_inputs`` (a
+    tensor or a tuple of tensors) replaces ``input_shape`` for several or non-float inputs.
+    """
     from gpurec.ops import extract_operations as _extract
 
-    return _extract(model, input_shape, mode=mode)
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    return _extract(model, input_shape, mode=mode, example_inputs=example_inputs, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LowCoverageWarning":
+        from gpurec.ops.coverage import LowCoverageWarning
+
+        return LowCoverageWarning
+    raise AttributeError(f"module 'gpurec' has no attribute {name!r}")
 
 
 def load_dataset(gpu: str | None = None, **kwargs: Any) -> Any:
@@ -37,7 +52,11 @@ def load_predictor(path: Any = None, **kwargs: Any) -> Any:
 
 def recommend(model: Any, input_shape: Any = None, mode: str = "inference", objective: str = "energy",
               gpus: Any = None, **kwargs: Any) -> Any:
-    """Rank GPUs for ``model``; see gpurec.recommend."""
+    """Rank GPUs for ``model`` (a gpurec.recommend.Ranking); see gpurec.recommend.recommend.
+
+    Importing the subpackage gpurec.recommend replaces this name with the package, which is
+    callable with the same arguments.
+    """
     from gpurec.recommend import recommend as _recommend
 
     return _recommend(model, input_shape, mode=mode, objective=objective, gpus=gpus, **kwargs)

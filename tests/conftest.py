@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,21 @@ for _p in (str(ROOT), str(TESTS)):
         sys.path.insert(0, _p)
 
 from fakes import FakeBoard, FakeNVML  # noqa: E402
+
+SYSTEM_TMP = Path(tempfile.gettempdir())
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Code under test that writes to the temp folder (e.g. the ncu metric cache) writes into
+    pytest's own folder, not the machine's shared one."""
+    private = tmp_path_factory.mktemp("tempdir")
+    saved = tempfile.tempdir
+    tempfile.tempdir = str(private)
+    try:
+        yield private
+    finally:
+        tempfile.tempdir = saved
 
 
 @pytest.fixture

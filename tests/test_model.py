@@ -184,7 +184,7 @@ def test_version_and_data_differences_warn(trained: tuple[Path, dict], tmp_path:
 def test_missing_model_dir_says_how_to_train(tmp_path: Path) -> None:
     from gpurec.model import load_predictor
 
-    with pytest.raises(FileNotFoundError, match="gpurec.model.training"):
+    with pytest.raises(FileNotFoundError, match="gpurec train --out"):
         load_predictor(tmp_path / "nowhere")
 
 

@@ -499,3 +499,123 @@ def test_analytic_leaves_agree_with_meta_kernels(training: bool) -> None:
         assert _analytic_leaf(mod, args, {}) is None, mod
     one = nn.BatchNorm2d(8).to("meta").train()
     assert _analytic_leaf(one, (torch.empty(1, 8, 1, 1, device="meta"),), {}) is None
+
+
+def test_step_memory_matches_known_pytorch_figures() -> None:
+    """resnet50 at batch 256, fp32 training: PyTorch's allocator peaks at about 22-25 GB."""
+    from gpurec.ops.memory import step_memory
+
+    train = step_memory(extract_operations("resnet50", (256, 3, 224, 224), mode="training", keep_sources=False))
+    assert 20 < train.memory_gb < 25, train
+    assert train.params_bytes == train.grads_bytes == 25_557_032 * 4
+    infer = step_memory(extract_operations("resnet50", (256, 3, 224, 224), keep_sources=False))
+    assert infer.grads_bytes == 0 and 1 < infer.memory_gb < train.memory_gb / 4
+    # twice the batch: activations double, parameters do not
+    big = step_memory(extract_operations("resnet50", (512, 3, 224, 224), mode="training", keep_sources=False))
+    assert abs((big.activations_bytes / train.activations_bytes) - 2) < 0.01
+
+
+def test_step_memory_liveness_views_and_in_place() -> None:
+    """Inference peak is the largest set alive at once; views and in-place ops add no storage."""
+    from gpurec.ops.memory import step_memory
+
+    class Chain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(100, 1000, bias=False)
+            self.act = nn.ReLU(inplace=True)
+            self.b = nn.Linear(1000, 10, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.act(self.a(x)).reshape(x.shape[0], -1))
+
+    ops = extract_operations(Chain(), (8, 100), keep_sources=False)
+    assert [op.in_place for op in ops if op.kind == "ReLU"] == [True]
+    mem = step_memory(ops)
+    # at its peak, a's input (8x100) and output (8x1000) are alive; ReLU and reshape share a's output
+    assert mem.params_bytes == (100 * 1000 + 1000 * 10) * 4
+    assert mem.activations_bytes == (8 * 100 + 8 * 1000) * 4
+    train = step_memory(extract_operations(Chain(), (8, 100), mode="training", keep_sources=False))
+    # kept: x (by a), a's output (by ReLU, its output in place, and by b); plus the largest once more
+    assert train.activations_bytes == (8 * 100 + 8 * 1000) * 4 + 8 * 1000 * 4
+
+
+def test_shipped_model_names_are_torchvisions() -> None:
+    """The quick name check (no torch import) knows exactly the installed torchvision's names."""
+    from gpurec.ops.names import TORCHVISION_CLASSIFIERS
+
+    assert list(TORCHVISION_CLASSIFIERS) == classification_models()
+
+
+def _flop_counter(module: nn.Module, *inputs: torch.Tensor) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fc:
+        module(*inputs)
+    return int(fc.get_total_flops())
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_is_decomposed_into_known_operations(norm_first: bool) -> None:
+    """Defect 2: nn.TransformerEncoder was one opaque operation; a bare layer failed to trace."""
+    layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, norm_first=norm_first)
+    enc = nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
+    ops = extract_operations(enc, (2, 10, 64), keep_sources=False)
+    kinds = {op.kind for op in ops}
+    assert kinds == {"MultiheadAttention", "Linear", "LayerNorm", "add", "relu"}
+    assert sum(op.kind == "MultiheadAttention" for op in ops) == 3
+    enc.train()  # PyTorch's slow path, the one written out; dropout adds no FLOPs
+    assert sum(op.flops for op in ops) == _flop_counter(enc, torch.randn(2, 10, 64))
+    train = extract_operations(enc, (2, 10, 64), mode="training", keep_sources=False)
+    assert sum(op.kind == "Dropout" for op in train) == 9 and all(op.flops_bwd >= 0 for op in train)
+    assert len(extract_operations(nn.TransformerEncoderLayer(64, 4, 128), (10, 2, 64), keep_sources=False)) == 8
+
+
+def test_transformer_decoder_and_full_transformer_take_example_inputs() -> None:
+    tr = nn.Transformer(32, 4, 2, 2, 64, batch_first=True)
+    src, tgt = torch.randn(3, 12, 32), torch.randn(3, 7, 32)
+    ops = extract_operations(tr, example_inputs=(src, tgt), keep_sources=False)
+    assert sum(op.kind == "MultiheadAttention" for op in ops) == 2 + 2 * 2
+    assert ops[-1].output_shapes == [[3, 7, 32]]
+    tr.train()
+    assert sum(op.flops for op in ops) == _flop_counter(tr, src, tgt)
+
+
+@pytest.mark.parametrize("cls, gates", [(nn.LSTM, 4), (nn.GRU, 3), (nn.RNN, 1)])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_recurrent_layers_are_unrolled_over_time(cls: type[nn.Module], gates: int, bidirectional: bool) -> None:
+    """Defect 2: nn.LSTM failed to trace. Unrolled: one input projection, then one step per time step."""
+    rnn = cls(16, 24, num_layers=2, batch_first=True, bidirectional=bidirectional)
+    n, seq, d = 3, 7, 2 if bidirectional else 1
+    ops = extract_operations(rnn, (n, seq, 16), mode="training", keep_sources=False)
+    linears = [op for op in ops if op.kind == "Linear"]
+    assert len(linears) == 2 * d * (1 + seq)  # per layer and direction
+    expected = sum(2 * n * seq * gates * 24 * (in_f + 24) for in_f in (16, 24 * d)) * d
+    assert sum(op.flops for op in ops) == expected
+    assert all(op.flops_bwd > 0 for op in linears)  # the weights need gradients
+    if cls is not nn.LSTM:  # FlopCounterMode counts GRU and RNN cells, not the fused LSTM
+        assert expected == _flop_counter(rnn.eval(), torch.randn(n, seq, 16))
+
+
+def test_token_id_inputs_with_an_integer_dtype() -> None:
+    """Defect 2: models taking integer token ids failed: inputs were always float."""
+    import gpurec
+
+    class Tokens(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(100, 32)
+            self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2,
+                                             enable_nested_tensor=False)
+            self.head = nn.Linear(32, 5)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.enc(self.emb(ids)).mean(1))
+
+    ops = gpurec.extract_operations(Tokens(), (4, 20), dtype=torch.long)
+    assert ops[0].kind == "Embedding" and ops[-1].output_shapes == [[4, 5]]
+    assert all(op.dtype == "float32" for op in ops)  # activations stay float
+    same = gpurec.extract_operations(Tokens(), example_inputs=torch.zeros(4, 20, dtype=torch.long))
+    assert [op.signature for op in same] == [op.signature for op in ops]
+    with pytest.raises(ExtractionError, match="cannot take input"):
+        gpurec.extract_operations(Tokens(), (4, 20))  # float ids: the embedding refuses them

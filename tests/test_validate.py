@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 
 import gpurec.validate as val
-from gpurec.recommend import UnknownObjective, recommend, to_json
 
 
 class FakePredictor:
@@ -52,26 +51,3 @@ def test_validate_without_xgboost_measures_then_completes(tmp_path: Path, monkey
     done = val.load_log(log)[0]
     assert done["predicted_time_ms"] == pytest.approx(8.0) and "prediction" not in done
     assert val.complete_log(log, predictor=FakePredictor()) == 0
-
-
-def test_recommend_ranks_by_objective_and_flags_measured() -> None:
-    df = recommend("resnet18", (8, 3, 224, 224), objective="time", predictor=FakePredictor())
-    assert list(df["short_name"]) == ["H200", "H100", "A100-80GB"]
-    assert list(df["rank"]) == [1, 2, 3] and df["vs_best_pct"].iloc[0] == 0
-    assert list(df["measured"]) == [True, True, False]
-    assert (df["low"] <= df["time_ms"]).all() and (df["time_ms"] <= df["high"]).all()
-    diffs = df.attrs["differences"]
-    assert diffs and diffs[0]["op_kind"] == "Conv2d"
-    out = to_json(df, "resnet18")
-    assert out["objective"] == "time" and {"gpu", "measured", "low", "high"} <= set(out["ranking"][0])
-
-
-def test_recommend_edp_and_gpu_subset() -> None:
-    df = recommend("resnet18", (8, 3, 224, 224), objective="edp", gpus=["H100", "A100"], predictor=FakePredictor())
-    assert list(df["short_name"]) == ["H100", "A100-80GB"]
-    assert df["edp_mj_ms"].is_monotonic_increasing
-
-
-def test_recommend_rejects_unknown_objective() -> None:
-    with pytest.raises(UnknownObjective, match="time, energy, edp"):
-        recommend("resnet18", (8, 3, 224, 224), objective="speed", predictor=FakePredictor())

@@ -46,10 +46,31 @@ class ModelWarning(UserWarning):
     """The saved model loads, but something differs from when it was trained."""
 
 
+def checkout_root(start: Path | None = None) -> Path | None:
+    """The gpurec source checkout that ``start`` (default: the working directory) lies in, if any."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        project = d / "pyproject.toml"
+        if (d / "gpurec").is_dir() and project.is_file():
+            try:
+                if 'name = "gpurec"' in project.read_text(encoding="utf-8"):
+                    return d
+            except OSError:
+                return None
+    return None
+
+
 def default_model_dir() -> Path:
-    """$GPUREC_MODELS, else ``models/`` beside the package (the repository root)."""
+    """$GPUREC_MODELS, else ``models/`` of the checkout we run in, else ``models/`` beside the package.
+
+    Why the working directory first: a copied checkout run with a ``gpurec`` command
+    installed from another checkout must use its own models (or fail), never the other's.
+    """
     if os.environ.get(MODELS_ENV):
         return Path(os.environ[MODELS_ENV])
+    root = checkout_root()
+    if root is not None:
+        return root / "models"
     import gpurec
 
     return Path(gpurec.__file__).resolve().parent.parent / "models"
@@ -162,7 +183,7 @@ def read_manifest(model_dir: Path | str) -> dict[str, Any]:
     if not path.exists():
         raise FileNotFoundError(
             f"no trained model at {Path(model_dir)} ({MANIFEST} missing). Train one with "
-            f"`PYTHONPATH=. python3 -m gpurec.model.training --out {model_dir}` or set ${MODELS_ENV}.")
+            f"`gpurec train --out {model_dir}`, or point --models or ${MODELS_ENV} at a trained directory.")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:

@@ -26,6 +26,7 @@ from gpurec.catalog import load_catalog, resolve_gpu
 from gpurec.model.features import FeatureBuilder, FeatureConfig, MeasuredLookup, OpBlock, hardware_row
 from gpurec.model.network import Correction, aggregate
 from gpurec.model.persist import check_manifest, default_model_dir, load_boosters, read_manifest
+from gpurec.ops.coverage import warn_if_low
 from gpurec.sets import MODES
 
 if TYPE_CHECKING:
@@ -242,20 +243,21 @@ class Predictor:
         return hit
 
     # -- operations -------------------------------------------------------------------------------
-    def _entry(self, model: str | nn.Module | Sequence[Any], input_shape: Sequence[int] | None, mode: str
-               ) -> tuple[_OpsEntry, tuple[int, ...]]:
+    def _entry(self, model: str | nn.Module | Sequence[Any], input_shape: Sequence[int] | None, mode: str,
+               dtype: Any = None) -> tuple[_OpsEntry, tuple[int, ...]]:
         shape = tuple(int(s) for s in (input_shape if input_shape is not None else DEFAULT_INPUT_SHAPE))
         if isinstance(model, str):
-            key: tuple[Any, ...] = ("name", model, shape, mode)
+            key: tuple[Any, ...] = ("name", model, shape, mode, str(dtype))
         else:
-            key = ("module", structure_key(model), shape, mode)
+            key = ("module", structure_key(model), shape, mode, str(dtype))
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return hit, shape
         from gpurec.ops import extract_operations
 
-        ops = extract_operations(model, shape, mode=mode, keep_sources=False)
+        ops = extract_operations(model, shape, mode=mode, keep_sources=False,
+                                 **({"dtype": dtype} if dtype is not None else {}))
         label = model if isinstance(model, str) else type(model).__name__
         entry = self._make_entry(label, OpBlock.from_operations(ops, mode), mode)
         self._cache[key] = entry
@@ -289,11 +291,16 @@ class Predictor:
 
     # -- prediction -------------------------------------------------------------------------------
     def predict(self, model: str | nn.Module, input_shape: Sequence[int] | None = None, mode: str = "inference",
-                gpu: str = "H100") -> Estimate:
-        """Estimate one network (a torchvision model name or an nn.Module) on one GPU."""
-        return self.predict_many([(model, input_shape)], mode=mode, gpu=gpu)[0]
+                gpu: str = "H100", dtype: Any = None) -> Estimate:
+        """Estimate one network (a torchvision model name or an nn.Module) on one GPU.
 
-    def predict_many(self, candidates: Iterable[Any], mode: str = "inference", gpu: str = "H100") -> list[Estimate]:
+        ``dtype`` is the input's dtype (e.g. torch.long for token ids; default float32).
+        Warns (gpurec.LowCoverageWarning) when under 90% of the FLOPs are in known operations.
+        """
+        return self.predict_many([(model, input_shape)], mode=mode, gpu=gpu, dtype=dtype)[0]
+
+    def predict_many(self, candidates: Iterable[Any], mode: str = "inference", gpu: str = "H100",
+                     dtype: Any = None) -> list[Estimate]:
         """Estimate many networks at once (NAS loops): items are (model, input_shape) or just a model.
 
         All operations of all candidates go through each booster in a single call.
@@ -303,7 +310,7 @@ class Predictor:
         entries: list[tuple[_OpsEntry, tuple[int, ...]]] = []
         for c in candidates:
             model, shape = c if isinstance(c, tuple) and len(c) == 2 and not isinstance(c[1], str) else (c, None)
-            entries.append(self._entry(model, shape, mode))
+            entries.append(self._entry(model, shape, mode, dtype))
         return self._estimate(entries, mode, nvml, hw)
 
     def predict_operations(self, ops: Sequence[Any], mode: str | None = None, gpu: str = "H100",
@@ -337,6 +344,7 @@ class Predictor:
             covered = e.covered | hit[a:b]  # a measured operation needs no model
             ft = e.flops.sum()
             cov = float(e.flops[covered].sum() / ft) if ft > 0 else float(covered.mean() if len(covered) else 1)
+            warn_if_low(f"{e.label} {tuple(shape)} {mode}", cov, stacklevel=4)
             tn, wn = float(t_net[i]), float(w_net[i])
             en = tn * wn
             out.append(Estimate(

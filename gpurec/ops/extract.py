@@ -13,7 +13,6 @@ import collections
 import contextlib
 import copy
 import dataclasses
-import difflib
 import functools
 import gc
 import json
@@ -97,14 +96,164 @@ def _leaf_types() -> tuple[type, ...]:
 
 
 class _Tracer(torch.fx.Tracer):
-    """torch.nn modules (and StochasticDepth) are leaves; everything else is traced through."""
+    """torch.nn modules (and StochasticDepth) are leaves; everything else is traced through.
+
+    PyTorch's composite modules (Transformer layers and stacks) are traced through as the
+    modules they call, with the slow-path forward written out in _DECOMPOSITIONS, as the
+    blocks of torchvision's ViT are: their operations are MultiheadAttention, Linear,
+    LayerNorm, dropout and additions, which the models know. Recurrent layers stay one node
+    here and are unrolled over time when interpreted (their loop needs the sequence length).
+    """
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         if isinstance(m, _leaf_types()):
             return True
-        if isinstance(m, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+        if isinstance(m, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) or type(m) in _DECOMPOSITIONS:
             return False
         return type(m).__module__.startswith("torch.nn")
+
+    def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
+        decomposition = _DECOMPOSITIONS.get(type(m))
+        if decomposition is not None:
+            forward = functools.partial(decomposition, m)
+        return super().call_module(m, forward, args, kwargs)
+
+
+# -- composite modules written out as the modules they call (PyTorch's slow path) ---------------
+def _encoder_layer(m: nn.TransformerEncoderLayer, src: Any, src_mask: Any = None, src_key_padding_mask: Any = None,
+                   is_causal: bool = False) -> Any:
+    x = src
+    if m.norm_first:
+        x = x + m._sa_block(m.norm1(x), src_mask, src_key_padding_mask, is_causal=is_causal)
+        return x + m._ff_block(m.norm2(x))
+    x = m.norm1(x + m._sa_block(x, src_mask, src_key_padding_mask, is_causal=is_causal))
+    return m.norm2(x + m._ff_block(x))
+
+
+def _decoder_layer(m: nn.TransformerDecoderLayer, tgt: Any, memory: Any, tgt_mask: Any = None,
+                   memory_mask: Any = None, tgt_key_padding_mask: Any = None, memory_key_padding_mask: Any = None,
+                   tgt_is_causal: bool = False, memory_is_causal: bool = False) -> Any:
+    x = tgt
+    if m.norm_first:
+        x = x + m._sa_block(m.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
+        x = x + m._mha_block(m.norm2(x), memory, memory_mask, memory_key_padding_mask, memory_is_causal)
+        return x + m._ff_block(m.norm3(x))
+    x = m.norm1(x + m._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
+    x = m.norm2(x + m._mha_block(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal))
+    return m.norm3(x + m._ff_block(x))
+
+
+def _encoder(m: nn.TransformerEncoder, src: Any, mask: Any = None, src_key_padding_mask: Any = None,
+             is_causal: bool | None = None) -> Any:
+    x = src
+    for layer in m.layers:
+        x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=bool(is_causal))
+    return m.norm(x) if m.norm is not None else x
+
+
+def _decoder(m: nn.TransformerDecoder, tgt: Any, memory: Any, tgt_mask: Any = None, memory_mask: Any = None,
+             tgt_key_padding_mask: Any = None, memory_key_padding_mask: Any = None, tgt_is_causal: bool | None = None,
+             memory_is_causal: bool = False) -> Any:
+    x = tgt
+    for layer in m.layers:
+        x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_padding_mask=tgt_key_padding_mask,
+                  memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=bool(tgt_is_causal),
+                  memory_is_causal=memory_is_causal)
+    return m.norm(x) if m.norm is not None else x
+
+
+def _transformer(m: nn.Transformer, src: Any, tgt: Any, src_mask: Any = None, tgt_mask: Any = None,
+                 memory_mask: Any = None, src_key_padding_mask: Any = None, tgt_key_padding_mask: Any = None,
+                 memory_key_padding_mask: Any = None, src_is_causal: bool | None = None,
+                 tgt_is_causal: bool | None = None, memory_is_causal: bool = False) -> Any:
+    memory = m.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask, is_causal=src_is_causal)
+    return m.decoder(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                     tgt_key_padding_mask=tgt_key_padding_mask, memory_key_padding_mask=memory_key_padding_mask,
+                     tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal)
+
+
+_DECOMPOSITIONS: dict[type, Any] = {
+    nn.TransformerEncoderLayer: _encoder_layer,
+    nn.TransformerDecoderLayer: _decoder_layer,
+    nn.TransformerEncoder: _encoder,
+    nn.TransformerDecoder: _decoder,
+    nn.Transformer: _transformer,
+}
+_RECURRENT: tuple[type[nn.Module], ...] = (nn.LSTM, nn.GRU, nn.RNN)
+
+
+class _UnrolledRNN(nn.Module):
+    """An nn.LSTM/GRU/RNN written out over a known sequence length as the kernels it runs.
+
+    Per layer and direction: one input projection over the whole sequence (a Linear, as
+    cuDNN does), then per time step a recurrent Linear, the gate additions and activations.
+    The parameters are the recurrent module's own (shared, not copied). Projections
+    (``proj_size``) are not supported.
+    """
+
+    def __init__(self, rnn: nn.RNNBase, seq_len: int, batch: int) -> None:
+        super().__init__()
+        if getattr(rnn, "proj_size", 0):
+            raise ExtractionError("nn.LSTM with proj_size is not supported; remove proj_size or pass a custom cell")
+        self.kind, self.seq_len, self.batch = rnn.mode, seq_len, batch
+        self.hidden, self.layers_n = rnn.hidden_size, rnn.num_layers
+        self.directions = 2 if rnn.bidirectional else 1
+        self.batch_first, self.dropout_p = rnn.batch_first, float(rnn.dropout)
+        gates = {"LSTM": 4, "GRU": 3}.get(rnn.mode, 1)
+        self.ih, self.hh = nn.ModuleList(), nn.ModuleList()
+        for layer in range(rnn.num_layers):
+            for direction in range(self.directions):
+                sfx = f"_l{layer}" + ("_reverse" if direction else "")
+                w_ih, w_hh = getattr(rnn, f"weight_ih{sfx}"), getattr(rnn, f"weight_hh{sfx}")
+                for store, w, b in ((self.ih, w_ih, f"bias_ih{sfx}"), (self.hh, w_hh, f"bias_hh{sfx}")):
+                    lin = nn.Linear(w.shape[1], gates * self.hidden, bias=rnn.bias, device="meta", dtype=w.dtype)
+                    lin.weight = w
+                    if rnn.bias:
+                        lin.bias = getattr(rnn, b)
+                    store.append(lin)
+        self.sigmoid = nn.Sigmoid()
+        self.act = nn.ReLU() if rnn.mode == "RNN_RELU" else nn.Tanh()
+        self.tanh = nn.Tanh()
+
+    def _cell(self, gi: Any, h: Any, c: Any, hh: nn.Module) -> tuple[Any, Any]:
+        gh = hh(h)
+        if self.kind == "LSTM":
+            i, f, g, o = (gi + gh).chunk(4, 1)
+            c = self.sigmoid(f) * c + self.sigmoid(i) * self.tanh(g)
+            return self.sigmoid(o) * self.tanh(c), c
+        if self.kind == "GRU":
+            i_r, i_z, i_n = gi.chunk(3, 1)
+            h_r, h_z, h_n = gh.chunk(3, 1)
+            r, z = self.sigmoid(i_r + h_r), self.sigmoid(i_z + h_z)
+            n = self.tanh(i_n + r * h_n)
+            return n + z * (h - n), c
+        return self.act(gi + gh), c
+
+    def forward(self, x: Any, hx: Any = None) -> Any:
+        if self.batch_first:
+            x = x.transpose(0, 1)
+        finals_h, finals_c = [], []
+        for layer in range(self.layers_n):
+            outs = []
+            for direction in range(self.directions):
+                k = layer * self.directions + direction
+                gi = self.ih[k](x)
+                h = x.new_zeros((self.batch, self.hidden))
+                c = x.new_zeros((self.batch, self.hidden)) if self.kind == "LSTM" else None
+                steps = range(self.seq_len - 1, -1, -1) if direction else range(self.seq_len)
+                seq = [None] * self.seq_len
+                for t in steps:
+                    h, c = self._cell(gi[t], h, c, self.hh[k])
+                    seq[t] = h
+                outs.append(torch.stack(seq, 0))
+                finals_h.append(h)
+                finals_c.append(c)
+            x = torch.cat(outs, 2) if self.directions == 2 else outs[0]
+            if self.dropout_p and self.training and layer < self.layers_n - 1:
+                x = nn.functional.dropout(x, self.dropout_p, True)
+        out = x.transpose(0, 1) if self.batch_first else x
+        h_n = torch.stack(finals_h, 0)
+        return (out, (h_n, torch.stack(finals_c, 0))) if self.kind == "LSTM" else (out, h_n)
 
 
 @functools.lru_cache(maxsize=64)
@@ -212,11 +361,11 @@ def _in_mode(root: nn.Module, training: bool) -> Any:
 
 
 def _check_name(model: str) -> str:
-    names = _model_names()
-    if model not in names:
-        near = difflib.get_close_matches(model, names, n=3, cutoff=0.5)
-        hint = f" Did you mean: {', '.join(near)}?" if near else ""
-        raise UnknownModel(f"Unknown model '{model}'.{hint} Run `gpurec ops --list-models` for all {len(names)} names.")
+    from gpurec.ops.names import unknown_model_message
+
+    message = unknown_model_message(model, _model_names())
+    if message is not None:
+        raise UnknownModel(message)
     return model
 
 
@@ -244,7 +393,34 @@ def _trace_torchvision(name: str, training: bool) -> _Traced:
     return _trace(root)
 
 
-def _trace(root: nn.Module) -> _Traced:
+class _Wrap1(nn.Module):
+    """Holds a composite or recurrent module that is traced as the network itself (its own
+    forward cannot be traced; called as a submodule it is decomposed or unrolled)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: Any) -> Any:
+        return self.inner(x)
+
+
+class _Wrap2(_Wrap1):
+    def forward(self, x: Any, y: Any) -> Any:  # type: ignore[override]
+        return self.inner(x, y)
+
+
+class _Wrap3(_Wrap1):
+    def forward(self, x: Any, y: Any, z: Any) -> Any:  # type: ignore[override]
+        return self.inner(x, y, z)
+
+
+def _trace(root: nn.Module, n_inputs: int = 1) -> _Traced:
+    if type(root) in _DECOMPOSITIONS or isinstance(root, _RECURRENT):
+        wrappers = {1: _Wrap1, 2: _Wrap2, 3: _Wrap3}
+        if n_inputs not in wrappers:
+            raise ExtractionError(f"{type(root).__name__} takes at most 3 example inputs here, got {n_inputs}")
+        root = wrappers[n_inputs](root)
     tracer = _Tracer()
     try:
         graph = tracer.trace(root)
@@ -358,6 +534,21 @@ def _backward_flops(op_matmul_flops: int, has_params: bool, inputs_requiring_gra
     return op_matmul_flops * operands + (2 * elementwise if operands else 0)
 
 
+def _meta_inputs(input_shape: Sequence[int] | None, dtype: torch.dtype, example_inputs: Any
+                 ) -> tuple[list[torch.Tensor], str]:
+    """Meta tensors for the forward's inputs, and how to name them in an error."""
+    if example_inputs is None:
+        if input_shape is None:
+            raise ExtractionError("give input_shape, e.g. (32, 3, 224, 224), or example_inputs")
+        shape = _normalise_input_shape(input_shape)
+        return [torch.empty(shape, dtype=dtype, device="meta")], f"shape {list(shape)}"
+    items = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    if not items or not all(_is_tensor(t) for t in items):
+        raise ExtractionError("example_inputs must be a tensor or a tuple of tensors")
+    described = ", ".join(f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}" for t in items)
+    return [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in items], f"({described})"
+
+
 def _normalise_input_shape(input_shape: Sequence[int] | int) -> tuple[int, ...]:
     if isinstance(input_shape, int):
         raise ExtractionError("input_shape must be a shape such as (32, 3, 224, 224), not a single number")
@@ -373,20 +564,28 @@ def _normalise_input_shape(input_shape: Sequence[int] | int) -> tuple[int, ...]:
 
 def extract_operations(
     model: str | nn.Module,
-    input_shape: Sequence[int],
+    input_shape: Sequence[int] | None = None,
     mode: str = "inference",
     dtype: torch.dtype = torch.float32,
     keep_sources: bool = True,
+    example_inputs: Any = None,
 ) -> list[Operation]:
     """Every operation the forward of ``model`` executes on ``input_shape``, in order.
 
-    ``mode='training'`` keeps train-only work (dropout, auxiliary classifiers, BatchNorm in
-    train mode) and marks which inputs require grad.  With ``keep_sources`` each operation
-    holds the module / function it came from so it can be materialised and benchmarked.
+    ``dtype`` is the input's dtype: an integer dtype (``torch.long``) for models that take
+    token ids, whose activations are then float32. ``example_inputs`` (a tensor or a tuple
+    of tensors, on any device; only shapes and dtypes are used) replaces ``input_shape`` and
+    ``dtype`` for models with several or non-float inputs, e.g. ``(src, tgt)`` for
+    nn.Transformer.  ``mode='training'`` keeps train-only work (dropout, auxiliary
+    classifiers, BatchNorm in train mode) and marks which inputs require grad.  With
+    ``keep_sources`` each operation holds the module / function it came from so it can be
+    materialised and benchmarked.
     """
     if mode not in MODES:
         raise ExtractionError(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
-    shape = _normalise_input_shape(input_shape)
+    inputs, described = _meta_inputs(input_shape, dtype, example_inputs)
+    floats = [t.dtype for t in inputs if t.is_floating_point()]
+    compute = dtype if dtype.is_floating_point else (floats[0] if floats else torch.float32)
     training = mode == "training"
     with contextlib.ExitStack() as scope:
         scope.enter_context(_gc_paused())
@@ -397,29 +596,30 @@ def extract_operations(
             # Operations keep their modules as sources: work on a meta copy, never on the caller's.
             name, meta = resolve_model(model)
             meta.train(training)
-            traced = _trace(meta)
+            traced = _trace(meta, len(inputs))
         else:
             # Fast path (prediction): trace the caller's module in place and run it with its
             # tensors swapped to meta; its tensors and train/eval flags are restored on leaving.
             # Leaf modules read their train/eval flag while interpreted, so the mode holds throughout.
             name = type(model).__name__
             scope.enter_context(_in_mode(model, training))
-            traced = _trace(model)
+            traced = _trace(model, len(inputs))
             scope.enter_context(_swapped_to_meta(model))
         try:
-            ops = _interpret(traced, shape, dtype, training, keep_sources)
+            ops, _ = _interpret(traced, inputs, compute, training, keep_sources)
         except ExtractionError:
             raise
         except Exception as exc:  # shape errors surface here: the model cannot take this input
-            reason = re.sub(r"Proxy\([^)]*\)", f"{list(shape)}", str(exc).splitlines()[0][:200])
-            raise ExtractionError(f"{name} cannot take input shape {list(shape)}: {reason}") from exc
+            reason = re.sub(r"Proxy\([^)]*\)", described, str(exc).splitlines()[0][:200])
+            raise ExtractionError(f"{name} cannot take input {described}: {reason}") from exc
     for op in ops:
         op.model = name
     return ops
 
 
-def _interpret(traced: _Traced, shape: tuple[int, ...], dtype: torch.dtype, training: bool,
-               keep_sources: bool) -> list[Operation]:
+def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, training: bool,
+               keep_sources: bool, input_grads: Sequence[bool] = ()) -> tuple[list[Operation], Any]:
+    """The graph's operations and its output, run on meta with ``inputs`` as its placeholders."""
     env: dict[str, Any] = {}
     grad: dict[str, bool] = {}  # does the node's value require grad in training?
     ops: list[Operation] = []
@@ -445,11 +645,9 @@ def _interpret(traced: _Traced, shape: tuple[int, ...], dtype: torch.dtype, trai
 
     for node in traced.graph.nodes:
         if node.op == "placeholder":
-            if placeholders_seen == 0:
-                env[node.name] = torch.empty(shape, dtype=dtype, device="meta")
-            else:
-                env[node.name] = node.args[0] if node.args else None
-            grad[node.name] = False  # the first layer's input needs no gradient
+            i = placeholders_seen
+            env[node.name] = inputs[i] if i < len(inputs) else (node.args[0] if node.args else None)
+            grad[node.name] = bool(input_grads[i]) if i < len(input_grads) else False  # the network's input: none
             placeholders_seen += 1
             continue
         if node.op == "get_attr":
@@ -458,13 +656,18 @@ def _interpret(traced: _Traced, shape: tuple[int, ...], dtype: torch.dtype, trai
             grad[node.name] = training and isinstance(value, nn.Parameter) and value.requires_grad
             continue
         if node.op == "output":
-            break
+            return ops, load(node.args[0])
         args, kwargs = load(node.args), load(node.kwargs)
         in_nodes = [n for n in node.all_input_nodes]
         in_grad = any(grad.get(n.name, False) for n in in_nodes)
         if is_view_or_bookkeeping(node, args):
             env[node.name] = _run_node(modules, node, args, kwargs)
             grad[node.name] = in_grad
+            continue
+        if node.op == "call_module" and isinstance(modules[node.target], _RECURRENT):
+            sub_ops, env[node.name] = _unroll(modules[node.target], node, args, grad, dtype, training, keep_sources)
+            ops.extend(sub_ops)
+            grad[node.name] = training
             continue
         # Settings of a leaf module: computed once, used by the memo key and the record.
         named_params = list(modules[node.target].named_parameters()) if node.op == "call_module" else []
@@ -527,6 +730,8 @@ def _interpret(traced: _Traced, shape: tuple[int, ...], dtype: torch.dtype, trai
             bytes_written=int(out_numel * elem_size),
             name=str(node.target) if node.op == "call_module" else node.name,
             node=node.name,
+            input_nodes=list(act_nodes),
+            in_place=_is_in_place(node, settings),
         )
         if keep_sources:
             if node.op == "call_module":
@@ -534,7 +739,40 @@ def _interpret(traced: _Traced, shape: tuple[int, ...], dtype: torch.dtype, trai
             else:
                 op.source = (node.op.replace("call_", ""), node.target, arg_template, kwarg_template)
         ops.append(op)
-    return ops
+    return ops, None
+
+
+def _unroll(rnn: nn.RNNBase, node: torch.fx.Node, args: Any, grad: dict[str, bool], dtype: torch.dtype,
+            training: bool, keep_sources: bool) -> tuple[list[Operation], Any]:
+    """A recurrent layer's operations over its input's sequence length (see _UnrolledRNN)."""
+    x = args[0]
+    if not _is_tensor(x) or x.dim() != 3:
+        raise ExtractionError(f"{type(rnn).__name__} needs a batched 3-D input (sequence, batch, features), "
+                              f"got {list(x.shape) if _is_tensor(x) else type(x).__name__}")
+    seq_len, batch = (x.shape[1], x.shape[0]) if rnn.batch_first else (x.shape[0], x.shape[1])
+    unrolled = _UnrolledRNN(rnn, int(seq_len), int(batch)).train(training)
+    src = node.args[0]
+    src_name = src.name if isinstance(src, torch.fx.Node) else ""
+    traced = _trace(unrolled)
+    ops, out = _interpret(traced, [x], dtype, training, keep_sources, input_grads=[grad.get(src_name, False)])
+    first = next(iter(n.name for n in traced.graph.nodes if n.op == "placeholder"), "x")
+    for op in ops:
+        op.node = f"{node.name}.{op.node}"
+        op.input_nodes = [src_name if n == first else f"{node.name}.{n}" for n in op.input_nodes]
+        op.name = f"{node.target}.{op.name}"
+    return ops, out
+
+
+_IN_PLACE_FUNCTIONS = {operator.iadd, operator.imul, operator.isub, operator.itruediv}
+
+
+def _is_in_place(node: torch.fx.Node, settings: dict[str, Any]) -> bool:
+    """Does the call write into its first input instead of allocating an output?"""
+    if node.op == "call_module":
+        return settings.get("inplace") is True
+    if node.op == "call_function":
+        return node.target in _IN_PLACE_FUNCTIONS or node.kwargs.get("inplace") is True
+    return node.op == "call_method" and str(node.target).endswith("_") and not str(node.target).startswith("_")
 
 
 def _map_nodes(a: Any, fn: Any) -> Any:

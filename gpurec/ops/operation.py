@@ -84,8 +84,12 @@ class Operation:
     bytes_written: int
     name: str = ""  # where it sits in the model (module path or fx node name)
     model: str = ""
-    node: str = ""  # the fx node that issued it (unique per call; in-network attribution keys on it)
     source: Any = field(default=None, repr=False)
+    # Where its activations come from (for memory liveness, gpurec.ops.memory); not part of
+    # the identity: the same operation in another place of another model is the same operation.
+    node: str = ""  # this call's unique name in the traced graph
+    input_nodes: list[str] = field(default_factory=list)  # producers of input_shapes, in order
+    in_place: bool = False  # writes into its first input (ReLU(inplace=True), ``x += y``)
 
     # -- identity ---------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
