@@ -303,7 +303,7 @@ def _int_list(text: str, option: str) -> list[int]:
 @app.command()
 def calibrate(
     out: Path = typer.Option(..., "--out", help="directory for calibration.json, calibrate.log, plots/ and ncu/"),
-    gpu_index: int = typer.Option(0, "--gpu-index"),
+    gpu_index: int = typer.Option(0, "--gpu-index", help="local CUDA index of the GPU to calibrate"),
     budget_s: float = typer.Option(300.0, "--budget-s", help="time budget of the whole calibration"),
     quick: bool = typer.Option(False, "--quick", help="saturated configurations only, 0.5 s windows"),
     arch: str = typer.Option(None, "--arch", help="nvcc -arch (sm_90, 90, native; default sm_90)"),
@@ -378,7 +378,7 @@ def calibrate_build(
 def counters(
     plan: Path = typer.Option(..., "--plan", help="the work order, e.g. datasets/plans/main.json"),
     out: Path = typer.Option(..., "--out", help="directory for counters.jsonl (resumed if present)"),
-    budget_s: float = typer.Option(300.0, "--budget-s"),
+    budget_s: float = typer.Option(300.0, "--budget-s", help="stop starting new chunks after this many seconds"),
     chunk: int = typer.Option(80, "--chunk", help="operations per ncu run"),
     shard: str = typer.Option("0/1", "--shard", help="i/n: profile only this shard of the plan"),
 ) -> None:
@@ -423,11 +423,11 @@ def profile(
         help="all: count every kernel; per-config: one launch per (kernel, grid, block), repeats imputed"),
     precision: str = typer.Option("fp32", "--precision", help="fp32, tf32, bf16 or fp16"),
     device: str = typer.Option(None, "--device", help="override, e.g. 'cpu' for a dry run with --no-ncu"),
-    trace_timeout_s: float = typer.Option(600.0, "--trace-timeout-s"),
-    ncu_timeout_s: float = typer.Option(1200.0, "--ncu-timeout-s"),
-    max_warmup_iters: int = typer.Option(40, "--max-warmup-iters"),
-    max_warmup_s: float = typer.Option(20.0, "--max-warmup-s"),
-    no_plots: bool = typer.Option(False, "--no-plots"),
+    trace_timeout_s: float = typer.Option(600.0, "--trace-timeout-s", help="kill the trace worker after this"),
+    ncu_timeout_s: float = typer.Option(1200.0, "--ncu-timeout-s", help="kill the ncu run after this"),
+    max_warmup_iters: int = typer.Option(40, "--max-warmup-iters", help="most warm-up iterations before tracing"),
+    max_warmup_s: float = typer.Option(20.0, "--max-warmup-s", help="most warm-up seconds before tracing"),
+    no_plots: bool = typer.Option(False, "--no-plots", help="skip the PNG plots"),
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
 ) -> None:
     """Multi-level GPU utilization of one iteration (framework trace + Nsight Compute).
@@ -762,6 +762,40 @@ def validate(
         typer.echo(render(record))
 
 
+@app.command("host-bench")
+def host_bench(
+    no_gpu: bool = typer.Option(False, "--no-gpu", help="measure the CPU-side parts only, even where a GPU is "
+                                "visible (a host without a GPU always does)"),
+    out: Path = typer.Option(None, "--out", help="write the host profile JSON here (for --host of predict "
+                             "and recommend)"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+) -> None:
+    """Characterise this host in a few seconds: Python speed, dispatch cost of a fixed set of
+    module calls, and (with a GPU) tiny-kernel launch cost. Predictions rescale host work with it."""
+    _check_format(fmt, ("table", "json"))
+    _progress("host-bench: measuring (a few seconds) ...")
+    from gpurec.dataset.store import atomic_write_json
+    from gpurec.host import run_host_bench
+
+    profile = _guard(run_host_bench, use_gpu=False if no_gpu else None)
+    data = profile.to_dict()
+    if out is not None:
+        atomic_write_json(out, data)
+        _progress(f"host-bench: wrote {out}")
+    if fmt == "json":
+        _print_json(data)
+        return
+    typer.echo(f"host: {profile.name}")
+    typer.echo(f"python loop: {profile.python_loop_us:.1f} us (spread {profile.spread.get('python_loop', 0):.0%})")
+    if profile.launch_us is not None:
+        typer.echo(f"tiny-kernel launch on {profile.gpu}: {profile.launch_us:.2f} us")
+    rows = sorted(profile.dispatch_cpu_us)
+    typer.echo(f"{'call':<24}{'CPU dispatch us':>16}{'GPU dispatch us':>17}")
+    for key in rows:
+        gpu_us = (profile.dispatch_cuda_us or {}).get(key)
+        typer.echo(f"{key:<24}{profile.dispatch_cpu_us[key]:>16.2f}{'' if gpu_us is None else f'{gpu_us:.2f}':>17}")
+
+
 # -- generated documents and developer tools ----------------------------------------------------
 tools_app = typer.Typer(no_args_is_help=True, help="Developer tools: plan, extraction snapshot, counter features, "
                                                     "validation log.")
@@ -797,7 +831,8 @@ def report(
 
 
 @tools_app.command("plan")
-def tools_plan(out: Path = typer.Option(Path("datasets/plans/main.json"), "--out")) -> None:
+def tools_plan(out: Path = typer.Option(Path("datasets/plans/main.json"), "--out",
+                                       help="where to write the plan JSON")) -> None:
     """Write the collection plan (work order) with the local torch."""
     from gpurec.tools.plan import write_main_plan
 
@@ -829,7 +864,7 @@ def tools_snapshot(
 @tools_app.command("counters-features")
 def tools_counters_features(
     gpu: str = typer.Option("h200", "--gpu", help="datasets/<gpu>/ folder"),
-    root: Path = typer.Option(Path("datasets"), "--root"),
+    root: Path = typer.Option(Path("datasets"), "--root", help="dataset root with one directory per GPU"),
     calibration: Path = typer.Option(None, "--calibration", help="default: datasets/<gpu>/calibration/calibration.json"),
     out: Path = typer.Option(None, "--out", help="default: datasets/<gpu>/counters/op_features.parquet"),
 ) -> None:

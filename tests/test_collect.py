@@ -248,35 +248,6 @@ def board() -> FakeBoard:
     nvml.set_backend(None)
 
 
-def _busy() -> None:
-    sum(range(200))
-
-
-def test_window_power_matches_board_power(board: FakeBoard) -> None:
-    with Sampler(open_gpu(0)) as s:
-        # the window spans whole counter updates; a long one keeps the tick-detection lag of
-        # a loaded 2-core machine (a few ms at either end) well inside 2 %
-        cfg = WindowConfig(min_run_time_s=0.02, min_window_s=0.8, tick_timeout_s=10.0)
-        row = measure_step(_busy, s, cfg, idle_power_w=60.0, inference=True)
-    assert row["power_w"] == pytest.approx(250.0, rel=0.02)
-    assert row["window_s"] >= 0.8
-    assert row["window_ticks"] >= 10 and row["window_energy_mj"] == pytest.approx(250.0 * row["window_s"] * 1000, rel=0.02)
-    assert row["time_ms"] > 0 and row["timer_runs"] >= 1 and row["timer_number_per_run"] >= 1
-    assert row["energy_mj"] == pytest.approx(row["power_w"] * row["time_ms"])
-    assert row["dynamic_power_w"] == pytest.approx(row["power_w"] - 60.0)
-    assert row["dynamic_energy_mj"] == pytest.approx((row["power_w"] - 60.0) * row["time_ms"])
-    assert row["idle_power_w"] == 60.0
-    assert row["sampled_power_w"] == pytest.approx(250.0)
-    assert row["sm_clock_mhz"] == 1980 and row["throttle_reasons"] == ""
-    assert row["tick_power_cv"] < 0.5
-
-
-def test_window_without_idle_has_no_dynamic_columns(board: FakeBoard) -> None:
-    with Sampler(open_gpu(0)) as s:
-        row = measure_step(_busy, s, FAST, idle_power_w=None, inference=False)
-    assert "dynamic_energy_mj" not in row and row["power_w"] == pytest.approx(250.0, rel=0.5)
-
-
 def test_idle_power_from_the_counter(board: FakeBoard) -> None:
     with Sampler(open_gpu(0)) as s:
         idle = measure_idle(s, duration_s=0.5)
@@ -287,7 +258,7 @@ def test_idle_power_from_the_counter(board: FakeBoard) -> None:
 def test_counter_that_never_ticks_times_out(board: FakeBoard) -> None:
     board.update_period_s = 1e9
     with Sampler(open_gpu(0)) as s, pytest.raises(TimeoutError, match="did not update"):
-        measure_step(_busy, s, WindowConfig(min_run_time_s=0.01, min_window_s=0.05, tick_timeout_s=0.2),
+        measure_step(lambda: sum(range(200)), s, WindowConfig(min_window_s=0.05, tick_timeout_s=0.2),
                      None, inference=True)
 
 
@@ -334,10 +305,14 @@ def test_run_worker_measures_then_resumes_without_remeasuring(tmp_path: Path, fa
     assert s1["ok"] == len(items) and s1["failed"] == 0 and s1["gpu"] == "NVIDIA H100 80GB HBM3"
     rows = _rows(tmp_path)
     measured = [r for r in rows if r["item"] != "idle"]
-    assert [r["id"] for r in measured] == [w.id for w in items]
+    assert sorted(r["id"] for r in measured) == sorted(w.id for w in items)
+    order = [r["set_key"] + r["mode"] for r in measured]  # one (set, mode) at a time: one extraction each
+    assert all(order.index(k) == i or order[i - 1] == k for i, k in enumerate(order))
     for r in measured:
         assert r["status"] == "ok" and r["gpu"] == "NVIDIA H100 80GB HBM3" and r["gpu_uuid"] == "GPU-fake-0000"
-        assert r["time_ms"] > 0 and r["power_w"] == pytest.approx(100.0, rel=0.5)  # short windows: a sanity check
+        assert r["schema"] == 2 and r["captured"] is False and r["capture_error"]  # no CUDA graphs on the CPU
+        assert r["time_ms"] > 0 and r["gpu_time_ms"] > 0 and r["host_ms"] > 0
+        assert r["gpu_power_w"] == pytest.approx(100.0, rel=0.5)  # short windows: a sanity check
         assert r["run_id"] == s1["run_id"] and r["instances"] >= 1
     by_id = {r["id"]: r for r in measured}
     train_op = next(w for w in items if w.item == "op" and w.mode == "training")

@@ -173,7 +173,8 @@ def test_run_worker_rows_build_and_load(tmp_path: Path, monkeypatch: pytest.Monk
         items = build_plan([ModelInputSet("resnet18", 2, 32)], modes=("inference",))
         items = [w for w in items if w.item == "network"] + [w for w in items if w.item == "op"][:2]
         gpu_dir = tmp_path / "h100"
-        cfg = CollectConfig(window=WindowConfig(min_run_time_s=0.01, min_window_s=0.05), repeat_every=0)
+        cfg = CollectConfig(window=WindowConfig(min_window_s=0.05, gpu_blocks=2, gpu_min_block_ms=1.0),
+                            repeat_every=0, host_bench_blocks=2)
         run_worker(items, gpu_dir / "raw", cfg, shard_name="0of1", device="cpu", log=lambda m: None)
     finally:
         nvml.set_backend(None)
@@ -181,7 +182,9 @@ def test_run_worker_rows_build_and_load(tmp_path: Path, monkeypatch: pytest.Monk
     df = load_dataset(root=tmp_path)
     assert list(df["op_signature"]) == [w.key for w in items[1:]]
     assert set(df["torch"]) == {__import__("torch").__version__} and df["host_cpu"].notna().all()
-    assert (df["time_ms"] > 0).all() and (df["energy_mj"] > 0).all()
+    assert (df["time_ms"] > 0).all() and (df["gpu_energy_mj"] > 0).all() and (df["host_ms"] > 0).all()
+    prov = json.loads(next((gpu_dir / "raw").glob("provenance-*.json")).read_text())
+    assert prov["host_bench"]["dispatch_cpu_us"] and prov["host_bench_end"]["dispatch_cpu_us"]
 
 
 # -- the shipped measurements ------------------------------------------------------------------
@@ -238,7 +241,13 @@ def test_shipped_datasets_load() -> None:
     assert set(h100["gpu"]) == {"NVIDIA H100 80GB HBM3"}
     assert set(h100["mode"]) == {"inference", "training"}
     assert h100["op_signature"].str.len().eq(16).all()
-    assert (h100["time_ms"] > 0).all() and (h100["energy_mj"] > 0).all() and (h100["power_w"] > 0).all()
+    assert (h100["time_ms"] > 0).all()
+    eager_only, host_free = h100[h100["schema"] == 1], h100[h100["schema"] == 2]
+    assert (eager_only["energy_mj"] > 0).all() and (eager_only["power_w"] > 0).all()
+    assert len(host_free) > 4000 and host_free["captured"].all()
+    assert (host_free["gpu_time_ms"] > 0).all() and (host_free["gpu_energy_mj"] > 0).all()
+    assert (host_free["host_ms"] > 0).all()
+    assert h100["v1_energy_mj"].notna().sum() >= 6831  # eager-only figures kept beside host-free ones
     assert h100["torch"].str.startswith("2.11").all() and h100["driver"].notna().all()
     nets = gpurec.load_dataset("H100", table="networks")
     archs = {k.split(":")[0] for k in nets["set_key"]}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpurec.profile.worker import UnsafeModelFile, load_module_file, module_globals, parse_args
+from gpurec.profile.worker import UnsafeModelFile, WorkerSpec, load_module_file, module_globals
 
 ROOT = Path(__file__).resolve().parents[1]
 RAN: list[str] = []
@@ -69,10 +69,11 @@ def test_a_file_that_is_not_a_module_is_refused(tmp_path: Path) -> None:
         load_module_file(f, [])
 
 
-def test_worker_takes_the_declared_globals_from_its_command_line() -> None:
-    args = parse_args(["--model", "TinyNet", "--batch-size", "1", "--model-file", "m.pt",
-                       "--model-globals", "a.B,c.D"])
-    assert args.model_globals == "a.B,c.D"
+def test_worker_takes_the_declared_globals_from_its_spec(tmp_path: Path) -> None:
+    spec = WorkerSpec(model="TinyNet", batch_size=1, model_file="m.pt", model_globals=("a.B", "c.D"),
+                      out_dir=str(tmp_path))
+    back = WorkerSpec.read(spec.write(tmp_path / "spec.json"))
+    assert list(back.model_globals) == ["a.B", "c.D"]
 
 
 def test_no_unsafe_load_in_the_package() -> None:

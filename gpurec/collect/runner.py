@@ -336,7 +336,7 @@ def _measure_item(w: WorkItem, ctx: _Ctx, idle_power_w: float) -> dict[str, Any]
     inference = w.mode == "inference"
 
     t0 = time.perf_counter()
-    row: dict[str, Any] = {"id": w.id, "item": w.item, "mode": w.mode, "op_kind": w.kind,
+    row: dict[str, Any] = {"id": w.id, "schema": ROW_SCHEMA, "item": w.item, "mode": w.mode, "op_kind": w.kind,
                            "set_key": w.set_key, "model_sets": w.model_sets, "t_unix": time.time()}
     if w.item == "op":
         row["op_signature"] = w.key

@@ -4,8 +4,15 @@ Layout per GPU (``datasets/<tag>/``):
   raw/rows-*.jsonl, raw/provenance-*.json   as measured (never rewritten)
   operations.parquet                        one row per measured (operation, mode)
   networks.parquet                          one row per measured (model-input set, mode)
+  in_network.parquet                        per (network row, position): kernel and host time of
+                                            each operation inside the real step (issue 12)
   repeats.parquet                           re-measurements (repeatability)
   idle.parquet                              idle power readings
+
+Rows measured by the host-free method (``schema`` 2: ``gpu_time_ms``, ``gpu_power_w``,
+``gpu_energy_mj``, ``host_ms``, ``captured``) take precedence over eager-only rows (schema 1)
+of the same (operation, mode); the eager-only row's figures stay beside them as ``v1_*``
+columns, and every raw line stays in ``raw/``.
 
 An unreadable raw line fails the build (CorruptShardError names file and line) unless
 ``allow_corrupt`` is passed; either way nothing is left out without being counted in the
@@ -81,16 +88,63 @@ def build_gpu_dataset(gpu_dir: Path | str, *, allow_corrupt: bool = False) -> di
     main = df[~is_repeat & (df["item"] != "idle")]
     # A row measured twice (e.g. re-run after a failure) keeps its latest successful value.
     # (ok rows sort after failed ones, so a later failure never replaces a success)
+    if "schema" not in df:
+        df["schema"] = 1
+    df["schema"] = df["schema"].fillna(1).astype(int)
+    main = df[~is_repeat & (df["item"] != "idle")]
+    v1 = _v1_columns(main, pd)
     if len(main):
         ok_last = main["status"].eq("ok") if "status" in main else pd.Series(True, index=main.index)
-        main = (main.assign(_ok=ok_last).sort_values(["_ok", "t_unix"], kind="stable")
+        main = (main.assign(_ok=ok_last).sort_values(["_ok", "schema", "t_unix"], kind="stable")
                 .drop_duplicates("id", keep="last").drop(columns="_ok"))
-    for name, part in (("operations", main[main["item"] == "op"]), ("networks", main[main["item"] == "network"]),
+        if v1 is not None:
+            main = main.merge(v1, on="id", how="left")
+    nets = main[main["item"] == "network"]
+    in_network = _in_network_table(nets, pd)
+    if "in_network" in nets:
+        nets = nets.drop(columns="in_network")
+    for name, part in (("operations", main[main["item"] == "op"]), ("networks", nets),
+                       ("in_network", in_network),
                        ("repeats", df[is_repeat & (df["item"] != "idle")]), ("idle", idle)):
+        if "in_network" in part:
+            part = part.drop(columns="in_network")
         part = part.dropna(axis=1, how="all")
         atomic_write_parquet(gpu_dir / f"{name}.parquet", part)
         counts[name] = int(len(part))
     return {**counts, **damage}
+
+
+V1_COLUMNS = ("time_ms", "energy_mj", "power_w", "dynamic_energy_mj", "time_iqr_ms")
+
+
+def _v1_columns(main: Any, pd: Any) -> Any:
+    """The latest successful eager-only (schema 1) figures of each id, as ``v1_*`` columns."""
+    old = main[(main["schema"] == 1) & (main.get("status", "ok") == "ok")] if len(main) else main
+    if not len(old) or not (main["schema"] >= 2).any():
+        return None
+    cols = [c for c in V1_COLUMNS if c in old]
+    old = old.sort_values("t_unix", kind="stable").drop_duplicates("id", keep="last")
+    return old[["id", *cols]].rename(columns={c: f"v1_{c}" for c in cols})
+
+
+IN_NETWORK_KEYS = ("gpu", "gpu_uuid", "set_key", "mode", "run_id", "id")
+
+
+def _in_network_table(nets: Any, pd: Any) -> Any:
+    """One row per (network row, position) from the network rows' column-wise ``in_network``."""
+    if "in_network" not in nets:
+        return pd.DataFrame()
+    frames = []
+    for _, r in nets.iterrows():
+        cols = r["in_network"]
+        if not isinstance(cols, dict) or not cols:
+            continue
+        f = pd.DataFrame(cols)
+        for k in IN_NETWORK_KEYS:
+            if k in r:
+                f[k] = r[k]
+        frames.append(f.rename(columns={"id": "network_id"}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def build_all(root: Path | str = "datasets", *, allow_corrupt: bool = False) -> dict[str, dict[str, Any]]:
