@@ -186,32 +186,104 @@ def gpus(fmt: str = typer.Option("table", "--format", "-f", help="table or json"
             ("l2_cache_mb", "L2 MB"), ("tdp_w", "TDP W"), ("source", "sources")])
 
 
-@app.command(context_settings=PASSTHROUGH)
-def collect(ctx: typer.Context) -> None:
-    """Measure per-operation and whole-network time and energy on this machine's GPUs.
-
-    Options: --models --batch-sizes --resolutions --modes --out [--min-run-time S]
-    [--min-window S] [--shard i/n] [--devices 0,1] [--plan-only] [--what all|ops|networks]
-    [--sm-clocks MHz,... --i-own-this-gpu]; `gpurec collect --help` shows them all.
-    """
-    from gpurec.collect.__main__ import main as collect_main
-
-    raise typer.Exit(_guard(collect_main, list(ctx.args)) or 0)
+def _csv_list(text: str | None, kind: type = str, option: str = "") -> list[Any] | None:
+    if text is None:
+        return None
+    try:
+        return [kind(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        _fail(f"{option} takes a comma-separated list of {kind.__name__}s, not '{text}'")
+    return None
 
 
-@app.command("measure-network", context_settings=PASSTHROUGH)
-def measure_network(ctx: typer.Context) -> None:
-    """Whole-network measurements (ground truth for validation): `collect --what networks`.
+def _collect_options(out: Path, models: str | None, batch_sizes: str | None, resolutions: str, modes: str | None,
+                     **kw: Any) -> Any:
+    from gpurec.collect.api import CollectOptions
+    from gpurec.sets import DATASET_ARCHS, DATASET_BATCH_SIZES, MODES
 
-    Takes collect's options except --what: --models --batch-sizes --resolutions --modes --out
-    [--devices 0,1] [--shard i/n] [--plan-only]; `gpurec collect --help` describes each.
-    """
-    if {"--help", "-h"} & set(ctx.args):
-        typer.echo(ctx.get_help())
-        raise typer.Exit(0)
-    from gpurec.collect.__main__ import main as collect_main
+    return _guard(CollectOptions, out=str(out),
+                  models=_csv_list(models, str, "--models") or list(DATASET_ARCHS),
+                  batch_sizes=_csv_list(batch_sizes, int, "--batch-sizes") or list(DATASET_BATCH_SIZES),
+                  resolutions=_csv_list(resolutions, int, "--resolutions"),
+                  modes=_csv_list(modes, str, "--modes") or list(MODES), **kw)
 
-    raise typer.Exit(_guard(collect_main, ["--what", "networks", *ctx.args]) or 0)
+
+def _run_collect(opts: Any) -> None:
+    from gpurec.collect.api import collect as run_collect
+    from gpurec.collect.runner import ContextLost
+
+    try:
+        result = _guard(run_collect, opts, log=_progress)
+    except ContextLost as exc:
+        _fail(f"{exc}; run the same command again: it resumes after this row", 1)
+    _print_json(result)
+    if int((result or {}).get("worst_exit", 0) or 0):
+        raise typer.Exit(1)
+
+
+OUT_HELP = "output folder: rows-*.jsonl shards and provenance (an existing one is resumed)"
+MODELS_HELP = "comma-separated torchvision names (default: the 24 dataset architectures)"
+BATCH_HELP = "comma-separated batch sizes (default 1,8,32,128)"
+DEVICES_HELP = "one worker per local GPU, e.g. 0,1,2,3 (each its own shard)"
+SHARD_HELP = "this machine's share of the plan, i/n"
+BUDGET_HELP = "stop starting new rows after this many seconds"
+PLAN_HELP = "a precomputed plan JSON (skips planning; datasets/plans/main.json is the shipped one)"
+
+
+@app.command()
+def collect(
+    out: Path = typer.Option(..., "--out", help=OUT_HELP),
+    models: str = typer.Option(None, "--models", help=MODELS_HELP),
+    batch_sizes: str = typer.Option(None, "--batch-sizes", help=BATCH_HELP),
+    resolutions: str = typer.Option("224", "--resolutions", help="comma-separated input resolutions"),
+    modes: str = typer.Option(None, "--modes", help="inference,training (default both)"),
+    plan: Path = typer.Option(None, "--plan", help=PLAN_HELP),
+    what: str = typer.Option("all", "--what", help="all, ops or networks"),
+    min_window: float = typer.Option(0.3, "--min-window", help="shortest energy window, seconds"),
+    target_replay_ms: float = typer.Option(2.0, "--target-replay-ms", help="GPU time of one CUDA-graph replay"),
+    no_capture: bool = typer.Option(False, "--no-capture", help="eager only: no CUDA graphs"),
+    no_in_network: bool = typer.Option(False, "--no-in-network", help="skip the profiler attribution pass"),
+    max_instances: int = typer.Option(4, "--max-instances", help="most weight copies rotated per operation"),
+    time_budget_s: float = typer.Option(None, "--time-budget-s", help=BUDGET_HELP),
+    repeat_every: int = typer.Option(40, "--repeat-every", help="re-measure an earlier row every N rows"),
+    shard: str = typer.Option(None, "--shard", help=SHARD_HELP),
+    devices: str = typer.Option(None, "--devices", help=DEVICES_HELP),
+    plan_only: bool = typer.Option(False, "--plan-only", help="print this shard's plan summary and stop"),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="measure again the rows that failed before"),
+    sm_clocks: str = typer.Option(None, "--sm-clocks", help="lock the SM clock at each MHz in turn (owned GPUs "
+                                  "only, with --i-own-this-gpu)"),
+    i_own_this_gpu: bool = typer.Option(False, "--i-own-this-gpu", help="confirm clock locking is allowed here"),
+) -> None:
+    """Measure per-operation and whole-network time, power and energy on this machine's GPUs:
+    eager, host-free (CUDA graphs) and in-network. Resumable; progress on stderr."""
+    opts = _collect_options(out, models, batch_sizes, resolutions, modes, plan=str(plan) if plan else None,
+                            what=what, min_window_s=min_window, target_replay_ms=target_replay_ms,
+                            capture=not no_capture, in_network=not no_in_network, max_instances=max_instances,
+                            time_budget_s=time_budget_s, repeat_every=repeat_every, shard=shard,
+                            devices=_csv_list(devices, int, "--devices"), plan_only=plan_only,
+                            retry_failed=retry_failed, sm_clocks=_csv_list(sm_clocks, int, "--sm-clocks"),
+                            i_own_this_gpu=i_own_this_gpu)
+    _run_collect(opts)
+
+
+@app.command("measure-network")
+def measure_network(
+    out: Path = typer.Option(..., "--out", help=OUT_HELP),
+    models: str = typer.Option(None, "--models", help=MODELS_HELP),
+    batch_sizes: str = typer.Option(None, "--batch-sizes", help=BATCH_HELP),
+    resolutions: str = typer.Option("224", "--resolutions", help="comma-separated input resolutions"),
+    modes: str = typer.Option(None, "--modes", help="inference,training (default both)"),
+    devices: str = typer.Option(None, "--devices", help=DEVICES_HELP),
+    shard: str = typer.Option(None, "--shard", help=SHARD_HELP),
+    time_budget_s: float = typer.Option(None, "--time-budget-s", help=BUDGET_HELP),
+    plan_only: bool = typer.Option(False, "--plan-only", help="print this shard's plan summary and stop"),
+) -> None:
+    """Whole-network measurements only (eager, host-free and in-network): the ground truth
+    that validation compares with."""
+    opts = _collect_options(out, models, batch_sizes, resolutions, modes, what="networks",
+                            devices=_csv_list(devices, int, "--devices"), shard=shard,
+                            time_budget_s=time_budget_s, plan_only=plan_only)
+    _run_collect(opts)
 
 
 SKIP_CORRUPT_HELP = "leave out unreadable raw lines (counted in the output) instead of failing"
@@ -445,7 +517,8 @@ def profile(
     _check_shape(batch_size, resolution)
     _check_mode(mode)
     _check_model_name(model)
-    _require_gpu("profile", gpu_index)
+    if device is None or str(device).startswith("cuda"):
+        _require_gpu("profile", gpu_index)
     from gpurec.device.errors import NcuNotFound
     from gpurec.profile import ProfileError, render_table
     from gpurec.profile import profile_network as run_profile

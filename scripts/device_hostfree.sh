@@ -22,7 +22,7 @@ fi
 NGPU=$(nvidia-smi -L | wc -l); DEVS=$(seq -s, 0 $((NGPU - 1)))
 left=$(( BUDGET_S - ( $(date +%s) - START ) - 25 ))
 say "collect on GPUs $DEVS for $left s"
-python3 -m gpurec.collect --out "$COL" --plan datasets/plans/main.json --devices "$DEVS" --time-budget-s "$left" > "$OUT/collect_$TAG.txt" 2>&1
+python3 cli.py collect --out "$COL" --plan datasets/plans/main.json --devices "$DEVS" --time-budget-s "$left" > "$OUT/collect_$TAG.txt" 2>&1
 say "collection rc=$?; packing"
 tar czf "$OUT/hf_$TAG.tar.gz" --exclude="seed-*" -C out "hf_$TAG"
 python3 - "$COL" <<'PY' 2>&1 | tee -a "$LOG"

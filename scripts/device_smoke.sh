@@ -11,7 +11,7 @@ mkdir -p "$OUT/probe" "$OUT/smoke"
 } > "$OUT/probe/env.txt" 2>&1
 cat "$OUT/probe/env.txt"
 timeout 200 python3 cli.py probe --out "$OUT/probe" 2>&1 | tail -30
-timeout 150 python3 -m gpurec.collect --out "$OUT/smoke" --plan datasets/plans/main.json --shard 1/40 --time-budget-s 110 2>&1 | tail -30
+timeout 150 python3 cli.py collect --out "$OUT/smoke" --plan datasets/plans/main.json --shard 1/40 --time-budget-s 110 2>&1 | tail -30
 python3 - <<'PY'
 import json, os, collections
 rows=[json.loads(l) for l in open(os.environ["OUT"]+"/smoke/rows-1of40.jsonl")]

@@ -14,7 +14,7 @@ if [ -d "datasets/$TAG/raw" ] && [ ! -e "$COL/.seeded" ]; then for f in datasets
 if [ "$CALIB_S" -gt 0 ]; then timeout $((CALIB_S + 120)) bash scripts/device_calibrate.sh 0 "$CALIB_S" > /tmp/calib_stdout.txt 2>&1; say "calibration rc=$?"; fi
 left=$(( TOTAL_S - ( $(date +%s) - START ) - 15 ))
 say "collect for $left s"
-python3 -m gpurec.collect --out "$COL" --plan datasets/plans/main.json --devices 0 --time-budget-s "$left" > /tmp/collect_x1.txt 2>&1
+python3 cli.py collect --out "$COL" --plan datasets/plans/main.json --devices 0 --time-budget-s "$left" > /tmp/collect_x1.txt 2>&1
 tail -8 /tmp/collect_x1.txt >> "$LOG"
 tar czf "$OUT/collect_$TAG.tar.gz" --exclude="seed-*" -C out "$TAG"
 say "done"; tail -12 "$LOG"

@@ -19,16 +19,16 @@ nvidia-smi --query-gpu=index,name,clocks.sm,power.draw,temperature.gpu --format=
 # seed the output with what earlier sessions collected (resume across sessions)
 if [ -d "datasets/$TAG/raw" ] && [ ! -e "$COL/.seeded" ]; then for f in datasets/$TAG/raw/rows-*.jsonl; do cp "$f" "$COL/seed-$(basename "$f")"; done; touch "$COL/.seeded"; fi
 if [ "$PHASE" = 1 ]; then
-  python3 -m gpurec.collect --out "$COL" --plan datasets/plans/main.json --devices 0,1 --time-budget-s "$BUDGET_S" > /tmp/collect_p1.txt 2>&1 &
+  python3 cli.py collect --out "$COL" --plan datasets/plans/main.json --devices 0,1 --time-budget-s "$BUDGET_S" > /tmp/collect_p1.txt 2>&1 &
   ( CUDA_VISIBLE_DEVICES=2 GPUREC_PROFILE_BUDGET_S=$((BUDGET_S - 60)) timeout $((BUDGET_S + 20)) bash scripts/device_profile.sh > /tmp/profile_stdout.txt 2>&1 ) &
   ( timeout 440 bash scripts/device_calibrate.sh 3 300 > /tmp/calib_stdout.txt 2>&1
     left=$(( BUDGET_S - ( $(date +%s) - START ) ))
     if [ $left -gt 60 ]; then CUDA_VISIBLE_DEVICES=3 timeout $((left + 10)) python3 cli.py counters --plan datasets/plans/main.json --out out/counters_$TAG --budget-s $left > /tmp/counters_p1.txt 2>&1; fi ) &
 elif [ "$PHASE" = all ]; then
   NGPU=$(nvidia-smi -L | wc -l); DEVS=$(seq -s, 0 $((NGPU - 1)))
-  python3 -m gpurec.collect --out "$COL" --plan datasets/plans/main.json --devices "$DEVS" --time-budget-s "$BUDGET_S" > /tmp/collect_pall.txt 2>&1 &
+  python3 cli.py collect --out "$COL" --plan datasets/plans/main.json --devices "$DEVS" --time-budget-s "$BUDGET_S" > /tmp/collect_pall.txt 2>&1 &
 else
-  python3 -m gpurec.collect --out "$COL" --plan datasets/plans/main.json --devices 0,1,2 --time-budget-s "$BUDGET_S" > /tmp/collect_p2.txt 2>&1 &
+  python3 cli.py collect --out "$COL" --plan datasets/plans/main.json --devices 0,1,2 --time-budget-s "$BUDGET_S" > /tmp/collect_p2.txt 2>&1 &
   ( CUDA_VISIBLE_DEVICES=3 timeout $((BUDGET_S + 10)) python3 cli.py counters --plan datasets/plans/main.json --out out/counters_$TAG --budget-s $((BUDGET_S - 10)) > /tmp/counters_p2.txt 2>&1 ) &
 fi
 wait

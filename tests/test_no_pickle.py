@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -97,5 +98,5 @@ def test_profile_an_nn_module_instance_end_to_end_on_cpu(tmp_path: Path) -> None
     r = profile_network(net, 1, resolution=32, mode="inference", out_dir=tmp_path, ncu=False, device="cpu",
                         trace_timeout_s=300, plots=False, max_warmup_iters=3, max_warmup_s=5.0)
     assert r.meta["num_classes"] == 7 and r.meta["n_params"] == sum(p.numel() for p in net.parameters())
-    log = (tmp_path / "worker_trace.log").read_text()
-    assert "--model-globals" in log and "torchvision.models.resnet.ResNet" in log
+    spec = json.loads((tmp_path / "worker_trace_spec.json").read_text())
+    assert "torchvision.models.resnet.ResNet" in spec["model_globals"] and spec["model_file"]

@@ -10,8 +10,6 @@ import json
 import os
 import platform
 import random
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -36,6 +34,11 @@ from gpurec.host import host_cpu, run_host_bench
 from gpurec.ops.cache import SetOperations
 
 L2_BYTES_DEFAULT = 50 * 2**20
+
+
+class ContextLost(RuntimeError):
+    """The CUDA context is gone (a device-side assert): this process can measure nothing more.
+    The row that hit it is recorded; a fresh process resumes after it."""
 
 
 class TooManyFailures(RuntimeError):
@@ -286,8 +289,7 @@ def run_worker(items: Sequence[WorkItem], out_dir: Path, cfg: CollectConfig, sha
             shard.append(row)
             if row.get("fatal"):
                 log(f"[{shard_name}] CUDA context lost at {w.id}: {row['error'][:200]}; exiting to restart")
-                shard.close()
-                os._exit(CONTEXT_LOST_EXIT)
+                raise ContextLost(f"CUDA context lost at {w.id}: {row['error'][:300]}")
             if row["status"] == "ok":
                 summary["ok"] += 1
                 consecutive = 0
@@ -399,58 +401,3 @@ def _cuda_context_lost() -> bool:
         return False
     except Exception:
         return True
-
-
-CONTEXT_LOST_EXIT = 3
-
-
-def launch_devices(devices: Sequence[int], argv: Sequence[str], log: Callable[[str], None] = print) -> int:
-    """One worker process per local GPU, each its own shard; returns the worst exit code."""
-    n = len(devices)
-    t0 = time.time()
-
-    def start(i: int, dev: int, budget_s: float | None) -> subprocess.Popen[bytes]:
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(dev), CUDA_DEVICE_ORDER="PCI_BUS_ID")
-        extra = ["--time-budget-s", f"{budget_s:.0f}"] if budget_s is not None else []
-        cmd = [sys.executable, "-m", "gpurec.collect", *argv, *extra, "--shard", f"{i}/{n}", "--worker"]
-        log(f"worker {i}/{n} on GPU {dev}: {' '.join(cmd)}")
-        return subprocess.Popen(cmd, env=env)
-
-    budget = _option_float(argv, "--time-budget-s")
-    argv = _without_option(list(argv), "--time-budget-s")
-    procs = {i: start(i, dev, budget) for i, dev in enumerate(devices)}
-    codes: dict[int, int] = {}
-    while procs:
-        time.sleep(0.5)
-        for i, p in list(procs.items()):
-            rc = p.poll()
-            if rc is None:
-                continue
-            del procs[i]
-            left = None if budget is None else budget - (time.time() - t0)
-            if rc == CONTEXT_LOST_EXIT and (left is None or left > 30):
-                procs[i] = start(i, devices[i], left)  # resumes: done rows are skipped
-            else:
-                codes[i] = rc
-    return max(codes.values()) if codes else 0
-
-
-def _option_float(argv: Sequence[str], name: str) -> float | None:
-    for j, a in enumerate(argv):
-        if a == name and j + 1 < len(argv):
-            return float(argv[j + 1])
-        if a.startswith(name + "="):
-            return float(a.split("=", 1)[1])
-    return None
-
-
-def _without_option(argv: list[str], name: str) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == name:
-            skip = True
-        elif not a.startswith(name + "="):
-            out.append(a)
-    return out

@@ -30,7 +30,7 @@ from gpurec.reports.markdown import table
 TINY_MS = 0.02  # ops faster than 20 us per call are launch-bound
 HOST_MS = 0.3  # below this, training ops are mostly autograd/host time (see the repeatability section)
 WITHIN = 0.03  # repeatability threshold (3%)
-TABLES = ("operations", "networks", "repeats", "idle")
+TABLES = ("operations", "networks", "repeats", "idle", "in_network")
 PLOTS = ("coverage.png", "repeatability.png", "probe.png", "sum_vs_network.png", "power_clocks.png")
 
 # (unit, meaning) of the main columns; only those present in the data are listed.
@@ -1194,6 +1194,202 @@ class Context:
     min_coverage: float = 0.5
 
 
+# ----------------------------------------------------------------------------- host-free (issue 12)
+def _hf(df: pd.DataFrame) -> pd.DataFrame:
+    """Successful rows measured host-free (schema 2)."""
+    df = ok(df)
+    return df[num(df, "schema") >= 2] if len(df) else df
+
+
+def _gm(values: Any) -> float:
+    v = [float(x) for x in values if x and float(x) > 0]
+    return float(np.exp(np.mean(np.log(v)))) if v else float("nan")
+
+
+def _hf_counts(gpus: list[GpuData], plan: list[dict[str, Any]]) -> list[str]:
+    planned = sum(1 for w in plan if w.get("item") == "op")
+    train_sets = {(w["key"], w["mode"]) for w in plan if w.get("item") == "network"}
+    rows = []
+    for g in gpus:
+        ops, nets, inn = _hf(g.t("operations")), _hf(g.t("networks")), g.t("in_network")
+        covered = {(k, m) for k, m in zip(col(inn, "set_key"), col(inn, "mode"), strict=False)} if len(inn) else set()
+        runs = [p for p in g.prov if p.get("host_bench")]
+        rows.append([g.tag, f"{len(ops):,}", f"{planned:,}", fpct(len(ops) / planned if planned else None, 0),
+                     fpct(col(ops, "captured", False).astype(bool).mean() if len(ops) else None, 1),
+                     f"{len(nets)}", f"{len(covered & train_sets)} / {len(train_sets)}", f"{len(runs)}"])
+    return ["| GPU | host-free operation rows | planned | share | captured as a graph | host-free network rows "
+            "| training (set, mode) with in-network attribution | runs with host_bench |",
+            "|---|---|---|---|---|---|---|---|", *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _bucket(ms: float) -> str:
+    return "< 20 µs" if ms < TINY_MS else ("20-300 µs" if ms < HOST_MS else "≥ 300 µs")
+
+
+def _hf_repeat_pairs(g: GpuData) -> pd.DataFrame:
+    reps = _hf(g.t("repeats"))
+    main = pd.concat([_hf(g.t("operations")), _hf(g.t("networks"))], ignore_index=True)
+    if reps.empty or main.empty:
+        return pd.DataFrame()
+    main = main.drop_duplicates("id", keep="last").set_index("id")
+    out = []
+    for _, r in reps.iterrows():
+        oid = str(r["id"])[:-4] if str(r["id"]).endswith(":rep") else str(r["id"])
+        if oid not in main.index:
+            continue
+        o = main.loc[oid]
+        rec = {"item": o.get("item"), "bucket": _bucket(float(o.get("gpu_time_ms", np.nan)))}
+        for c in ("gpu_time_ms", "gpu_energy_mj", "time_ms", "host_ms"):
+            a, b = pd.to_numeric(o.get(c), errors="coerce"), pd.to_numeric(r.get(c), errors="coerce")
+            rec[c] = abs(a - b) / ((a + b) / 2) if (a + b) else np.nan
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def _hf_repeatability(gpus: list[GpuData]) -> list[str]:
+    lines = ["### Repeatability: host-free against eager", "",
+             "Pairs of the same row measured twice in one run, seconds to minutes apart "
+             "(`repeats.parquet`, host-free rows only).  |Δ| is the difference over the pair's mean.", "",
+             "| GPU | operation GPU time | pairs | median \\|Δ\\| host-free time | within 3% | median \\|Δ\\| "
+             "host-free energy | within 3% | median \\|Δ\\| eager time | within 3% | median \\|Δ\\| host time |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for g in gpus:
+        p = _hf_repeat_pairs(g)
+        if p.empty:
+            continue
+        p = p[p["item"] == "op"]
+        for b in ("< 20 µs", "20-300 µs", "≥ 300 µs"):
+            x = p[p["bucket"] == b]
+            if x.empty:
+                continue
+            lines.append(f"| {g.tag} | {b} | {len(x)} | {fpct(x['gpu_time_ms'].median())} | "
+                         f"{fpct(share_true(x['gpu_time_ms'], lambda v: v <= WITHIN), 0)} | "
+                         f"{fpct(x['gpu_energy_mj'].median())} | "
+                         f"{fpct(share_true(x['gpu_energy_mj'], lambda v: v <= WITHIN), 0)} | "
+                         f"{fpct(x['time_ms'].median())} | {fpct(share_true(x['time_ms'], lambda v: v <= WITHIN), 0)} | "
+                         f"{fpct(x['host_ms'].median())} |")
+    lines += ["", "Networks, eager time against the eager time an earlier session measured on another machine "
+              "of the same kind (`v1_time_ms`), and the host-free time against the CUPTI kernel sum of the "
+              "in-network pass on the same machine:", "",
+              "| GPU | network rows | median \\|Δ\\| eager, two machines | max | median host-free / kernel sum "
+              "| 10th-90th percentile |", "|---|---|---|---|---|---|"]
+    for g in gpus:
+        n = _hf(g.t("networks"))
+        if n.empty:
+            continue
+        a, b = num(n, "time_ms"), num(n, "v1_time_ms")
+        d = (a - b).abs() / ((a + b) / 2)
+        r = num(n, "gpu_time_ms") / num(n, "in_network_kernel_sum_ms")
+        lines.append(f"| {g.tag} | {len(n)} | {fpct(d.median())} | {fpct(d.max())} | {fnum(r.median(), 3)} | "
+                     f"{fnum(q(r, 0.1), 3)}-{fnum(q(r, 0.9), 3)} |")
+    return lines
+
+
+def _hf_sum_vs_network(gpus: list[GpuData]) -> list[str]:
+    lines = ["### Host-free operation sum against the host-free network", "",
+             "For each network row, the isolated host-free GPU times of its operations (in the order the "
+             "in-network pass lists them) are summed and divided by the network's host-free time.  *Full*: "
+             "every operation of the step has a host-free row.  *≥ 90%*: operations holding at least 90% of "
+             "the step's in-network kernel time have one; the rest enter at their in-network kernel time, so "
+             "this column leans towards 1.", "",
+             "| GPU | mode | batch | networks, full | median sum / network, full | networks, ≥ 90% | "
+             "median, ≥ 90% | 10th-90th percentile, ≥ 90% |", "|---|---|---|---|---|---|---|---|"]
+    for g in gpus:
+        ops, nets, inn = _hf(g.t("operations")), _hf(g.t("networks")), g.t("in_network")
+        if ops.empty or nets.empty or inn.empty:
+            continue
+        t = ops.drop_duplicates(["op_signature", "mode"]).set_index(["op_signature", "mode"])["gpu_time_ms"]
+        net_t = nets.drop_duplicates("id").set_index("id")
+        j = inn.join(t, on=["op_signature", "mode"], how="left")
+        recs = []
+        for nid, part in j.groupby("network_id"):
+            if nid not in net_t.index:
+                continue
+            have = part["gpu_time_ms"].notna()
+            k_all = float(part["kernel_ms"].sum())
+            share = float(part.loc[have, "kernel_ms"].sum()) / k_all if k_all > 0 else 0.0
+            if share < 0.9:
+                continue
+            total = float(part.loc[have, "gpu_time_ms"].sum() + part.loc[~have, "kernel_ms"].sum())
+            ps = parse_set(str(net_t.loc[nid, "set_key"]))
+            recs.append({"mode": net_t.loc[nid, "mode"], "batch": ps[1] if ps else None, "full": bool(have.all()),
+                         "ratio": total / float(net_t.loc[nid, "gpu_time_ms"])})
+        df = pd.DataFrame(recs)
+        for (mode, batch), x in (df.groupby(["mode", "batch"]) if len(df) else []):
+            f = x[x["full"]]
+            lines.append(f"| {g.tag} | {mode} | {batch} | {len(f)} | {fnum(f['ratio'].median(), 3)} | {len(x)} | "
+                         f"{fnum(x['ratio'].median(), 3)} | {fnum(q(x['ratio'], 0.1), 3)}-{fnum(q(x['ratio'], 0.9), 3)} |")
+        if df.empty:
+            lines.append(f"| {g.tag} | — | — | 0 | — | 0 | — | — |")
+    return lines
+
+
+def _hf_in_network_vs_isolated(gpus: list[GpuData]) -> list[str]:
+    lines = ["### In-network kernel time against isolated host-free time, per operation kind", "",
+             "Each operation inside a real network step (CUPTI kernel sum of that operation) over the same "
+             "(operation, mode) measured alone as a CUDA graph.  Isolated runs rotate several weight copies "
+             "so weights come from DRAM; inside a network the previous layer's output may still sit in L2.", "",
+             "| GPU | kind | pairs | median in-network / isolated | 25th-75th percentile |", "|---|---|---|---|---|"]
+    for g in gpus:
+        ops, inn = _hf(g.t("operations")), g.t("in_network")
+        if ops.empty or inn.empty:
+            continue
+        t = ops.drop_duplicates(["op_signature", "mode"]).set_index(["op_signature", "mode"])["gpu_time_ms"]
+        j = inn.join(t, on=["op_signature", "mode"], how="inner")
+        j = j[(j["gpu_time_ms"] > 0) & (j["kernels"] > 0)]
+        j = j.assign(r=j["kernel_ms"] / j["gpu_time_ms"])
+        for kind, x in sorted(j.groupby("op_kind"), key=lambda kv: -len(kv[1]))[:15]:
+            lines.append(f"| {g.tag} | {kind} | {len(x)} | {fnum(x['r'].median(), 3)} | "
+                         f"{fnum(q(x['r'], 0.25), 3)}-{fnum(q(x['r'], 0.75), 3)} |")
+    return lines
+
+
+def _hf_host_bench(gpus: list[GpuData]) -> list[str]:
+    lines = ["### The host benchmark across and within runs", "",
+             "`host_bench` is measured at each run's start and `host_bench_end` at its end (`gpurec host-bench`): "
+             "tiny-kernel launch cost, a pure-Python loop, and the geometric mean of the dispatch costs of "
+             "the fixed call set (CPU tensors and, on these GPU hosts, CUDA tensors).", "",
+             "| GPU | run | launch µs start → end | Python loop µs start → end | CPU dispatch gm µs | "
+             "CUDA dispatch gm µs start → end |", "|---|---|---|---|---|---|"]
+    for g in gpus:
+        for p in g.prov:
+            a, b = p.get("host_bench") or {}, p.get("host_bench_end") or {}
+            if not a.get("dispatch_cpu_us"):
+                continue
+            lines.append(
+                f"| {g.tag} | {p.get('run_id')} | {fnum(a.get('launch_us'))} → {fnum(b.get('launch_us'))} | "
+                f"{fnum(a.get('python_loop_us'), 1)} → {fnum(b.get('python_loop_us'), 1)} | "
+                f"{fnum(_gm((a.get('dispatch_cpu_us') or {}).values()))} | "
+                f"{fnum(_gm((a.get('dispatch_cuda_us') or {}).values()))} → "
+                f"{fnum(_gm((b.get('dispatch_cuda_us') or {}).values()))} |")
+    return lines
+
+
+def section_host_free(c: Context) -> str:
+    lines = ["## The GPU apart from the host (host-free rows)", "",
+             "Rows of `schema` 2 measure each step three ways: eager (`time_ms`, and `host_ms`, the CPU time to "
+             "enqueue one call with no synchronisation), host-free (`gpu_time_ms`, `gpu_power_w`, "
+             "`gpu_energy_mj`: the step captured once as a CUDA graph and replayed, timed with CUDA events over "
+             "several blocks, inside an energy window aligned to the counter's updates), and for networks an "
+             "in-network pass under `torch.profiler` that attributes every kernel and every operation's host "
+             "time (`gpurec.load_dataset(table=\"in_network\")`).  A window whose power is outside [idle, power "
+             "limit] is measured again over a window three times as long and flagged `gpu_power_out_of_range` "
+             "if it stays outside.  `gpu_nvml_power_1s_avg_w` is NVML's instantaneous reading, which on Hopper "
+             "is a one-second average: kept for diagnosis, never used for energy.", "",
+             *_hf_counts(c.gpus, c.plan), ""]
+    for g in c.gpus:
+        ops = _hf(g.t("operations"))
+        if len(ops):
+            flag = col(ops, "gpu_power_out_of_range", False).fillna(False).astype(bool)
+            lines.append(f"`{g.tag}`: {int(flag.sum())} of {len(ops):,} host-free operation rows stayed outside "
+                         f"[idle, power limit] after the longer window ({fpct(flag.mean(), 2)}); "
+                         f"{int(col(ops, 'gpu_window_retried', False).fillna(False).astype(bool).sum())} were "
+                         "measured again.")
+    lines += ["", *_hf_repeatability(c.gpus), "", *_hf_sum_vs_network(c.gpus), "",
+              *_hf_in_network_vs_isolated(c.gpus), "", *_hf_host_bench(c.gpus), ""]
+    return "\n".join(lines)
+
+
 def _validation(c: Context) -> str:
     if not c.validation:
         return "## First validation: sum of operations vs whole network\n\nSkipped (`validation=False`).\n"
@@ -1214,6 +1410,7 @@ SECTIONS: list[tuple[str, Callable[[Context], str]]] = [
     ("validation", _validation),
     ("power", lambda c: section_power(c.gpus, c.img, c.out_dir)),
     ("networks_across", lambda c: section_networks_across(c.gpus)),
+    ("host_free", section_host_free),
 ]
 
 
