@@ -133,8 +133,8 @@ def test_roundtrip_matches_training_path(trained: tuple[Path, dict], predictor) 
     _, report = trained
     rec = next(r for r in report["test_set"]["records"] if r["gpu"] == H100)
     est = predictor.predict("mnasnet0_5", (8, 3, 224, 224), mode=rec["mode"], gpu=H100)
-    assert est.time_ms == pytest.approx(rec["pred_time_ms"], rel=1e-4)
-    assert est.power_w == pytest.approx(rec["pred_power_w"], rel=1e-4)
+    assert est.gpu_time_ms == pytest.approx(rec["pred_time_ms"], rel=1e-4)
+    assert est.gpu_power_w == pytest.approx(rec["pred_power_w"], rel=1e-4)
     assert est.op_sum_time_ms == pytest.approx(rec["sum_time_ms"], rel=1e-4)
 
 
@@ -180,7 +180,7 @@ def test_version_and_data_differences_warn(trained: tuple[Path, dict], tmp_path:
 def test_missing_model_dir_says_how_to_train(tmp_path: Path) -> None:
     from gpurec.model import load_predictor
 
-    with pytest.raises(FileNotFoundError, match="gpurec.model.training"):
+    with pytest.raises(FileNotFoundError, match="gpurec train"):
         load_predictor(tmp_path / "nowhere")
 
 

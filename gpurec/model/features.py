@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from gpurec.ops.operation import Operation
 
-FEATURE_SCHEMA_VERSION = 1
+FEATURE_SCHEMA_VERSION = 2
 OTHER_KIND = "__other__"
 
 # Coarse kind groups: fixed order, part of the feature schema.
@@ -89,7 +89,63 @@ def kind_group(kind: str) -> str:
 DERIVED_FEATURES: tuple[str, ...] = (
     "mode_training", "has_backward", "flops_mode", "bytes_mode", "peak_tflops_used",
     "t_compute_ms", "t_memory_ms", "t_roofline_ms", "compute_bound", "param_bytes_over_l2",
+    "waves", "wave_efficiency", "t_compute_wave_ms", "working_set_over_l2",
 )
+
+# Wave quantisation (after NeuSight, ASPLOS'25): a kernel runs its thread blocks in waves of
+# (SMs x resident blocks per SM); a last, partly filled wave costs as much as a full one. We
+# cannot see the real tiling on a CPU, so blocks are estimated from the output size: GEMM-like
+# kernels (conv, matmul, attention) compute 128 x 128 output tiles with one block per SM,
+# everything else 1024 elements per block (256 threads x 4) with 8 blocks per SM.
+GEMM_TILE_ELEMENTS = 128 * 128
+GEMM_BLOCKS_PER_SM = 1
+OTHER_BLOCK_ELEMENTS = 1024
+OTHER_BLOCKS_PER_SM = 8
+
+# Per target, GPU-dependent features whose effect has no physical direction are hidden from
+# the booster (NaN) and the rest are monotone: +1 = a larger value never makes the operation
+# faster, -1 = never slower. So a GPU with lower peak FLOP/s and lower bandwidth can never be
+# predicted faster through these features. The host dispatch model sees no GPU feature at all
+# (dispatch is the host's work; how fast the host is, is the host profile's business).
+TIME_MONOTONE: dict[str, int] = {
+    "peak_tflops_used": -1, "t_compute_ms": 1, "t_memory_ms": 1, "t_roofline_ms": 1, "param_bytes_over_l2": 1,
+    "wave_efficiency": -1, "t_compute_wave_ms": 1, "working_set_over_l2": 1,
+    "hw_fp32_tflops": -1, "hw_tf32_tflops": -1, "hw_fp16_tflops": -1, "hw_bf16_tflops": -1,
+    "hw_memory_bandwidth_gbs": -1, "hw_l2_cache_mb": -1,
+}
+_GPU_DEPENDENT_DERIVED = ("peak_tflops_used", "t_compute_ms", "t_memory_ms", "t_roofline_ms", "compute_bound",
+                          "param_bytes_over_l2", "waves", "wave_efficiency", "t_compute_wave_ms",
+                          "working_set_over_l2")
+
+
+def gpu_dependent(name: str) -> bool:
+    """Whether a feature changes with the GPU (catalogue features and what is derived from them)."""
+    return name.startswith("hw_") or name in _GPU_DEPENDENT_DERIVED
+
+
+def target_mask(target: str, feature_names: Sequence[str]) -> np.ndarray:
+    """Columns hidden (set to NaN) for ``target`` ('time', 'power' or 'host')."""
+    if target == "time":
+        return np.array([gpu_dependent(f) and f not in TIME_MONOTONE for f in feature_names], dtype=bool)
+    if target == "host":
+        return np.array([gpu_dependent(f) for f in feature_names], dtype=bool)
+    return np.zeros(len(feature_names), dtype=bool)
+
+
+def monotone_constraints(target: str, feature_names: Sequence[str]) -> tuple[int, ...] | None:
+    """XGBoost monotone constraints for ``target`` (None: unconstrained)."""
+    if target != "time":
+        return None
+    return tuple(TIME_MONOTONE.get(f, 0) for f in feature_names)
+
+
+def masked(X: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``X`` with the masked columns set to NaN (a copy; ``X`` itself when nothing is masked)."""
+    if not mask.any():
+        return X
+    out = X.copy()
+    out[:, mask] = np.nan
+    return out
 
 
 @dataclass(frozen=True)
@@ -216,6 +272,7 @@ class FeatureBuilder:
         self._hw_cols = np.array([_HW_INDEX[f] for f in self.config.hardware_features], dtype=np.int64)
         self._group_pos = {g: i for i, g in enumerate(KIND_GROUPS)}
         self._group_cache: dict[str, int] = {}
+        self._gemm_groups = np.array([self._group_pos[g] for g in ("conv", "matmul", "attention")])
         self.feature_names: list[str] = [
             *self.config.op_features, *DERIVED_FEATURES, *(f"hw_{h}" for h in self.config.hardware_features),
             *(f"kind={k}" for k in self.kinds), f"kind={OTHER_KIND}", *(f"group={g}" for g in KIND_GROUPS),
@@ -268,8 +325,18 @@ class FeatureBuilder:
         t_roof = np.maximum(t_compute, t_memory)
         l2_bytes = hw_b[:, _HW_INDEX["l2_cache_mb"]] * 2**20
         param_ratio = v[:, col("params")] * 4.0 / np.maximum(l2_bytes, 1.0)
+        gemm = np.isin(group_idx, self._gemm_groups)
+        out_el = v[:, col("output_elements")]
+        blocks = np.ceil(out_el / np.where(gemm, GEMM_TILE_ELEMENTS, OTHER_BLOCK_ELEMENTS))
+        slots = np.maximum(hw_b[:, _HW_INDEX["sm_count"]], 1.0) * np.where(gemm, GEMM_BLOCKS_PER_SM,
+                                                                            OTHER_BLOCKS_PER_SM)
+        waves = blocks / slots
+        wave_eff = np.where(blocks > 0, waves / np.maximum(np.ceil(waves), 1.0), 1.0)
+        t_compute_wave = t_compute / np.maximum(wave_eff, 1e-3)
+        working_set = bytes_mode / np.maximum(l2_bytes, 1.0)
         derived = np.stack([training, has_bwd, flops_mode, bytes_mode, peak, t_compute, t_memory, t_roof,
-                            (t_compute > t_memory).astype(np.float64), param_ratio], axis=1)
+                            (t_compute > t_memory).astype(np.float64), param_ratio,
+                            waves, wave_eff, t_compute_wave, working_set], axis=1)
         n_kinds = len(self.kinds) + 1
         onehot = np.zeros((n, n_kinds + len(KIND_GROUPS)), dtype=np.float64)
         rows = np.arange(n)
@@ -359,11 +426,11 @@ class SetExtractor:
                        signatures=meta["signatures"], names=meta["names"])
 
     def _extract(self, set_key: str, mode: str) -> OpBlock | None:
-        from gpurec.collect.plan import ModelInputSet
+        from gpurec.model._sets import parse_set
         from gpurec.ops import extract_operations
 
         try:
-            s = ModelInputSet.parse(set_key)
+            s = parse_set(set_key)
             ops = extract_operations(s.arch, s.input_shape, mode=mode, keep_sources=False)
         except Exception as exc:  # a set this torchvision cannot build: its rows are reported, not fatal
             self.errors[(set_key, mode)] = f"{type(exc).__name__}: {exc}"[:300]
@@ -483,9 +550,10 @@ class MeasuredLookup:
         self.table = table or {}
 
     @staticmethod
-    def from_frame(df: pd.DataFrame) -> MeasuredLookup:
+    def from_frame(df: pd.DataFrame, time_column: str = "time_ms", power_column: str = "power_w") -> MeasuredLookup:
+        """From rows with gpu, mode, op_signature and the GPU-side time and power columns named."""
         table: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
-        for g, m, s, t, w in zip(df["gpu"], df["mode"], df["op_signature"], df["time_ms"], df["power_w"],
+        for g, m, s, t, w in zip(df["gpu"], df["mode"], df["op_signature"], df[time_column], df[power_column],
                                  strict=True):
             table.setdefault((str(g), str(m)), {})[str(s)] = (float(t), float(w))
         return MeasuredLookup(table)

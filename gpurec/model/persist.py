@@ -55,7 +55,7 @@ def save_model(out_dir: Path, models: dict[str, Any], manifest: dict[str, Any], 
                lookup: Any = None) -> None:
     """Write boosters (one file per distinct route), the measured-operation table, report.json,
     then manifest.json last (a directory without it is an unfinished save)."""
-    from gpurec.model.training import dumps
+    from gpurec.model.provenance import dumps
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -89,7 +89,7 @@ def read_manifest(model_dir: Path | str) -> dict[str, Any]:
     if not path.exists():
         raise FileNotFoundError(
             f"no trained model at {Path(model_dir)} ({MANIFEST} missing). Train one with "
-            f"`PYTHONPATH=. python3 -m gpurec.model.training --out {model_dir}` or set ${MODELS_ENV}.")
+            f"`gpurec train --out {model_dir}` or set ${MODELS_ENV}.")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -104,7 +104,7 @@ def check_manifest(manifest: dict[str, Any], model_dir: Path | str, data_root: P
     model_dir = Path(model_dir)
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise IncompatibleModel(f"model schema_version {manifest.get('schema_version')!r}, this gpurec reads "
-                                f"{SCHEMA_VERSION}: retrain (python3 -m gpurec.model.training)")
+                                f"{SCHEMA_VERSION}: retrain (gpurec train)")
     if manifest.get("feature_schema_version") != FEATURE_SCHEMA_VERSION:
         raise IncompatibleModel(f"feature schema {manifest.get('feature_schema_version')!r}, this gpurec builds "
                                 f"{FEATURE_SCHEMA_VERSION}: retrain")
@@ -141,7 +141,7 @@ def check_manifest(manifest: dict[str, Any], model_dir: Path | str, data_root: P
         if lk in sums and _sha256(path) != sums[lk]:
             raise IncompatibleModel(f"measured-operation table {lk} differs from the one the manifest was written with")
     notes: list[str] = []
-    from gpurec.model.training import library_versions
+    from gpurec.model.provenance import library_versions
 
     now = library_versions()
     for k in _VERSION_KEYS:
@@ -150,7 +150,7 @@ def check_manifest(manifest: dict[str, Any], model_dir: Path | str, data_root: P
             notes.append(f"{k} {now.get(k)} here, model trained with {then}")
     if check_data:
         try:
-            from gpurec.model.training import current_data_hash
+            from gpurec.model.data import current_data_hash
 
             digest = current_data_hash(data_root)
             if digest != manifest.get("training_data", {}).get("sha256"):
