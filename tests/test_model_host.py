@@ -249,6 +249,7 @@ def _dominated_pairs() -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("model,shape,mode", [("resnet50", (64, 3, 224, 224), "training"),
+                                              ("vit_b_16", (32, 3, 224, 224), "inference"),
                                               ("vgg16", (32, 3, 224, 224), "inference")])
 def test_weaker_gpu_never_faster_on_gpu_bound_networks(model: str, shape: tuple[int, ...], mode: str) -> None:
     """The shipped models over the catalogue: a GPU with lower peak FLOP/s and lower bandwidth never

@@ -38,6 +38,7 @@ class TrainConfig:
     small_op_ms: float = 0.02
     correction_ridge: float = 0.1
     min_networks_gpu: int = 8
+    per_gpu_correction: str = "network_only"  # 'all' | 'network_only' | 'none' (validation.correction_gpus)
     band_quantiles: tuple[float, float] = (0.05, 0.95)
     nthread: int | None = None  # None: auto_nthread() (idle cores) at the start of a run
     cache_dir: str | None = None

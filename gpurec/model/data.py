@@ -12,7 +12,9 @@ Targets (issue 13). The GPU-side models learn what the GPU does, apart from the 
   host-free time elsewhere. ``'isolated'`` uses isolated rows only.
 * Host dispatch: ``host_ms`` (CPU ms to issue one call) divided by the dispatch scale of the
   run's host profile against the reference host, so the model predicts the reference host's
-  dispatch and rescales to any other profile.
+  dispatch and rescales to any other profile. The in-network table's ``host_ms`` is measured
+  under torch.profiler, whose own overhead inflates it, so the host model uses the isolated
+  operation rows' ``host_ms`` only.
 """
 
 from __future__ import annotations

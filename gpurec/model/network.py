@@ -186,8 +186,9 @@ class Correction:
 
 def fit_correction(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, time_ms: np.ndarray, power_w: np.ndarray,
                    time_variant: str, power_variant: str, min_rows_gpu: int = 8, min_rows_pooled: int = 3,
-                   ridge: float = 0.1) -> Correction:
-    """Per GPU+mode where there are enough networks, pooled per mode otherwise."""
+                   ridge: float = 0.1, specific: Any = None) -> Correction:
+    """Per GPU+mode where there are enough networks (and the GPU is in ``specific``, when given),
+    pooled per mode otherwise."""
     tc: dict[str, dict[str, float]] = {}
     pc: dict[str, dict[str, float]] = {}
     n_rows: dict[str, int] = {}
@@ -200,6 +201,8 @@ def fit_correction(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, time_ms:
             pc[key] = fit_power(s.take(sel), power_w[sel], power_variant, ridge)
             n_rows[key] = int(sel.sum())
         for gpu in sorted(set(gpus[sel].tolist())):
+            if specific is not None and gpu not in specific:
+                continue
             g = sel & (gpus == gpu)
             if g.sum() >= min_rows_gpu:
                 key = f"{gpu}|{mode}"
@@ -223,7 +226,7 @@ def _simplest_near_best(mape: dict[str, float], order: list[str], slack: float =
 
 def correction_cv(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, groups: np.ndarray, time_ms: np.ndarray,
                   power_w: np.ndarray, min_rows_gpu: int = 8, min_rows_pooled: int = 3,
-                  ridge: float = 0.1) -> dict[str, Any]:
+                  ridge: float = 0.1, specific: Any = None) -> dict[str, Any]:
     """Second-level leave-one-group-out: MAPE of every variant, and the out-of-fold corrected values."""
     groups = np.asarray(groups)
     uniq = sorted(set(groups.tolist()))
@@ -238,12 +241,12 @@ def correction_cv(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, groups: n
         train = ~test
         for v in TIME_VARIANTS:
             c = fit_correction(s.take(train), gpus[train], modes[train], time_ms[train], power_w[train], v, "none",
-                               min_rows_gpu, min_rows_pooled, ridge)
+                               min_rows_gpu, min_rows_pooled, ridge, specific)
             for i in np.flatnonzero(test):
                 oof_t[v][i] = c.apply(s.take([i]), str(gpus[i]), str(modes[i]))[0][0]
         for v in POWER_VARIANTS:
             c = fit_correction(s.take(train), gpus[train], modes[train], time_ms[train], power_w[train], "none", v,
-                               min_rows_gpu, min_rows_pooled, ridge)
+                               min_rows_gpu, min_rows_pooled, ridge, specific)
             for i in np.flatnonzero(test):
                 oof_p[v][i] = c.apply(s.take([i]), str(gpus[i]), str(modes[i]))[1][0]
     energy = time_ms * power_w
