@@ -359,3 +359,7 @@ def test_gpu_with_network_rows_only(tmp_path: Path) -> None:
     assert entry.networks_measured and not entry.measured
     est = p.predict("googlenet", (1, 3, 224, 224), mode="training", gpu=a100)
     assert est.correction == f"{a100}|training" and not est.measured_gpu
+    # the H100 has operation rows: the pooled correction, never one of its own (per_gpu_correction)
+    keys = set(json.loads((tmp_path / "m" / "manifest.json").read_text())["network_correction"]["time_coef"])
+    assert not any(k.startswith(H100) for k in keys) and any(k.startswith("*|") for k in keys)
+    assert p.predict("googlenet", (1, 3, 224, 224), mode="training", gpu=H100).correction == "*|training"

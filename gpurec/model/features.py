@@ -6,10 +6,13 @@ and looking its signature up) or from a user's model. Keeping both on the same f
 what makes train-time and predict-time features agree by construction.
 
 A feature row is: the operation's analytic features (gpurec.ops FEATURE_NAMES), derived
-roofline features that cross the operation with the GPU (ideal compute and memory time),
-the GPU's catalogue features, a one-hot of the operation kind over a category list frozen
-at training time (plus ``__other__``), a one-hot of a coarse kind group (so unseen kinds
-still land near their relatives), and optional measured extra columns (ncu counters).
+features that cross the operation with the GPU (roofline: ideal compute and memory time;
+wave quantisation: estimated thread blocks against the SMs, after NeuSight; working set and
+parameters against L2), the GPU's catalogue features, a one-hot of the operation kind over a
+category list frozen at training time (plus ``__other__``), a one-hot of a coarse kind group
+(so unseen kinds still land near their relatives), and optional measured extra columns (ncu
+counters). Per target, GPU features without a physical direction are hidden and the rest are
+monotone (TIME_MONOTONE), so a GPU with lower peaks and bandwidth is never predicted faster.
 """
 
 from __future__ import annotations
