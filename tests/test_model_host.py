@@ -301,6 +301,10 @@ def test_accuracy_tables_on_synthetic(host_free: tuple[Path, dict]) -> None:
     assert hf["n_time"] == 1
     assert hf["gpu_time_mape"] == pytest.approx(abs(test_row["pred_gpu_time_ms"] / test_row["measured_gpu_time_ms"]
                                                     - 1) * 100)
+    eager = t["eager"]
+    assert [(r["measured_bound"], r["n"], r["with_run_host_profile"]) for r in eager] == [("host", 1, 1)]
+    assert eager[0]["time_mape"] == pytest.approx(abs(test_row["pred_time_ms"] / test_row["measured_time_ms"] - 1)
+                                                  * 100)
     b = t["bound"]["overall"]
     assert b["n"] == 6 and b["right"] == pytest.approx(float((rec["pred_bound"] == "host").mean()))
     assert t["noise_floor"][0]["gpu_time_ms_groups"] == 0  # no repeats in this data

@@ -181,9 +181,10 @@ def host_free_accuracy(records: Any, test_only: bool = True) -> list[dict[str, A
 
 
 def eager_accuracy(records: Any, test_only: bool = True) -> list[dict[str, Any]]:
-    """Eager time MAPE (estimate for the measuring host's profile) per GPU, mode and measured bound."""
+    """Eager time MAPE (estimate for the measuring host's profile) per GPU, mode and measured bound
+    (``unknown`` where the network has no host-free measurement to tell)."""
     df = records[records["is_test"]] if test_only else records
-    df = df[df["measured_bound"] != ""]
+    df = df.assign(measured_bound=df["measured_bound"].replace("", "unknown"))
     out = []
     for (gpu, mode, bound), part in df.groupby(["gpu", "mode", "measured_bound"]):
         t, n = _mape(part.get("pred_time_ms"), part["measured_time_ms"])
