@@ -321,3 +321,16 @@ def test_eager_band_widened_by_host_side_error(host_free: tuple[Path, dict]) -> 
                                                                gpu="H100")
     assert est.time_high_ms / est.time_ms == pytest.approx(est.gpu_time_high_ms / est.gpu_time_ms * hb["ratio"][1])
     assert est.time_low_ms / est.time_ms == pytest.approx(est.gpu_time_low_ms / est.gpu_time_ms * hb["ratio"][0])
+
+
+def test_network_targets_follow_the_operations(tmp_path: Path) -> None:
+    """Host-free operations with eager-only networks: the networks are dropped (and counted), never
+    fitted as if eager time were GPU work."""
+    from gpurec.model.data import load_tables, with_targets
+
+    data = _synthetic_data(tmp_path / "data")
+    nets = pd.read_parquet(data / "h100" / "networks.parquet").drop(columns=["gpu_time_ms", "gpu_power_w"])
+    nets.to_parquet(data / "h100" / "networks.parquet", index=False)
+    _, kept, info, dropped = with_targets(*load_tables(data), "auto", "in_network")
+    assert info["networks"] == "host_free" and len(kept) == 0
+    assert dropped["networks without usable host_free time/power"] == 6

@@ -121,7 +121,9 @@ def with_targets(ops: Any, nets: Any, in_net: Any, time_target: str = "auto", gp
     ops = ops[~test]
     ops = ops.sort_values(["gpu", "op_signature", "mode"]).drop_duplicates(["gpu", "op_signature", "mode"],
                                                                             keep="last").reset_index(drop=True)
-    net_source = resolve_time_target(nets, time_target) if len(nets) else op_source
+    # Networks take the operations' kind of target, or the network correction would fold the host's
+    # share of eager time into the GPU's work (networks without it are dropped and counted).
+    net_source = op_source
     if len(nets):
         if net_source == "host_free":
             nt, nw = _num(nets, "gpu_time_ms"), _num(nets, "gpu_power_w")

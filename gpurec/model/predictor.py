@@ -13,7 +13,7 @@ from gpurec.model.host_model, and the two meet in the two-queue step simulation
 (gpurec.model.timeline). Extracted operations are cached per (model name or module
 structure, input shape, mode), and all operations of all candidates of ``predict_many`` go
 through each booster in one call, so repeated and batched predictions are cheap; extracting
-a never-seen model is what costs time (see scripts/bench_predict.py).
+a never-seen model is what costs time (measured by gpurec.model.bench).
 """
 
 from __future__ import annotations
