@@ -334,3 +334,15 @@ def test_network_targets_follow_the_operations(tmp_path: Path) -> None:
     _, kept, info, dropped = with_targets(*load_tables(data), "auto", "in_network")
     assert info["networks"] == "host_free" and len(kept) == 0
     assert dropped["networks without usable host_free time/power"] == 6
+
+
+def test_compare_gpu_time_sources(tmp_path: Path) -> None:
+    from gpurec.model.evaluate import compare_gpu_time_sources
+
+    data = _synthetic_data(tmp_path / "data")
+    res = compare_gpu_time_sources(data, tmp_path / "cmp", **{**QUICK, "n_folds": 2})
+    assert res["in_network"]["targets"]["operation_rows_by_source"]["in_network"] == 6
+    assert "in_network" not in res["isolated"]["targets"]["operation_rows_by_source"]
+    for source in ("in_network", "isolated"):
+        assert res[source]["test_archs_network"]["n"] == 1
+        assert (tmp_path / "cmp" / source / "manifest.json").exists()

@@ -281,3 +281,32 @@ def accuracy_tables(predictor: Any, data_root: Any = None, report: dict[str, Any
             "bound": bound_accuracy(records), "host_share": host_share_accuracy(records),
             "noise_floor": noise_floor(both), "leave_one_gpu_out": leave_one_gpu_out_table(report or {}),
             "records": records}
+
+
+def compare_gpu_time_sources(data_root: Any, out_root: Any, log: Any = None, **overrides: Any) -> dict[str, Any]:
+    """Train once per GPU-time source ('in_network': in-network kernel time where attributed,
+    isolated host-free elsewhere; 'isolated': isolated host-free only) into ``out_root/<source>``
+    and return, per source, the errors that decide between them: unseen test architectures
+    (network, corrected), leave one family out (network, corrected) and grouped K-fold per
+    operation, each for time and energy. ``overrides`` are TrainConfig fields (e.g.
+    ``tune_trials=0`` for a quicker comparison)."""
+    from pathlib import Path
+
+    from gpurec.model.training import train
+
+    out: dict[str, Any] = {}
+    for source in ("in_network", "isolated"):
+        rep = train(data_root, Path(out_root) / source, gpu_time_source=source,
+                    log=log or (lambda s: None), **overrides)
+
+        def pick(entry: dict[str, Any] | None) -> dict[str, Any]:
+            o = (entry or {}).get("overall", {})
+            return {"n": o.get("n", 0), "time_mape": o.get("time", {}).get("mape"),
+                    "energy_mape": o.get("energy", {}).get("mape")}
+
+        out[source] = {"targets": rep.get("targets", {}),
+                       "test_archs_network": pick(rep.get("test_set", {}).get("corrected")),
+                       "lofo_network": pick(rep.get("leave_one_family_out", {}).get("xgboost", {})
+                                            .get("network_corrected")),
+                       "kfold_per_op": pick(rep.get("grouped_kfold", {}).get("xgboost"))}
+    return out
