@@ -20,7 +20,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -529,17 +528,6 @@ def network_blocks(keys: Sequence[tuple[str, str]], extractor: SetExtractor) -> 
         kept.append(i)
     offsets = np.cumsum([0, *(len(b) for b in blocks)]).astype(np.int64)
     return OpBlock.concat(blocks), offsets, kept
-
-
-def log_safe(x: np.ndarray) -> np.ndarray:
-    return np.log(np.maximum(np.asarray(x, dtype=np.float64), 1e-12))
-
-
-def isfinite_positive(x: Any) -> bool:
-    try:
-        return math.isfinite(float(x)) and float(x) > 0
-    except (TypeError, ValueError):
-        return False
 
 
 class MeasuredLookup:

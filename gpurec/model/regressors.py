@@ -221,7 +221,3 @@ class Routed(_Params):
             if sel.any():
                 out[sel] = self.models_[self.route_[m]].predict(X[sel], margin[sel])
         return out
-
-    def predict_mode(self, X: np.ndarray, margin: np.ndarray, mode: str) -> np.ndarray:
-        """All rows in one mode: one booster call."""
-        return self.models_[self.route_[mode]].predict(X, margin)
