@@ -239,3 +239,109 @@ def run_host_bench(use_gpu: bool | None = None, blocks: int = 7, calls_per_block
         python_loop_us=loop_us, dispatch_cpu_us=cpu_us, dispatch_cuda_us=cuda, launch_us=launch_us,
         gpu=gpu_name, spread=spread,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference host, resolving a host argument, rescaling
+# ---------------------------------------------------------------------------------------------
+
+# Which benchmark call stands for an operation's kind group when no host model was learnt
+# (gpurec.model.features.KIND_GROUPS -> DISPATCH_CALLS).  Everything without a closer match
+# costs what an ``add`` costs: one small op through Python, the dispatcher and autograd.
+GROUP_CALL: dict[str, str] = {"conv": "conv2d", "matmul": "linear", "attention": "linear", "norm": "batchnorm2d",
+                              "activation": "relu", "pool": "relu"}
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def reference_profile(profiles: list[HostProfile], name: str | None = None) -> HostProfile:
+    """The reference host: the per-field median of ``profiles`` (the collection hosts).
+
+    Each timed figure is the median over the profiles that have it, so the reference is a
+    typical collection host and no single slow or fast lease sets it.  ``dispatch_cuda_us`` and
+    ``launch_us`` are kept only when some profile measured a GPU."""
+    if not profiles:
+        raise HostProfileError("no host profiles to take a reference from; run `gpurec host-bench --out FILE`")
+    if len(profiles) == 1 and name is None:
+        return profiles[0]
+
+    def med_dict(dicts: list[dict[str, float] | None]) -> dict[str, float] | None:
+        present = [d for d in dicts if d]
+        if not present:
+            return None
+        keys = sorted({k for d in present for k in d})
+        return {k: _median([d[k] for d in present if k in d]) for k in keys}
+
+    launches = [p.launch_us for p in profiles if p.launch_us is not None]
+    cpus = sorted({p.cpu for p in profiles})
+    return HostProfile(
+        name=name or f"reference: median of {len(profiles)} host profiles",
+        cpu=cpus[0] if len(cpus) == 1 else f"{len(cpus)} CPU models: " + "; ".join(cpus[:4]),
+        cores=int(_median([float(p.cores) for p in profiles])),
+        python=sorted({p.python for p in profiles})[-1], torch=sorted({p.torch for p in profiles})[-1],
+        measured_at=max(p.measured_at for p in profiles),
+        python_loop_us=_median([p.python_loop_us for p in profiles]),
+        dispatch_cpu_us=med_dict([p.dispatch_cpu_us for p in profiles]) or {},
+        dispatch_cuda_us=med_dict([p.dispatch_cuda_us for p in profiles]),
+        launch_us=_median(launches) if launches else None,
+        gpu=sorted({p.gpu for p in profiles if p.gpu} or {""})[0] or None,
+        spread={"profiles": float(len(profiles))},
+    )
+
+
+def profiles_of(entry: Any) -> list[HostProfile]:
+    """Host profiles in a provenance ``host_bench`` entry: one profile dict, a list of them, or a
+    dict of them (e.g. ``{"start": ..., "end": ...}``).  Unreadable parts are skipped."""
+    if isinstance(entry, HostProfile):
+        return [entry]
+    if isinstance(entry, dict) and "schema" in entry:
+        try:
+            return [HostProfile.from_dict(entry)]
+        except (HostProfileError, TypeError):
+            return []
+    items = entry.values() if isinstance(entry, dict) else entry if isinstance(entry, list) else []
+    return [p for item in items for p in profiles_of(item)]
+
+
+_LOCAL: dict[str, HostProfile] = {}
+
+
+def local_profile() -> HostProfile:
+    """This machine's CPU-side host profile, measured once per process (a few seconds)."""
+    if "local" not in _LOCAL:
+        _LOCAL["local"] = run_host_bench(use_gpu=False, name=f"local: {host_cpu()} x{os.cpu_count()}")
+    return _LOCAL["local"]
+
+
+def resolve_host(host: HostProfile | str | Path | dict[str, Any] | None, reference: HostProfile) -> HostProfile:
+    """The host an estimate is for: ``None`` = ``reference``; ``"local"`` = this machine
+    (``run_host_bench(use_gpu=False)``, cached per process); a path to a ``gpurec host-bench``
+    JSON file; a profile dict; or a HostProfile."""
+    if host is None:
+        return reference
+    if isinstance(host, HostProfile):
+        return host
+    if isinstance(host, dict):
+        return HostProfile.from_dict(host)
+    if isinstance(host, str) and host == "local":
+        return local_profile()
+    if isinstance(host, (str, Path)):
+        if not Path(host).exists():
+            raise HostProfileError(f"no host profile at {host}: pass None (the reference host), 'local', or a "
+                                   "file written by `gpurec host-bench --out FILE`")
+        return HostProfile.load(host)
+    raise HostProfileError(f"host must be None, 'local', a host-bench JSON path or a HostProfile, not "
+                           f"{type(host).__name__}")
+
+
+def call_cost_us(profile: HostProfile, call: str, mode: str) -> float:
+    """Per-call dispatch cost of one benchmark call on ``profile``: the CUDA figure where the
+    host measured a GPU (what issuing to a GPU costs), else the CPU-side figure."""
+    key = f"{call}:{mode}"
+    for table in (profile.dispatch_cuda_us, profile.dispatch_cpu_us):
+        if table and key in table and table[key] > 0:
+            return float(table[key])
+    raise HostProfileError(f"host profile {profile.name!r} has no dispatch figure for {key}; "
+                           "re-run `gpurec host-bench` with this gpurec version")

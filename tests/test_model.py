@@ -133,8 +133,8 @@ def test_roundtrip_matches_training_path(trained: tuple[Path, dict], predictor) 
     _, report = trained
     rec = next(r for r in report["test_set"]["records"] if r["gpu"] == H100)
     est = predictor.predict("mnasnet0_5", (8, 3, 224, 224), mode=rec["mode"], gpu=H100)
-    assert est.time_ms == pytest.approx(rec["pred_time_ms"], rel=1e-4)
-    assert est.power_w == pytest.approx(rec["pred_power_w"], rel=1e-4)
+    assert est.gpu_time_ms == pytest.approx(rec["pred_time_ms"], rel=1e-4)
+    assert est.gpu_power_w == pytest.approx(rec["pred_power_w"], rel=1e-4)
     assert est.op_sum_time_ms == pytest.approx(rec["sum_time_ms"], rel=1e-4)
 
 
@@ -184,7 +184,7 @@ def test_version_and_data_differences_warn(trained: tuple[Path, dict], tmp_path:
 def test_missing_model_dir_says_how_to_train(tmp_path: Path) -> None:
     from gpurec.model import load_predictor
 
-    with pytest.raises(FileNotFoundError, match="gpurec train --out"):
+    with pytest.raises(FileNotFoundError, match="gpurec train"):
         load_predictor(tmp_path / "nowhere")
 
 
@@ -363,6 +363,10 @@ def test_gpu_with_network_rows_only(tmp_path: Path) -> None:
     assert entry.networks_measured and not entry.measured
     est = p.predict("googlenet", (1, 3, 224, 224), mode="training", gpu=a100)
     assert est.correction == f"{a100}|training" and not est.measured_gpu
+    # the H100 has operation rows: the pooled correction, never one of its own (per_gpu_correction)
+    keys = set(json.loads((tmp_path / "m" / "manifest.json").read_text())["network_correction"]["time_coef"])
+    assert not any(k.startswith(H100) for k in keys) and any(k.startswith("*|") for k in keys)
+    assert p.predict("googlenet", (1, 3, 224, 224), mode="training", gpu=H100).correction == "*|training"
 
 
 def test_predicting_and_recommending_never_load_gpu_side_code(trained: tuple[Path, dict]) -> None:

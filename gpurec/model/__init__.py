@@ -1,10 +1,19 @@
-"""Per-operation time/power models, whole-network estimates, training and persistence.
+"""Per-operation GPU time/power and host dispatch models, the step timeline, training, persistence.
 
 Heavy modules (numpy, xgboost, sklearn, optuna, torch) load on first use, so
 ``import gpurec.model`` stays fast.
 
-Training lives in gpurec/model/training.py (``python3 -m gpurec.model.training``);
-``gpurec.model.train`` is its entry function.
+Layout: features (feature rows), data (targets, training data), tuning, validation,
+manifest, training (``train``, called by ``gpurec train``), host_model (dispatch per
+operation), timeline (the two-queue step), network (whole-network correction, waiting power),
+predictor (``load_predictor``, ``Estimate``), evaluate (metrics and the issue-13 accuracy
+tables), bench (prediction speed), persist (save/load).
+
+Hosts: every estimate is for a host profile (gpurec.host). ``host=None`` is the *reference
+host* saved with the models: the per-field median of the ``host_bench`` profiles of the
+collection runs the models were trained on (``Predictor.reference_host``). Until the data
+carries ``host_bench``, the reference is the training machine's CPU-side profile, and its
+name says so.
 """
 
 from __future__ import annotations

@@ -97,3 +97,216 @@ def breakdown(pred_t: np.ndarray, pred_p: np.ndarray, meas_t: np.ndarray, meas_p
         out[f"by_{name}"] = {v: triple(pred_t[lab == v], pred_p[lab == v], meas_t[lab == v], meas_p[lab == v])
                              for v in sorted(set(lab.tolist()))}
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 13 accuracy: estimates against measured networks (docs/accuracy.md tables)
+# ---------------------------------------------------------------------------------------------
+
+BOUND_CLEAR_MARGIN = 0.05  # a measured verdict is "clear" when eager / host-free is outside 1.2 +- this
+
+
+def _col(df: Any, name: str) -> np.ndarray:
+    import pandas as pd
+
+    if name not in df:
+        return np.full(len(df), np.nan)
+    return pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def network_records(predictor: Any, nets: Any, host_profiles: dict[str, list[Any]] | None = None,
+                    use_run_host: bool = True) -> Any:
+    """One row per measured network row: measured and estimated gpu_time_ms, gpu_energy_mj,
+    time_ms, energy_mj, host-dispatch share and bound, with the estimate made for the host
+    that measured it (its run's ``host_bench`` profile, median of start and end) where
+    ``use_run_host`` and the profile exists, else for the reference host (``host`` says which).
+
+    ``nets`` is ``gpurec.load_dataset(table="networks")`` (any subset); ``host_profiles`` is
+    gpurec.model.provenance.host_profiles_by_run(root). Rows that cannot be estimated (an
+    architecture this torchvision cannot build) are kept with ``error`` set, never dropped."""
+    import pandas as pd
+
+    from gpurec.host import reference_profile
+    from gpurec.model._sets import parse_set, test_arch_names
+
+    host_profiles = host_profiles or {}
+    run_host = {r: reference_profile(ps, name=f"run {r}") for r, ps in host_profiles.items() if ps}
+    rows = []
+    for i, r in enumerate(nets.itertuples(index=False)):
+        run = str(getattr(r, "run_id", ""))
+        host = run_host.get(run) if use_run_host else None
+        rec: dict[str, Any] = {"gpu": r.gpu, "set_key": r.set_key, "mode": r.mode, "run_id": run,
+                               "arch": arch_of(r.set_key), "is_test": arch_of(r.set_key) in test_arch_names(),
+                               "host_profile": "run" if host is not None else "reference", "error": ""}
+        for k in ("time_ms", "energy_mj", "gpu_time_ms", "gpu_energy_mj"):
+            rec[f"measured_{k}"] = float(_col(nets.iloc[[i]], k)[0])
+        try:
+            s = parse_set(r.set_key)
+            est = predictor.predict(s.arch, s.input_shape, mode=r.mode, gpu=r.gpu, host=host)
+            for k in ("time_ms", "energy_mj", "gpu_time_ms", "gpu_energy_mj", "host_time_ms"):
+                rec[f"pred_{k}"] = getattr(est, k)
+            rec["pred_bound"] = est.bound
+            rec["host"] = est.host
+        except Exception as exc:  # reported per row, not fatal
+            rec["error"] = f"{type(exc).__name__}: {exc}"[:200]
+        rows.append(rec)
+    df = pd.DataFrame(rows)
+    if len(df):
+        ratio = df["measured_time_ms"] / df["measured_gpu_time_ms"]
+        df["measured_ratio"] = ratio
+        df["measured_bound"] = np.where(ratio.isna(), "", np.where(ratio >= 1.2, "host", "gpu"))
+        df["bound_clear"] = (ratio - 1.2).abs() > BOUND_CLEAR_MARGIN
+        df["measured_host_share"] = 1.0 - 1.0 / ratio
+        if "pred_time_ms" in df:
+            df["pred_host_share"] = 1.0 - df["pred_gpu_time_ms"] / df["pred_time_ms"]
+    return df
+
+
+def _mape(pred: Any, meas: Any) -> tuple[float, int]:
+    p, m = np.asarray(pred, dtype=np.float64), np.asarray(meas, dtype=np.float64)
+    ok = np.isfinite(p) & np.isfinite(m) & (m > 0)
+    return (float(np.mean(ape(p[ok], m[ok]))) if ok.any() else float("nan")), int(ok.sum())
+
+
+def host_free_accuracy(records: Any, test_only: bool = True) -> list[dict[str, Any]]:
+    """Host-free time and energy MAPE per GPU and mode (unseen test architectures by default)."""
+    df = records[records["is_test"]] if test_only else records
+    out = []
+    for (gpu, mode), part in df.groupby(["gpu", "mode"]):
+        t, n_t = _mape(part.get("pred_gpu_time_ms"), part["measured_gpu_time_ms"])
+        e, n_e = _mape(part.get("pred_gpu_energy_mj"), part["measured_gpu_energy_mj"])
+        out.append({"gpu": gpu, "mode": mode, "gpu_time_mape": t, "gpu_energy_mape": e, "n_time": n_t,
+                    "n_energy": n_e})
+    return out
+
+
+def eager_accuracy(records: Any, test_only: bool = True) -> list[dict[str, Any]]:
+    """Eager time MAPE (estimate for the measuring host's profile) per GPU, mode and measured bound
+    (``unknown`` where the network has no host-free measurement to tell)."""
+    df = records[records["is_test"]] if test_only else records
+    df = df.assign(measured_bound=df["measured_bound"].replace("", "unknown"))
+    out = []
+    for (gpu, mode, bound), part in df.groupby(["gpu", "mode", "measured_bound"]):
+        t, n = _mape(part.get("pred_time_ms"), part["measured_time_ms"])
+        out.append({"gpu": gpu, "mode": mode, "measured_bound": bound, "time_mape": t, "n": n,
+                    "with_run_host_profile": int((part["host_profile"] == "run").sum())})
+    return out
+
+
+def bound_accuracy(records: Any, test_only: bool = False) -> dict[str, Any]:
+    """Share of right verdicts where the measured verdict is clear (eager / host-free outside
+    1.2 +- BOUND_CLEAR_MARGIN), overall and per GPU and mode."""
+    df = records[records["is_test"]] if test_only else records
+    df = df[(df["measured_bound"] != "") & df["bound_clear"] & df.get("pred_bound", "").astype(str).ne("")]
+
+    def share(part: Any) -> dict[str, Any]:
+        right = (part["pred_bound"] == part["measured_bound"]).to_numpy()
+        return {"n": int(len(part)), "right": float(right.mean()) if len(part) else float("nan"),
+                "measured_host_bound": int((part["measured_bound"] == "host").sum())}
+
+    return {"overall": share(df), "clear_margin": BOUND_CLEAR_MARGIN,
+            "by_gpu_mode": {f"{g}|{m}": share(p) for (g, m), p in df.groupby(["gpu", "mode"])}}
+
+
+def host_share_accuracy(records: Any, test_only: bool = True) -> list[dict[str, Any]]:
+    """The share of each network's eager time that comes from the host (1 - host-free / eager),
+    predicted against measured: mean of each and mean absolute difference in percentage points."""
+    df = records[records["is_test"]] if test_only else records
+    out = []
+    for (gpu, mode), part in df.groupby(["gpu", "mode"]):
+        m = part["measured_host_share"].to_numpy(dtype=np.float64)
+        p = part.get("pred_host_share", np.full(len(part), np.nan))
+        p = np.asarray(p, dtype=np.float64)
+        ok = np.isfinite(m) & np.isfinite(p)
+        out.append({"gpu": gpu, "mode": mode, "n": int(ok.sum()),
+                    "measured_share_mean": float(m[ok].mean()) if ok.any() else float("nan"),
+                    "pred_share_mean": float(p[ok].mean()) if ok.any() else float("nan"),
+                    "abs_diff_pp": float(np.mean(np.abs(p[ok] - m[ok])) * 100) if ok.any() else float("nan")})
+    return out
+
+
+def noise_floor(rows: Any, columns: tuple[str, ...] = ("gpu_time_ms", "gpu_energy_mj", "time_ms", "energy_mj")
+                ) -> list[dict[str, Any]]:
+    """The same measurement repeated: mean absolute deviation (%) of each row from its
+    (gpu, set_key, mode) group's median, per GPU and mode, over groups measured more than once
+    (pass the networks table concatenated with its repeats table)."""
+    out = []
+    for (gpu, mode), part in rows.groupby(["gpu", "mode"]):
+        entry: dict[str, Any] = {"gpu": gpu, "mode": mode}
+        for c in columns:
+            v = part.assign(_v=_col(part, c)).dropna(subset=["_v"])
+            g = v.groupby("set_key")["_v"]
+            multi = g.transform("size") > 1
+            dev = (v["_v"] / g.transform("median") - 1.0).abs()[multi] * 100
+            entry[f"{c}_noise_pct"] = float(dev.mean()) if len(dev) else float("nan")
+            entry[f"{c}_groups"] = int((g.size() > 1).sum())
+        out.append(entry)
+    return out
+
+
+def leave_one_gpu_out_table(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Leave-one-GPU-out network errors from a training report (models trained without the GPU;
+    host-free targets once the data has them, see report['targets'])."""
+    out = []
+    for gpu, entry in report.get("leave_one_gpu_out", {}).get("gpus", {}).items():
+        x = entry.get("xgboost", {})
+        for label in ("test_archs", "train_archs"):
+            b = x.get(f"network_{label}_corrected")
+            if not b:
+                continue
+            for mode, m in b.get("by_mode", {}).items():
+                out.append({"held_out_gpu": gpu, "archs": label, "mode": mode, "n": m["n"],
+                            "time_mape": m["time"]["mape"], "energy_mape": m["energy"]["mape"],
+                            "targets": report.get("targets", {}).get("networks", "eager")})
+    return out
+
+
+def accuracy_tables(predictor: Any, data_root: Any = None, report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every issue-13 table from the data under ``data_root`` and a trained ``predictor`` (and its
+    training ``report`` for leave-one-GPU-out): what docs/accuracy.md reports."""
+    import pandas as pd
+
+    from gpurec.dataset import load_dataset
+    from gpurec.model.provenance import host_profiles_by_run
+
+    nets = load_dataset(root=data_root, table="networks")
+    records = network_records(predictor, nets, host_profiles_by_run(data_root))
+    try:
+        repeats = load_dataset(root=data_root, table="repeats")
+        repeats = repeats[repeats.get("item", "network") == "network"] if "item" in repeats else repeats
+    except FileNotFoundError:
+        repeats = nets.iloc[:0]
+    both = pd.concat([nets, repeats], ignore_index=True)
+    return {"host_free": host_free_accuracy(records), "eager": eager_accuracy(records),
+            "bound": bound_accuracy(records), "host_share": host_share_accuracy(records),
+            "noise_floor": noise_floor(both), "leave_one_gpu_out": leave_one_gpu_out_table(report or {}),
+            "records": records}
+
+
+def compare_gpu_time_sources(data_root: Any, out_root: Any, log: Any = None, **overrides: Any) -> dict[str, Any]:
+    """Train once per GPU-time source ('in_network': in-network kernel time where attributed,
+    isolated host-free elsewhere; 'isolated': isolated host-free only) into ``out_root/<source>``
+    and return, per source, the errors that decide between them: unseen test architectures
+    (network, corrected), leave one family out (network, corrected) and grouped K-fold per
+    operation, each for time and energy. ``overrides`` are TrainConfig fields (e.g.
+    ``tune_trials=0`` for a quicker comparison)."""
+    from pathlib import Path
+
+    from gpurec.model.training import train
+
+    out: dict[str, Any] = {}
+    for source in ("in_network", "isolated"):
+        rep = train(data_root, Path(out_root) / source, gpu_time_source=source,
+                    log=log or (lambda s: None), **overrides)
+
+        def pick(entry: dict[str, Any] | None) -> dict[str, Any]:
+            o = (entry or {}).get("overall", {})
+            return {"n": o.get("n", 0), "time_mape": o.get("time", {}).get("mape"),
+                    "energy_mape": o.get("energy", {}).get("mape")}
+
+        out[source] = {"targets": rep.get("targets", {}),
+                       "test_archs_network": pick(rep.get("test_set", {}).get("corrected")),
+                       "lofo_network": pick(rep.get("leave_one_family_out", {}).get("xgboost", {})
+                                            .get("network_corrected")),
+                       "kfold_per_op": pick(rep.get("grouped_kfold", {}).get("xgboost"))}
+    return out

@@ -6,10 +6,13 @@ and looking its signature up) or from a user's model. Keeping both on the same f
 what makes train-time and predict-time features agree by construction.
 
 A feature row is: the operation's analytic features (gpurec.ops FEATURE_NAMES), derived
-roofline features that cross the operation with the GPU (ideal compute and memory time),
-the GPU's catalogue features, a one-hot of the operation kind over a category list frozen
-at training time (plus ``__other__``), a one-hot of a coarse kind group (so unseen kinds
-still land near their relatives), and optional measured extra columns (ncu counters).
+features that cross the operation with the GPU (roofline: ideal compute and memory time;
+wave quantisation: estimated thread blocks against the SMs, after NeuSight; working set and
+parameters against L2), the GPU's catalogue features, a one-hot of the operation kind over a
+category list frozen at training time (plus ``__other__``), a one-hot of a coarse kind group
+(so unseen kinds still land near their relatives), and optional measured extra columns (ncu
+counters). Per target, GPU features without a physical direction are hidden and the rest are
+monotone (TIME_MONOTONE), so a GPU with lower peaks and bandwidth is never predicted faster.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 
     from gpurec.ops.operation import Operation
 
-FEATURE_SCHEMA_VERSION = 1
+FEATURE_SCHEMA_VERSION = 2
 OTHER_KIND = "__other__"
 
 # Coarse kind groups: fixed order, part of the feature schema.
@@ -90,7 +92,63 @@ def kind_group(kind: str) -> str:
 DERIVED_FEATURES: tuple[str, ...] = (
     "mode_training", "has_backward", "flops_mode", "bytes_mode", "peak_tflops_used",
     "t_compute_ms", "t_memory_ms", "t_roofline_ms", "compute_bound", "param_bytes_over_l2",
+    "waves", "wave_efficiency", "t_compute_wave_ms", "working_set_over_l2",
 )
+
+# Wave quantisation (after NeuSight, ASPLOS'25): a kernel runs its thread blocks in waves of
+# (SMs x resident blocks per SM); a last, partly filled wave costs as much as a full one. We
+# cannot see the real tiling on a CPU, so blocks are estimated from the output size: GEMM-like
+# kernels (conv, matmul, attention) compute 128 x 128 output tiles with one block per SM,
+# everything else 1024 elements per block (256 threads x 4) with 8 blocks per SM.
+GEMM_TILE_ELEMENTS = 128 * 128
+GEMM_BLOCKS_PER_SM = 1
+OTHER_BLOCK_ELEMENTS = 1024
+OTHER_BLOCKS_PER_SM = 8
+
+# Per target, GPU-dependent features whose effect has no physical direction are hidden from
+# the booster (NaN) and the rest are monotone: +1 = a larger value never makes the operation
+# faster, -1 = never slower. So a GPU with lower peak FLOP/s and lower bandwidth can never be
+# predicted faster through these features. The host dispatch model sees no GPU feature at all
+# (dispatch is the host's work; how fast the host is, is the host profile's business).
+TIME_MONOTONE: dict[str, int] = {
+    "peak_tflops_used": -1, "t_compute_ms": 1, "t_memory_ms": 1, "t_roofline_ms": 1, "param_bytes_over_l2": 1,
+    "wave_efficiency": -1, "t_compute_wave_ms": 1, "working_set_over_l2": 1,
+    "hw_fp32_tflops": -1, "hw_tf32_tflops": -1, "hw_fp16_tflops": -1, "hw_bf16_tflops": -1,
+    "hw_memory_bandwidth_gbs": -1, "hw_l2_cache_mb": -1,
+}
+_GPU_DEPENDENT_DERIVED = ("peak_tflops_used", "t_compute_ms", "t_memory_ms", "t_roofline_ms", "compute_bound",
+                          "param_bytes_over_l2", "waves", "wave_efficiency", "t_compute_wave_ms",
+                          "working_set_over_l2")
+
+
+def gpu_dependent(name: str) -> bool:
+    """Whether a feature changes with the GPU (catalogue features and what is derived from them)."""
+    return name.startswith("hw_") or name in _GPU_DEPENDENT_DERIVED
+
+
+def target_mask(target: str, feature_names: Sequence[str]) -> np.ndarray:
+    """Columns hidden (set to NaN) for ``target`` ('time', 'power' or 'host')."""
+    if target == "time":
+        return np.array([gpu_dependent(f) and f not in TIME_MONOTONE for f in feature_names], dtype=bool)
+    if target == "host":
+        return np.array([gpu_dependent(f) for f in feature_names], dtype=bool)
+    return np.zeros(len(feature_names), dtype=bool)
+
+
+def monotone_constraints(target: str, feature_names: Sequence[str]) -> tuple[int, ...] | None:
+    """XGBoost monotone constraints for ``target`` (None: unconstrained)."""
+    if target != "time":
+        return None
+    return tuple(TIME_MONOTONE.get(f, 0) for f in feature_names)
+
+
+def masked(X: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``X`` with the masked columns set to NaN (a copy; ``X`` itself when nothing is masked)."""
+    if not mask.any():
+        return X
+    out = X.copy()
+    out[:, mask] = np.nan
+    return out
 
 
 @dataclass(frozen=True)
@@ -217,6 +275,7 @@ class FeatureBuilder:
         self._hw_cols = np.array([_HW_INDEX[f] for f in self.config.hardware_features], dtype=np.int64)
         self._group_pos = {g: i for i, g in enumerate(KIND_GROUPS)}
         self._group_cache: dict[str, int] = {}
+        self._gemm_groups = np.array([self._group_pos[g] for g in ("conv", "matmul", "attention")])
         self.feature_names: list[str] = [
             *self.config.op_features, *DERIVED_FEATURES, *(f"hw_{h}" for h in self.config.hardware_features),
             *(f"kind={k}" for k in self.kinds), f"kind={OTHER_KIND}", *(f"group={g}" for g in KIND_GROUPS),
@@ -269,8 +328,18 @@ class FeatureBuilder:
         t_roof = np.maximum(t_compute, t_memory)
         l2_bytes = hw_b[:, _HW_INDEX["l2_cache_mb"]] * 2**20
         param_ratio = v[:, col("params")] * 4.0 / np.maximum(l2_bytes, 1.0)
+        gemm = np.isin(group_idx, self._gemm_groups)
+        out_el = v[:, col("output_elements")]
+        blocks = np.ceil(out_el / np.where(gemm, GEMM_TILE_ELEMENTS, OTHER_BLOCK_ELEMENTS))
+        slots = np.maximum(hw_b[:, _HW_INDEX["sm_count"]], 1.0) * np.where(gemm, GEMM_BLOCKS_PER_SM,
+                                                                            OTHER_BLOCKS_PER_SM)
+        waves = blocks / slots
+        wave_eff = np.where(blocks > 0, waves / np.maximum(np.ceil(waves), 1.0), 1.0)
+        t_compute_wave = t_compute / np.maximum(wave_eff, 1e-3)
+        working_set = bytes_mode / np.maximum(l2_bytes, 1.0)
         derived = np.stack([training, has_bwd, flops_mode, bytes_mode, peak, t_compute, t_memory, t_roof,
-                            (t_compute > t_memory).astype(np.float64), param_ratio], axis=1)
+                            (t_compute > t_memory).astype(np.float64), param_ratio,
+                            waves, wave_eff, t_compute_wave, working_set], axis=1)
         n_kinds = len(self.kinds) + 1
         onehot = np.zeros((n, n_kinds + len(KIND_GROUPS)), dtype=np.float64)
         rows = np.arange(n)
@@ -462,17 +531,6 @@ def network_blocks(keys: Sequence[tuple[str, str]], extractor: SetExtractor) -> 
     return OpBlock.concat(blocks), offsets, kept
 
 
-def log_safe(x: np.ndarray) -> np.ndarray:
-    return np.log(np.maximum(np.asarray(x, dtype=np.float64), 1e-12))
-
-
-def isfinite_positive(x: Any) -> bool:
-    try:
-        return math.isfinite(float(x)) and float(x) > 0
-    except (TypeError, ValueError):
-        return False
-
-
 class MeasuredLookup:
     """Measured per-operation time and power by (GPU, mode, signature).
 
@@ -484,9 +542,10 @@ class MeasuredLookup:
         self.table = table or {}
 
     @staticmethod
-    def from_frame(df: pd.DataFrame) -> MeasuredLookup:
+    def from_frame(df: pd.DataFrame, time_column: str = "time_ms", power_column: str = "power_w") -> MeasuredLookup:
+        """From rows with gpu, mode, op_signature and the GPU-side time and power columns named."""
         table: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
-        for g, m, s, t, w in zip(df["gpu"], df["mode"], df["op_signature"], df["time_ms"], df["power_w"],
+        for g, m, s, t, w in zip(df["gpu"], df["mode"], df["op_signature"], df[time_column], df[power_column],
                                  strict=True):
             table.setdefault((str(g), str(m)), {})[str(s)] = (float(t), float(w))
         return MeasuredLookup(table)

@@ -186,8 +186,9 @@ class Correction:
 
 def fit_correction(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, time_ms: np.ndarray, power_w: np.ndarray,
                    time_variant: str, power_variant: str, min_rows_gpu: int = 8, min_rows_pooled: int = 3,
-                   ridge: float = 0.1) -> Correction:
-    """Per GPU+mode where there are enough networks, pooled per mode otherwise."""
+                   ridge: float = 0.1, specific: Any = None) -> Correction:
+    """Per GPU+mode where there are enough networks (and the GPU is in ``specific``, when given),
+    pooled per mode otherwise."""
     tc: dict[str, dict[str, float]] = {}
     pc: dict[str, dict[str, float]] = {}
     n_rows: dict[str, int] = {}
@@ -200,6 +201,8 @@ def fit_correction(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, time_ms:
             pc[key] = fit_power(s.take(sel), power_w[sel], power_variant, ridge)
             n_rows[key] = int(sel.sum())
         for gpu in sorted(set(gpus[sel].tolist())):
+            if specific is not None and gpu not in specific:
+                continue
             g = sel & (gpus == gpu)
             if g.sum() >= min_rows_gpu:
                 key = f"{gpu}|{mode}"
@@ -223,7 +226,7 @@ def _simplest_near_best(mape: dict[str, float], order: list[str], slack: float =
 
 def correction_cv(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, groups: np.ndarray, time_ms: np.ndarray,
                   power_w: np.ndarray, min_rows_gpu: int = 8, min_rows_pooled: int = 3,
-                  ridge: float = 0.1) -> dict[str, Any]:
+                  ridge: float = 0.1, specific: Any = None) -> dict[str, Any]:
     """Second-level leave-one-group-out: MAPE of every variant, and the out-of-fold corrected values."""
     groups = np.asarray(groups)
     uniq = sorted(set(groups.tolist()))
@@ -238,12 +241,12 @@ def correction_cv(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, groups: n
         train = ~test
         for v in TIME_VARIANTS:
             c = fit_correction(s.take(train), gpus[train], modes[train], time_ms[train], power_w[train], v, "none",
-                               min_rows_gpu, min_rows_pooled, ridge)
+                               min_rows_gpu, min_rows_pooled, ridge, specific)
             for i in np.flatnonzero(test):
                 oof_t[v][i] = c.apply(s.take([i]), str(gpus[i]), str(modes[i]))[0][0]
         for v in POWER_VARIANTS:
             c = fit_correction(s.take(train), gpus[train], modes[train], time_ms[train], power_w[train], "none", v,
-                               min_rows_gpu, min_rows_pooled, ridge)
+                               min_rows_gpu, min_rows_pooled, ridge, specific)
             for i in np.flatnonzero(test):
                 oof_p[v][i] = c.apply(s.take([i]), str(gpus[i]), str(modes[i]))[1][0]
     energy = time_ms * power_w
@@ -259,3 +262,59 @@ def correction_cv(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, groups: n
     res["oof_time_ms"] = oof_t[best_t]
     res["oof_power_w"] = oof_p[best_p]
     return res
+
+
+# Without any network rows that say otherwise, a GPU waiting for its host is taken to draw
+# this share of its TDP (used only when the data has neither eager+host-free network pairs nor
+# idle readings; the manifest says which source was used).
+DEFAULT_WAITING_TDP_RATIO = 0.1
+
+
+def fit_waiting_power(nets: Any) -> dict[str, Any]:
+    """Power the GPU draws while it waits for the host, as a share of its TDP (per GPU, and pooled
+    under ``*``), learnt from network rows.
+
+    Learnt: where a network was measured eager and host-free and the host made it >= 10% longer,
+    (eager energy - host-free energy) / (eager time - host-free time) is the power of the waiting
+    time. Until such rows exist: the measured idle power (``idle_power_w``), a lower bound, since
+    a waiting GPU keeps its clocks up between kernels."""
+    from gpurec.catalog import resolve_gpu
+
+    def tdp(g: str) -> float:
+        return float(resolve_gpu(g).features()["tdp_w"])
+
+    out: dict[str, Any] = {"ratio_of_tdp": {}, "n": {}}
+    if len(nets) == 0:
+        out.update(source="default", ratio_of_tdp={"*": DEFAULT_WAITING_TDP_RATIO})
+        return out
+    cols = {c: (nets[c].astype(float).to_numpy() if c in nets else np.full(len(nets), np.nan))
+            for c in ("time_ms", "energy_mj", "gpu_time_ms", "gpu_energy_mj", "idle_power_w")}
+    gap = cols["time_ms"] - cols["gpu_time_ms"]
+    pairs = np.isfinite(gap) & (gap > 0.1 * cols["gpu_time_ms"]) & np.isfinite(cols["energy_mj"]) \
+        & np.isfinite(cols["gpu_energy_mj"])
+    gpus = nets["gpu"].astype(str).to_numpy()
+    ratios: dict[str, list[float]] = {}
+    if pairs.sum() >= 3:
+        out["source"] = "learnt: (eager - host-free energy) / (eager - host-free time) of host-slowed networks"
+        p_wait = (cols["energy_mj"] - cols["gpu_energy_mj"]) / np.where(pairs, gap, np.nan)
+        for i in np.flatnonzero(pairs):
+            ratios.setdefault(gpus[i], []).append(float(np.clip(p_wait[i], 0.0, None)) / tdp(gpus[i]))
+    elif np.isfinite(cols["idle_power_w"]).any():
+        out["source"] = ("fallback: measured idle power (no network measured both eager and host-free yet); "
+                         "a lower bound of the waiting power")
+        for i in np.flatnonzero(np.isfinite(cols["idle_power_w"])):
+            ratios.setdefault(gpus[i], []).append(float(cols["idle_power_w"][i]) / tdp(gpus[i]))
+    else:
+        out.update(source="default", ratio_of_tdp={"*": DEFAULT_WAITING_TDP_RATIO})
+        return out
+    for g, r in sorted(ratios.items()):
+        out["ratio_of_tdp"][g] = float(np.median(r))
+        out["n"][g] = len(r)
+    out["ratio_of_tdp"]["*"] = float(np.median([v for r in ratios.values() for v in r]))
+    return out
+
+
+def waiting_power_w(waiting: dict[str, Any], gpu: str, tdp_w: float) -> float:
+    """The waiting power of ``gpu`` (its own learnt share of TDP, else the pooled one)."""
+    r = waiting.get("ratio_of_tdp", {})
+    return float(r.get(gpu, r.get("*", DEFAULT_WAITING_TDP_RATIO))) * tdp_w

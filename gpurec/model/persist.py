@@ -106,7 +106,7 @@ def write_manifest(model_dir: Path | str, manifest: dict[str, Any]) -> dict[str,
     """Hash every file the manifest refers to, seal the manifest with its digest and write it
     atomically (last, so a directory without it is an unfinished save).  Returns what was written."""
     from gpurec.dataset.store import atomic_write_text
-    from gpurec.model.training import dumps
+    from gpurec.model.provenance import dumps
 
     model_dir = Path(model_dir)
     files = {}
@@ -152,7 +152,7 @@ def save_model(out_dir: Path, models: dict[str, Any], manifest: dict[str, Any], 
     """Write boosters (one file per distinct route), the measured-operation table and report.json,
     each atomically, then the sealed manifest.json last (a directory without it is an unfinished save)."""
     from gpurec.dataset.store import atomic_write_file, atomic_write_text
-    from gpurec.model.training import dumps
+    from gpurec.model.provenance import dumps
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -221,7 +221,7 @@ def check_manifest(manifest: dict[str, Any], model_dir: Path | str, data_root: P
             + (f"; not in the model: {extra[:8]}" if extra else "")
             + ("; same names in another order" if not missing and not extra else "") + ". Retrain.")
     notes: list[str] = []
-    from gpurec.model.training import library_versions
+    from gpurec.model.provenance import library_versions
 
     now = library_versions()
     for k in _VERSION_KEYS:
@@ -230,7 +230,7 @@ def check_manifest(manifest: dict[str, Any], model_dir: Path | str, data_root: P
             notes.append(f"{k} {now.get(k)} here, model trained with {then}")
     if check_data:
         try:
-            from gpurec.model.training import current_data_hash
+            from gpurec.model.data import current_data_hash
 
             digest = current_data_hash(data_root)
             if digest != manifest.get("training_data", {}).get("sha256"):

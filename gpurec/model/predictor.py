@@ -1,11 +1,16 @@
 """The public prediction API: time, energy and power of a network on a GPU, without running it.
 
     p = gpurec.load_predictor()
-    est = p.predict("resnet50", input_shape=(32, 3, 224, 224), mode="inference", gpu="H100")
-    est.time_ms, est.energy_mj, est.power_w, est.low, est.high, est.per_op, est.uncovered
+    est = p.predict("resnet50", input_shape=(32, 3, 224, 224), mode="inference", gpu="H100", host=None)
+    est.gpu_time_ms, est.gpu_energy_mj            # the GPU's work: the step as one CUDA graph
+    est.time_ms, est.energy_mj, est.power_w       # eager, on the given host (None: the reference host)
+    est.host_time_ms, est.bound, est.host         # the host's issue time, "gpu" or "host", profile name
+    est.time_low_ms, est.time_high_ms, ...        # bands; est.per_op, est.uncovered
 
-A network's estimate is the sum of per-operation predictions plus the learned whole-network
-correction (gpurec.model.network). Extracted operations are cached per (model name or module
+The GPU side of a network is the sum of per-operation GPU predictions with the learned
+whole-network correction (gpurec.model.network); the host dispatch of each operation comes
+from gpurec.model.host_model, and the two meet in the two-queue step simulation
+(gpurec.model.timeline). Extracted operations are cached per (model name or module
 structure, input shape, mode), and all operations of all candidates of ``predict_many`` go
 through each booster in one call, so repeated and batched predictions are cheap; extracting
 a never-seen model is what costs time (see gpurec/reports/speed.py, docs/speed.md).
@@ -16,18 +21,30 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpurec.catalog import load_catalog, resolve_gpu
-from gpurec.model.features import FeatureBuilder, FeatureConfig, MeasuredLookup, OpBlock, hardware_row
-from gpurec.model.network import Correction, aggregate
+from gpurec.catalog import HARDWARE_FEATURES, load_catalog, resolve_gpu
+from gpurec.host import HostProfile, resolve_host
+from gpurec.model._sets import MODES
+from gpurec.model.config import UNMEASURED_BAND_WIDENING
+from gpurec.model.features import (
+    FeatureBuilder,
+    FeatureConfig,
+    MeasuredLookup,
+    OpBlock,
+    hardware_row,
+    masked,
+    target_mask,
+)
+from gpurec.model.host_model import HostDispatch
+from gpurec.model.network import Correction, aggregate, waiting_power_w
 from gpurec.model.persist import check_manifest, default_model_dir, load_boosters, read_manifest
+from gpurec.model.timeline import bound_of, simulate
 from gpurec.ops.coverage import warn_if_low
-from gpurec.sets import MODES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,7 +65,7 @@ class GPUEntry:
 
 @dataclass(frozen=True)
 class Bound:
-    """One end of the uncertainty band."""
+    """One end of the uncertainty band (eager time and energy)."""
 
     time_ms: float
     energy_mj: float
@@ -66,15 +83,31 @@ class _OpsEntry:
 
 
 @dataclass
-class Estimate:
-    """Predicted whole-network cost of one forward (inference) or forward+backward (training) step.
+class _OpDetail:
+    """Per-operation arrays behind an Estimate (set after construction; not part of its fields)."""
 
-    ``per_op`` holds the per-operation values before the whole-network correction (their
-    shares are of the operation sum); ``source`` says whether a value was measured on this GPU
-    (the same operation measured, possibly in another model) or predicted. ``uncovered`` lists
-    predicted operations outside what the models were trained on (unknown kind, or features
-    beyond the training range x tolerance): they are still predicted and summed, never
-    dropped, but deserve less trust.
+    entry: _OpsEntry
+    gpu_time_ms: np.ndarray  # per operation, before the whole-network correction
+    power_w: np.ndarray
+    host_ms: np.ndarray  # dispatch on the estimate's host
+    measured: np.ndarray
+    covered: np.ndarray
+
+
+@dataclass
+class Estimate:
+    """Predicted cost of one forward (inference) or forward+backward (training) step of a network.
+
+    GPU side (host-free, the step as one CUDA graph): ``gpu_time_ms``, ``gpu_energy_mj``.
+    Eager on ``host`` (a host profile's name): ``time_ms``, ``energy_mj``, ``power_w`` =
+    energy / time, ``host_time_ms`` (the host's issue time), and ``bound``: ``"host"`` when the
+    host makes the step >= 20% longer than the GPU alone (gpurec.model.timeline), else ``"gpu"``.
+    Each time and energy has a low/high band (measured / predicted ratio quantiles).
+
+    ``per_op`` holds per-operation values before the whole-network correction; ``source``
+    says whether a value was measured on this GPU or predicted. ``uncovered`` lists predicted
+    operations outside what the models were trained on: still predicted and summed, never
+    dropped, but deserving less trust.
     """
 
     model: str
@@ -83,59 +116,66 @@ class Estimate:
     gpu: str
     measured_gpu: bool
     time_ms: float
-    power_w: float
     energy_mj: float
-    low: Bound
-    high: Bound
-    op_sum_time_ms: float
+    power_w: float
+    gpu_time_ms: float
+    gpu_energy_mj: float
+    host_time_ms: float
+    bound: str
+    host: str
+    time_low_ms: float
+    time_high_ms: float
+    energy_low_mj: float
+    energy_high_mj: float
+    gpu_time_low_ms: float
+    gpu_time_high_ms: float
+    gpu_energy_low_mj: float
+    gpu_energy_high_mj: float
+    op_sum_time_ms: float  # sum of per-operation GPU times, before the network correction
     op_sum_energy_mj: float
     n_ops: int
     coverage: float  # share of FLOPs in covered operations
     correction: str
     measured_share: float = 0.0  # share of operations whose values are measurements, not predictions
-    _op_time_ms: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
-    _op_power_w: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
-    _measured: np.ndarray | None = field(repr=False, default=None)
-    _covered: np.ndarray | None = field(repr=False, default=None)
-    _entry: _OpsEntry | None = field(repr=False, default=None)
-    _per_op: Any = field(repr=False, default=None)
+    _ops: _OpDetail | None = field(default=None, init=False, repr=False, compare=False)
+    _per_op: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
-    def time_low_ms(self) -> float:
-        return self.low.time_ms
+    def gpu_power_w(self) -> float:
+        """Mean GPU power of the host-free step."""
+        return self.gpu_energy_mj / self.gpu_time_ms if self.gpu_time_ms > 0 else 0.0
 
     @property
-    def time_high_ms(self) -> float:
-        return self.high.time_ms
+    def low(self) -> Bound:
+        return Bound(self.time_low_ms, self.energy_low_mj)
 
     @property
-    def energy_low_mj(self) -> float:
-        return self.low.energy_mj
-
-    @property
-    def energy_high_mj(self) -> float:
-        return self.high.energy_mj
+    def high(self) -> Bound:
+        return Bound(self.time_high_ms, self.energy_high_mj)
 
     @property
     def per_op(self) -> pd.DataFrame:
-        """One row per operation: predicted time/power/energy, shares, coverage flag (built on first access)."""
+        """One row per operation: GPU time, host dispatch, power, energy, shares, coverage (built on first access)."""
         if self._per_op is None:
             import pandas as pd
 
-            e = self._entry
-            t, w = self._op_time_ms, self._op_power_w
+            d = self._ops
+            e = d.entry if d is not None else None
+            t = d.gpu_time_ms if d is not None else np.zeros(0)
+            w = d.power_w if d is not None else np.zeros(0)
             energy = t * w
-            measured = self._measured if self._measured is not None else np.zeros(len(t), dtype=bool)
-            covered = self._covered if self._covered is not None else (e.covered if e is not None else True)
-            reason = np.where(covered, "", e.reason) if e is not None else ""
+            measured = d.measured if d is not None else np.zeros(len(t), dtype=bool)
+            covered = d.covered if d is not None else np.ones(len(t), dtype=bool)
+            reason = np.where(covered, "", e.reason) if e is not None else np.full(len(t), "")
             flops = e.flops if e is not None else np.zeros(len(t))
             tot_t, tot_e, tot_f = t.sum(), energy.sum(), flops.sum()
             self._per_op = pd.DataFrame({
-                "name": e.block.names if e is not None else [""] * len(t),
-                "kind": e.block.kinds if e is not None else [""] * len(t),
-                "signature": e.block.signatures if e is not None else [""] * len(t),
+                "name": e.block.names if e is not None else [],
+                "kind": e.block.kinds if e is not None else [],
+                "signature": e.block.signatures if e is not None else [],
                 "flops": flops,
-                "time_ms": t, "power_w": w, "energy_mj": energy,
+                "time_ms": t, "host_ms": d.host_ms if d is not None else np.zeros(0), "power_w": w,
+                "energy_mj": energy,
                 "time_share": t / tot_t if tot_t > 0 else 0.0,
                 "energy_share": energy / tot_e if tot_e > 0 else 0.0,
                 "flops_share": flops / tot_f if tot_f > 0 else 0.0,
@@ -153,19 +193,19 @@ class Estimate:
                                        "time_ms", "energy_mj"]].reset_index(drop=True)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "input_shape": list(self.input_shape), "mode": self.mode, "gpu": self.gpu,
-                "measured_gpu": self.measured_gpu, "time_ms": self.time_ms, "power_w": self.power_w,
-                "energy_mj": self.energy_mj, "time_low_ms": self.low.time_ms, "time_high_ms": self.high.time_ms,
-                "energy_low_mj": self.low.energy_mj, "energy_high_mj": self.high.energy_mj,
-                "op_sum_time_ms": self.op_sum_time_ms, "n_ops": self.n_ops, "coverage": self.coverage,
-                "measured_share": self.measured_share, "correction": self.correction}
+        """The public fields (JSON-ready)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+        out["input_shape"] = list(self.input_shape)
+        return out
 
     def __str__(self) -> str:
         gpu = self.gpu + ("" if self.measured_gpu else " (not measured: extrapolated)")
         cov = f", {100 * (1 - self.coverage):.1f}% of FLOPs in uncovered operations" if self.coverage < 1 else ""
-        return (f"{self.model} {tuple(self.input_shape)} {self.mode} on {gpu}: {self.time_ms:.3f} ms "
-                f"[{self.low.time_ms:.3f}, {self.high.time_ms:.3f}], {self.energy_mj:.1f} mJ "
-                f"[{self.low.energy_mj:.1f}, {self.high.energy_mj:.1f}], {self.power_w:.0f} W{cov}")
+        return (f"{self.model} {tuple(self.input_shape)} {self.mode} on {gpu}: GPU {self.gpu_time_ms:.3f} ms "
+                f"[{self.gpu_time_low_ms:.3f}, {self.gpu_time_high_ms:.3f}], {self.gpu_energy_mj:.1f} mJ; eager on "
+                f"{self.host}: {self.time_ms:.3f} ms [{self.time_low_ms:.3f}, {self.time_high_ms:.3f}], "
+                f"{self.energy_mj:.1f} mJ [{self.energy_low_mj:.1f}, {self.energy_high_mj:.1f}], "
+                f"{self.power_w:.0f} W, {self.bound}-bound{cov}")
 
 
 def structure_key(module: nn.Module) -> str:
@@ -210,12 +250,19 @@ class Predictor:
         unc = manifest.get("uncertainty", {})
         band = unc.get("measured_gpu", {})
         self._band_measured = (tuple(band.get("time_ratio", (0.8, 1.25))), tuple(band.get("energy_ratio", (0.8, 1.25))))
-        widen = float(unc.get("unmeasured_gpu_widening", 3.0))
+        widen = float(unc.get("unmeasured_gpu_widening", UNMEASURED_BAND_WIDENING))
         cross = unc.get("unmeasured_gpu", {})
         if "time_ratio" in cross:
             self._band_unmeasured = (tuple(cross["time_ratio"]), tuple(cross["energy_ratio"]))
         else:
             self._band_unmeasured = tuple((lo**widen, hi**widen) for lo, hi in self._band_measured)
+        self._host_band = tuple(unc.get("host", {}).get("ratio", (1.0, 1.0)))
+        names = self.builder.feature_names
+        self._masks = {t: target_mask(t, names) for t in ("time", "power", "host")}
+        host_info = manifest.get("host", {})
+        self.reference_host = HostProfile.from_dict(host_info["reference"])
+        self.host_model = HostDispatch(self.reference_host, boosters.get("host"))
+        self.waiting_power = manifest.get("waiting_power", {})
         rng = manifest.get("ranges", {})
         self._range_tol = float(rng.get("tolerance", 2.0))
         self._range_feats = list(rng.get("features", ["flops_total", "bytes_total"]))
@@ -291,53 +338,58 @@ class Predictor:
 
     # -- prediction -------------------------------------------------------------------------------
     def predict(self, model: str | nn.Module, input_shape: Sequence[int] | None = None, mode: str = "inference",
-                gpu: str = "H100", dtype: Any = None) -> Estimate:
+                gpu: str = "H100", host: HostProfile | str | Path | None = None, dtype: Any = None) -> Estimate:
         """Estimate one network (a torchvision model name or an nn.Module) on one GPU.
 
-        ``dtype`` is the input's dtype (e.g. torch.long for token ids; default float32).
-        Warns (gpurec.LowCoverageWarning) when under 90% of the FLOPs are in known operations.
-        """
-        return self.predict_many([(model, input_shape)], mode=mode, gpu=gpu, dtype=dtype)[0]
+        ``host``: None = the reference host (``Predictor.reference_host``, the median of the
+        collection hosts), ``"local"`` = this machine (``run_host_bench(use_gpu=False)``, once per
+        process), a ``gpurec host-bench`` JSON path, or a HostProfile.  ``dtype`` is the input's
+        dtype (e.g. torch.long for token ids; default float32).  Warns
+        (gpurec.LowCoverageWarning) when under 90% of the FLOPs are in known operations."""
+        return self.predict_many([(model, input_shape)], mode=mode, gpu=gpu, host=host, dtype=dtype)[0]
 
     def predict_many(self, candidates: Iterable[Any], mode: str = "inference", gpu: str = "H100",
-                     dtype: Any = None) -> list[Estimate]:
+                     host: HostProfile | str | Path | None = None, dtype: Any = None) -> list[Estimate]:
         """Estimate many networks at once (NAS loops): items are (model, input_shape) or just a model.
 
         All operations of all candidates go through each booster in a single call.
         """
         mode = _check_mode(mode)
         nvml, hw = self._gpu(gpu)
+        profile = resolve_host(host, self.reference_host)
         entries: list[tuple[_OpsEntry, tuple[int, ...]]] = []
         for c in candidates:
             model, shape = c if isinstance(c, tuple) and len(c) == 2 and not isinstance(c[1], str) else (c, None)
             entries.append(self._entry(model, shape, mode, dtype))
-        return self._estimate(entries, mode, nvml, hw)
+        return self._estimate(entries, mode, nvml, hw, profile)
 
-    def predict_operations(self, ops: Sequence[Any], mode: str | None = None, gpu: str = "H100",
-                           label: str = "operations") -> Estimate:
-        """Estimate an explicit list of gpurec.ops Operations (e.g. a filtered extraction)."""
-        mode = _check_mode(mode or (ops[0].mode if ops else "inference"))
-        nvml, hw = self._gpu(gpu)
-        entry = self._make_entry(label, OpBlock.from_operations(ops, mode), mode)
-        shape = tuple(ops[0].input_shapes[0]) if ops and ops[0].input_shapes else ()
-        return self._estimate([(entry, shape)], mode, nvml, hw)[0]
+    def host_scale(self, host: HostProfile) -> float:
+        """How much slower ``host`` dispatches than the reference host (1 for the reference itself)."""
+        return 1.0 if host is self.reference_host else host.dispatch_scale(self.reference_host)
 
-    def _estimate(self, entries: list[tuple[_OpsEntry, tuple[int, ...]]], mode: str, nvml: str, hw: np.ndarray
-                  ) -> list[Estimate]:
+    def _estimate(self, entries: list[tuple[_OpsEntry, tuple[int, ...]]], mode: str, nvml: str, hw: np.ndarray,
+                  host: HostProfile) -> list[Estimate]:
         if not entries:
             return []
         block = entries[0][0].block if len(entries) == 1 else OpBlock.concat([e.block for e, _ in entries])
         feats = self.builder.build(block, hw[None, :])
-        t = np.exp(self._boosters["time"][mode].predict(feats.X, feats.margin_time))
-        w = np.exp(self._boosters["power"][mode].predict(feats.X, feats.margin_power))
+        t = np.exp(self._boosters["time"][mode].predict(masked(feats.X, self._masks["time"]), feats.margin_time))
+        w = np.exp(self._boosters["power"][mode].predict(masked(feats.X, self._masks["power"]), feats.margin_power))
         offsets = np.cumsum([0, *(len(e.block) for e, _ in entries)])
         hit = np.zeros(len(t), dtype=bool)
         if self.lookup is not None:
             t, w, hit = self.lookup.apply(t, w, block.signatures, nvml, mode)
         sums = aggregate(t, w, offsets, self.small_op_ms)
         t_net, w_net, key = self.correction.apply(sums, nvml, mode)
+        # The correction rescales each network's GPU work; the timeline then places it behind the host.
+        factor = np.repeat(t_net / np.maximum(sums.sum_time_ms, 1e-12), np.diff(offsets))
+        groups = self.builder.group_index(block.kinds)
+        d = self.host_model.predict_ms(masked(feats.X, self._masks["host"]), groups, mode, self.host_scale(host))
+        tl = simulate(t * factor, d, offsets)
+        p_wait = waiting_power_w(self.waiting_power, nvml, float(hw[HARDWARE_FEATURES.index("tdp_w")]))
         measured = nvml in self.measured
         (tlo, thi), (elo, ehi) = self._band_measured if measured else self._band_unmeasured
+        hlo, hhi = self._host_band  # the host side's error widens the eager bands
         out = []
         for i, (e, shape) in enumerate(entries):
             a, b = offsets[i], offsets[i + 1]
@@ -345,15 +397,24 @@ class Predictor:
             ft = e.flops.sum()
             cov = float(e.flops[covered].sum() / ft) if ft > 0 else float(covered.mean() if len(covered) else 1)
             warn_if_low(f"{e.label} {tuple(shape)} {mode}", cov, stacklevel=4)
-            tn, wn = float(t_net[i]), float(w_net[i])
-            en = tn * wn
-            out.append(Estimate(
-                model=e.label, input_shape=shape, mode=mode, gpu=nvml, measured_gpu=measured, time_ms=tn, power_w=wn,
-                energy_mj=en, low=Bound(tn * tlo, en * elo), high=Bound(tn * thi, en * ehi),
+            g_t = float(tl.gpu_time_ms[i])
+            g_e = g_t * float(w_net[i])
+            eager_t = float(tl.time_ms[i])
+            eager_e = g_e + float(tl.gpu_wait_ms[i]) * p_wait
+            est = Estimate(
+                model=e.label, input_shape=shape, mode=mode, gpu=nvml, measured_gpu=measured,
+                time_ms=eager_t, energy_mj=eager_e, power_w=eager_e / eager_t if eager_t > 0 else 0.0,
+                gpu_time_ms=g_t, gpu_energy_mj=g_e, host_time_ms=float(tl.host_time_ms[i]),
+                bound=bound_of(eager_t, g_t), host=host.name,
+                time_low_ms=eager_t * tlo * hlo, time_high_ms=eager_t * thi * hhi, energy_low_mj=eager_e * elo * hlo,
+                energy_high_mj=eager_e * ehi * hhi, gpu_time_low_ms=g_t * tlo, gpu_time_high_ms=g_t * thi,
+                gpu_energy_low_mj=g_e * elo, gpu_energy_high_mj=g_e * ehi,
                 op_sum_time_ms=float(sums.sum_time_ms[i]), op_sum_energy_mj=float(sums.sum_energy_mj[i]),
                 n_ops=int(b - a), coverage=cov, correction=key,
-                measured_share=float(hit[a:b].mean()) if b > a else 0.0, _op_time_ms=t[a:b], _op_power_w=w[a:b],
-                _measured=hit[a:b], _covered=covered, _entry=e))
+                measured_share=float(hit[a:b].mean()) if b > a else 0.0)
+            est._ops = _OpDetail(entry=e, gpu_time_ms=t[a:b], power_w=w[a:b], host_ms=d[a:b], measured=hit[a:b],
+                                 covered=covered)
+            out.append(est)
         return out
 
     def clear_cache(self) -> None:

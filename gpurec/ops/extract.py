@@ -18,7 +18,6 @@ import gc
 import json
 import operator
 import re
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -1024,15 +1023,3 @@ def unique_operations(ops_lists: Sequence[Sequence[Operation]]) -> dict[str, Ope
         for op in ops:
             seen.setdefault(op.signature, op)
     return seen
-
-
-def time_extraction(model: str, input_shape: Sequence[int], mode: str = "inference",
-                    repeat: int = 3) -> float:
-    """Best-of wall seconds to extract (used by the benchmark script)."""
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        extract_operations(model, input_shape, mode=mode, keep_sources=False)
-        best = min(best, time.perf_counter() - t0)
-    return best
-

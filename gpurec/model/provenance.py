@@ -1,0 +1,54 @@
+"""Provenance of a training run: library versions, JSON dumping, and the collection hosts.
+
+Kept apart from training and persistence so that ``persist`` and ``training`` need not
+import each other (issue 16 item 7).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+from gpurec.dataset.store import json_safe
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries a saved model depends on."""
+    import gpurec
+
+    out = {"gpurec": gpurec.__version__, "python": platform.python_version()}
+    for mod in ("xgboost", "sklearn", "torch", "numpy", "pandas", "optuna"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:
+            out[mod] = "missing"
+    return out
+
+
+def dumps(obj: Any) -> str:
+    """Stable, NaN-safe JSON for manifests and reports."""
+    return json.dumps(json_safe(obj), indent=1, sort_keys=True)
+
+
+def host_profiles_by_run(data_root: Path | str | None) -> dict[str, list[Any]]:
+    """run_id -> the HostProfiles its provenance carries under ``host_bench`` (issue 12: measured
+    at the start and end of every collection run). Runs without one are absent."""
+    from gpurec.dataset.load import default_root
+    from gpurec.host import profiles_of
+
+    root = Path(data_root) if data_root is not None else default_root()
+    out: dict[str, list[Any]] = {}
+    if not root.exists():
+        return out
+    for path in sorted(root.glob("*/raw/provenance-*.json")):
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        profiles = profiles_of(d.get("host_bench"))
+        if profiles:
+            run_id = str(d.get("run_id", path.stem.replace("provenance-", "")))
+            out.setdefault(run_id, []).extend(profiles)
+    return out
