@@ -169,12 +169,21 @@ def test_host_bound_advice_with_numbers_and_the_gpu_bound_batch_size() -> None:
     assert gpu_bound.advice is None and gpu_bound.best.bound == "gpu"
 
 
-def test_estimate_fields_reads_estimates_without_the_host_split() -> None:
-    old = SimpleNamespace(time_ms=2.0, energy_mj=10.0, power_w=5.0, measured_gpu=True, coverage=1.0,
-                          time_low_ms=1.5, time_high_ms=3.0, energy_low_mj=8.0, energy_high_mj=12.0)
-    f = estimate_fields(old)
-    assert f["gpu_time_ms"] == 2.0 and f["gpu_time_low_ms"] == 1.5 and f["gpu_energy_high_mj"] == 12.0
-    assert f["bound"] is None and f["host_time_ms"] is None
+def test_estimate_fields_are_the_estimates_own() -> None:
+    from gpurec.model.predictor import Estimate
+
+    names = {f.name for f in __import__("dataclasses").fields(Estimate)}
+    need = {"time_ms", "energy_mj", "power_w", "gpu_time_ms", "gpu_energy_mj", "host_time_ms", "bound", "host",
+            "time_low_ms", "time_high_ms", "energy_low_mj", "energy_high_mj", "gpu_time_low_ms",
+            "gpu_time_high_ms", "gpu_energy_low_mj", "gpu_energy_high_mj"}
+    assert need <= names | {n for n in dir(Estimate) if not n.startswith("_")}
+    est = SimpleNamespace(**{n: 1.0 for n in need}, measured_gpu=True, coverage=1.0)
+    est.bound, est.host = "host", "reference"
+    f = estimate_fields(est)
+    assert f["bound"] == "host" and f["gpu_time_ms"] == 1.0 and f["host"] == "reference"
+    del est.gpu_time_ms
+    with pytest.raises(AttributeError):  # no silent fallback to the eager figure
+        estimate_fields(est)
 
 
 def test_recommend_rejects_unknown_objective() -> None:

@@ -17,14 +17,19 @@ class FakePredictor:
     factors = {"NVIDIA H100 80GB HBM3": 1.0, "NVIDIA H200": 0.8, "NVIDIA A100-SXM4-80GB": 1.6}
     gpus = [SimpleNamespace(nvml_name=n) for n in factors]
 
-    def predict(self, model, input_shape, mode="inference", gpu="H100"):
+    hosts: list = []
+
+    def predict(self, model, input_shape, mode="inference", gpu="H100", host=None):
+        self.hosts.append(host)
         f = self.factors[gpu]
         per_op = pd.DataFrame({"kind": ["Conv2d", "ReLU"], "signature": ["a", "b"],
                                "time_ms": [2.0 * f, 0.5], "energy_mj": [600.0 * f, 50.0]})
         t, e = 10.0 * f, 3000.0 * f * f
         return SimpleNamespace(time_ms=t, energy_mj=e, power_w=e / t, measured_gpu=gpu != "NVIDIA A100-SXM4-80GB",
                                time_low_ms=t * 0.9, time_high_ms=t * 1.1, energy_low_mj=e * 0.9,
-                               energy_high_mj=e * 1.1, per_op=per_op, uncovered=None)
+                               energy_high_mj=e * 1.1, per_op=per_op, uncovered=None,
+                               gpu_time_ms=2.5 * f, gpu_energy_mj=900.0 * f, host_time_ms=t, bound="host",
+                               host=getattr(host, "name", "reference"))
 
 
 MEAS = {"gpu": "NVIDIA H200", "time_ms": 10.0, "energy_mj": 2000.0, "power_w": 200.0, "sm_clock_mhz": 1980}
@@ -51,3 +56,28 @@ def test_validate_without_xgboost_measures_then_completes(tmp_path: Path, monkey
     done = val.load_log(log)[0]
     assert done["predicted_time_ms"] == pytest.approx(8.0) and "prediction" not in done
     assert val.complete_log(log, predictor=FakePredictor()) == 0
+
+
+def test_validate_compares_host_free_fields_bound_and_operations(tmp_path: Path) -> None:
+    """Issue 13: each field (gpu_time_ms, gpu_energy_mj, time_ms with this host's profile,
+    bound) is compared, and the per-operation comparison names the operations that carry the
+    error."""
+    from gpurec.host import run_host_bench
+
+    host = run_host_bench(use_gpu=False, blocks=2, calls_per_block=3, name="this test's host")
+    meas = {**MEAS, "gpu_time_ms": 2.5, "gpu_energy_mj": 600.0, "gpu_power_w": 240.0, "host_ms": 9.0,
+            "captured": True, "host_bench": host.to_dict(), "in_network_kernel_sum_ms": 2.4,
+            "in_network": {"position": [0, 1], "op_signature": ["a", "b"], "kernel_ms": [1.0, 0.55]}}
+    p = FakePredictor()
+    rec = val.validate("resnet18", 8, 224, "inference", log_path=tmp_path / "l.jsonl", predictor=p, measurement=meas)
+    assert p.hosts[-1].name == "this test's host"  # predicted for the measuring host
+    assert rec["predicted_host"] == "this test's host"
+    assert rec["measured_bound"] == "host" and rec["bound_right"] is True  # 10 ms eager >= 1.2 x 2.5 ms
+    assert rec["gpu_time_error_pct"] == pytest.approx((2.0 / 2.5 - 1) * 100)
+    assert rec["gpu_energy_error_pct"] == pytest.approx((720.0 / 600.0 - 1) * 100)
+    worst = rec["per_op_error"][0]
+    assert worst["kind"] == "Conv2d" and worst["diff_ms"] == pytest.approx(1.6 - 1.0) and worst["same_operation"]
+    assert "host-free" in val.render(rec)
+    gpu_bound = {**meas, "time_ms": 2.6}
+    rec = val.validate("resnet18", 8, 224, "inference", log_path=None, predictor=p, measurement=gpu_bound)
+    assert rec["measured_bound"] == "gpu" and rec["bound_right"] is False

@@ -11,7 +11,10 @@ import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpurec.model.predictor import Estimate
 
 # objective -> (what it ranks by, unit)
 OBJECTIVES: dict[str, tuple[str, str]] = {
@@ -59,32 +62,17 @@ def band_description(predictor: Any) -> str:
 
 
 # -- the one place that reads an estimate --------------------------------------------------------
-def estimate_fields(est: Any) -> dict[str, Any]:
-    """An estimate's time/energy fields under their agreed names (issue 13's Estimate).
-
-    Estimates that predate the host/GPU split carry only the eager fields; their host-free
-    fields are taken equal to the eager ones and ``bound`` is None (unknown). This is the
-    only function that tolerates either shape.
-    """
-    def pick(name: str, fallback: str) -> float:
-        value = getattr(est, name, None)
-        return float(value if value is not None else getattr(est, fallback))
-
-    host = getattr(est, "host", None)
+def estimate_fields(est: Estimate) -> dict[str, Any]:
+    """An estimate's time/energy fields, under the names and units RankedGPU and Measurement share."""
     return {
         "time_ms": float(est.time_ms), "energy_mj": float(est.energy_mj), "power_w": float(est.power_w),
-        "time_low_ms": pick("time_low_ms", "time_ms"), "time_high_ms": pick("time_high_ms", "time_ms"),
-        "energy_low_mj": pick("energy_low_mj", "energy_mj"), "energy_high_mj": pick("energy_high_mj", "energy_mj"),
-        "gpu_time_ms": pick("gpu_time_ms", "time_ms"), "gpu_energy_mj": pick("gpu_energy_mj", "energy_mj"),
-        "gpu_time_low_ms": pick("gpu_time_low_ms", "time_low_ms"),
-        "gpu_time_high_ms": pick("gpu_time_high_ms", "time_high_ms"),
-        "gpu_energy_low_mj": pick("gpu_energy_low_mj", "energy_low_mj"),
-        "gpu_energy_high_mj": pick("gpu_energy_high_mj", "energy_high_mj"),
-        "host_time_ms": (float(est.host_time_ms) if getattr(est, "host_time_ms", None) is not None else None),
-        "bound": getattr(est, "bound", None),
-        "host": None if host is None else str(getattr(host, "name", host)),
-        "measured_gpu": bool(est.measured_gpu),
-        "coverage": float(est.coverage),
+        "time_low_ms": float(est.time_low_ms), "time_high_ms": float(est.time_high_ms),
+        "energy_low_mj": float(est.energy_low_mj), "energy_high_mj": float(est.energy_high_mj),
+        "gpu_time_ms": float(est.gpu_time_ms), "gpu_energy_mj": float(est.gpu_energy_mj),
+        "gpu_time_low_ms": float(est.gpu_time_low_ms), "gpu_time_high_ms": float(est.gpu_time_high_ms),
+        "gpu_energy_low_mj": float(est.gpu_energy_low_mj), "gpu_energy_high_mj": float(est.gpu_energy_high_mj),
+        "host_time_ms": float(est.host_time_ms), "bound": str(est.bound), "host": str(est.host),
+        "measured_gpu": bool(est.measured_gpu), "coverage": float(est.coverage),
     }
 
 

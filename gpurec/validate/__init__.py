@@ -112,22 +112,28 @@ def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_ind
 def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "inference", gpu_index: int = 0,
              log_path: Path | str | None = DEFAULT_LOG, predictor: Any = None,
              measurement: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Measure, predict, compare; append the record to ``log_path`` (JSON lines)."""
+    """Measure (eager, host-free, in-network), predict with this host's profile, compare field
+    by field; append the record to ``log_path`` (JSON lines)."""
     from gpurec.dataset.store import JsonlShard
 
     shape = (int(batch_size), 3, int(resolution), int(resolution))
     meas = measurement if measurement is not None else measure_network(model, shape, mode, gpu_index)
     if predictor is None:
         predictor = _load_predictor_or_none()
-    est = predictor.predict(model, input_shape=shape, mode=mode, gpu=meas["gpu"]) if predictor else None
     record: dict[str, Any] = {
         "t_unix": time.time(), "model": model, "batch_size": batch_size, "resolution": resolution, "mode": mode,
         "gpu": meas["gpu"], "measured_time_ms": meas["time_ms"], "measured_energy_mj": meas["energy_mj"],
         "measured_power_w": meas["power_w"], "sm_clock_mhz": meas.get("sm_clock_mhz"),
         "provenance": {k: meas.get(k) for k in ("driver", "torch", "host_cpu")},
+        **measured_fields(meas),
     }
-    if est is not None:
-        record.update(prediction_fields(est, meas["time_ms"], meas["energy_mj"]))
+    if meas.get("host_bench"):
+        record["host_bench"] = meas["host_bench"]
+    if meas.get("in_network"):
+        record["in_network"] = meas["in_network"]
+    if predictor is not None:
+        est = predictor.predict(model, input_shape=shape, mode=mode, gpu=meas["gpu"], host=_host_of(record))
+        record.update(prediction_fields(est, meas["time_ms"], meas["energy_mj"], record))
     else:
         record["prediction"] = "pending: the predictors need xgboost, which is not installed here"
     sums = sum_of_measured_ops(model, shape, mode, meas["gpu"])
@@ -141,13 +147,66 @@ def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "in
     return record
 
 
-def prediction_fields(est: Any, measured_time_ms: float, measured_energy_mj: float) -> dict[str, Any]:
-    """A prediction and its error against a measurement, as a log record stores them
-    (errors are (predicted - measured) / measured, in per cent)."""
-    return {"predicted_time_ms": est.time_ms, "predicted_energy_mj": est.energy_mj,
-            "predicted_power_w": est.power_w, "gpu_measured_in_training": bool(getattr(est, "measured_gpu", False)),
-            "time_error_pct": (est.time_ms / measured_time_ms - 1.0) * 100.0,
-            "energy_error_pct": (est.energy_mj / measured_energy_mj - 1.0) * 100.0}
+BOUND_RATIO = 1.2  # as gpurec.model.timeline: the host makes the step >= 20% longer than the GPU alone
+
+
+def measured_fields(meas: dict[str, Any]) -> dict[str, Any]:
+    """The host-free figures of a measurement and the bound they imply (absent on old records)."""
+    out: dict[str, Any] = {}
+    for k in ("gpu_time_ms", "gpu_energy_mj", "gpu_power_w", "host_ms", "captured"):
+        if meas.get(k) is not None:
+            out[f"measured_{k}"] = meas[k]
+    if meas.get("gpu_time_ms"):
+        out["measured_bound"] = "host" if meas["time_ms"] >= BOUND_RATIO * meas["gpu_time_ms"] else "gpu"
+    if meas.get("in_network_kernel_sum_ms") is not None:
+        out["measured_kernel_sum_ms"] = meas["in_network_kernel_sum_ms"]
+    return out
+
+
+def _host_of(record: dict[str, Any]) -> Any:
+    """The measuring host's profile (None: the reference host, for records without one)."""
+    if not record.get("host_bench"):
+        return None
+    from gpurec.host import HostProfile
+
+    return HostProfile.from_dict(record["host_bench"])
+
+
+def prediction_fields(est: Any, measured_time_ms: float, measured_energy_mj: float,
+                      measured: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A prediction and its error against a measurement, field by field, as a log record stores
+    them (errors are (predicted - measured) / measured, in per cent)."""
+    out = {"predicted_time_ms": est.time_ms, "predicted_energy_mj": est.energy_mj,
+           "predicted_power_w": est.power_w, "gpu_measured_in_training": bool(est.measured_gpu),
+           "time_error_pct": (est.time_ms / measured_time_ms - 1.0) * 100.0,
+           "energy_error_pct": (est.energy_mj / measured_energy_mj - 1.0) * 100.0,
+           "predicted_gpu_time_ms": est.gpu_time_ms, "predicted_gpu_energy_mj": est.gpu_energy_mj,
+           "predicted_host_time_ms": est.host_time_ms, "predicted_bound": est.bound, "predicted_host": est.host}
+    m = measured or {}
+    for f in ("gpu_time_ms", "gpu_energy_mj"):
+        if m.get(f"measured_{f}"):
+            out[f"{f.replace('_ms', '').replace('_mj', '')}_error_pct"] = (
+                getattr(est, f) / m[f"measured_{f}"] - 1.0) * 100.0
+    if m.get("measured_bound"):
+        out["bound_right"] = est.bound == m["measured_bound"]
+    if m.get("in_network"):
+        out["per_op_error"] = per_op_errors(est, m["in_network"])
+    return out
+
+
+def per_op_errors(est: Any, in_network: dict[str, list[Any]], top: int = 10) -> list[dict[str, Any]]:
+    """The operations that carry the GPU-time error: predicted GPU time against the kernel time
+    the in-network pass measured for the same position, largest absolute difference first."""
+    per_op = est.per_op
+    n = min(len(per_op), len(in_network.get("kernel_ms", [])))
+    rows = []
+    for i in range(n):
+        pred, meas = float(per_op["time_ms"].iloc[i]), float(in_network["kernel_ms"][i])
+        rows.append({"position": i, "kind": str(per_op["kind"].iloc[i]), "predicted_ms": pred, "measured_ms": meas,
+                     "diff_ms": pred - meas, "same_operation": per_op["signature"].iloc[i]
+                     == in_network["op_signature"][i]})
+    rows.sort(key=lambda r: -abs(r["diff_ms"]))
+    return rows[:top]
 
 
 def _load_predictor_or_none() -> Any:
@@ -176,9 +235,9 @@ def complete_log(path: Path | str, predictor: Any = None) -> int:
         predictor = load_predictor()
     for r in pending:
         shape = (int(r["batch_size"]), 3, int(r["resolution"]), int(r["resolution"]))
-        est = predictor.predict(r["model"], input_shape=shape, mode=r["mode"], gpu=r["gpu"])
+        est = predictor.predict(r["model"], input_shape=shape, mode=r["mode"], gpu=r["gpu"], host=_host_of(r))
         r.pop("prediction")
-        r.update(prediction_fields(est, r["measured_time_ms"], r["measured_energy_mj"]))
+        r.update(prediction_fields(est, r["measured_time_ms"], r["measured_energy_mj"], r))
     atomic_write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in recs))
     return len(pending)
 
@@ -190,6 +249,10 @@ def render(record: dict[str, Any]) -> str:
     if "predicted_time_ms" in record:
         lines.append(f"  predicted: {record['predicted_time_ms']:.3f} ms  {record['predicted_energy_mj']:.1f} mJ  "
                      f"({record['time_error_pct']:+.1f}% time, {record['energy_error_pct']:+.1f}% energy)")
+        if "measured_gpu_time_ms" in record and "predicted_gpu_time_ms" in record:
+            lines.append(f"  host-free: measured {record['measured_gpu_time_ms']:.3f} ms, predicted "
+                         f"{record['predicted_gpu_time_ms']:.3f} ms ({record.get('gpu_time_error_pct', 0):+.1f}%); "
+                         f"bound measured {record.get('measured_bound')}, predicted {record.get('predicted_bound')}")
     else:
         lines.append(f"  predicted: {record['prediction']}; run `gpurec validate --complete LOG` where it is")
     if "opsum_time_error_pct" in record:
