@@ -224,7 +224,84 @@ def repeatability_section(data_root: Path | None = None) -> list[str]:
         return [f"(repeatability not computed: {exc})", ""]
 
 
-def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: Path | None = None) -> str:
+def _f(x: Any, digits: int = 1, unit: str = "%") -> str:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return "—"
+    return "—" if v != v else f"{v:.{digits}f}{unit}"
+
+
+def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any]) -> list[str]:
+    """Issue 13: the GPU's work and the host's work predicted apart, on the unseen test
+    architectures, each figure next to the noise floor of the same measurement."""
+    L = ["## GPU work and host work apart", ""]
+    t = rep.get("targets", {})
+    L += [f"Targets: operations `{t.get('operations', '?')}`, networks `{t.get('networks', '?')}`, GPU-time source "
+          f"`{t.get('gpu_time_source', '?')}` (rows by source: "
+          + (", ".join(f"{k} {v}" for k, v in (t.get("operation_rows_by_source") or {}).items()) or "none")
+          + f"; eager rows of at least {t.get('eager_proxy_min_ms')} ms stand in for host-free ones on GPUs without "
+          "host-free data).  The in-network kernel time is the GPU-time target where it exists because it is "
+          "measured inside the real step (caches, ordering); `datasets/README.md` compares it with isolated "
+          "host-free time per operation kind.", ""]
+    if tables is None:
+        return L + ["Not available: no trained predictor could be loaded.", ""]
+    L += ["### Host-free time and energy, unseen test architectures (target ≤ 5% each)", "",
+          "| GPU | mode | host-free time MAPE | rows | host-free energy MAPE | rows |", "|---|---|---|---|---|---|"]
+    for r in tables["host_free"]:
+        L.append(f"| {short(r['gpu'])} | {r['mode']} | {_f(r['gpu_time_mape'] * 100)} | {r['n_time']} | "
+                 f"{_f(r['gpu_energy_mape'] * 100)} | {r['n_energy']} |")
+    L += ["", "Rows are 0 where the GPU has no host-free network measurement yet (the H200 was not lent this "
+          "session; its networks are eager only).", ""]
+    L += ["### Leave one GPU out, host-free (target ≤ 8%)", ""]
+    logo = tables["leave_one_gpu_out"]
+    if logo:
+        L += ["| held-out GPU | architectures | mode | rows | time MAPE | energy MAPE | targets |",
+              "|---|---|---|---|---|---|---|"]
+        L += [f"| {short(r['held_out_gpu'])} | {r['archs']} | {r['mode']} | {r['n']} | {_f(r['time_mape'] * 100)} | "
+              f"{_f(r['energy_mape'] * 100)} | {r['targets']} |" for r in logo]
+    else:
+        L += ["Not measurable yet: it needs host-free rows on two GPUs, and only the H100 has them.", ""]
+    L += ["", "### Eager time on the measuring host's profile, unseen test architectures", "",
+          "| GPU | mode | measured bound | eager time MAPE | rows | rows predicted with their run's host profile |",
+          "|---|---|---|---|---|---|"]
+    L += [f"| {short(r['gpu'])} | {r['mode']} | {r['measured_bound']} | {_f(r['time_mape'] * 100)} | {r['n']} | "
+          f"{r['with_run_host_profile']} |" for r in tables["eager"]]
+    b = tables["bound"]
+    o = b.get("overall", {})
+    L += ["", "### Bound verdict (target ≥ 90% right where the verdict is clear)", "",
+          f"Networks whose measured eager / host-free ratio lies more than {b.get('clear_margin')} away from 1.2, "
+          f"all architectures: {_f((o.get('right') or float('nan')) * 100, 0)} right of {o.get('n', 0)} "
+          f"({o.get('measured_host_bound', 0)} measured host-bound).", "",
+          "| GPU | mode | clear networks | right | measured host-bound |", "|---|---|---|---|---|"]
+    L += [f"| {short(k.split('|')[0])} | {k.split('|')[1]} | {v['n']} | {_f(v['right'] * 100, 0)} | "
+          f"{v['measured_host_bound']} |" for k, v in b.get("by_gpu_mode", {}).items()]
+    L += ["", "### Host share of each network's eager time, unseen test architectures", "",
+          "| GPU | mode | rows | measured share (mean) | predicted share (mean) | mean \\|difference\\| |",
+          "|---|---|---|---|---|---|"]
+    L += [f"| {short(r['gpu'])} | {r['mode']} | {r['n']} | {_f(r['measured_share_mean'] * 100, 0)} | "
+          f"{_f(r['pred_share_mean'] * 100, 0)} | {_f(r['abs_diff_pp'], 1, ' pp')} |" for r in tables["host_share"]]
+    rec = tables["records"]
+    L += ["", "### Noise floor of the same measurements", ""]
+    if len(rec) and "measured_time_ms" in rec:
+        import numpy as np
+
+        eag = rec.get("measured_eager_other_machine")
+        if eag is not None:
+            d = (np.abs(rec["measured_time_ms"] / eag - 1) * 100).dropna()
+            L += [f"* Eager network time, the same (set, mode) on two H100 machines: mean |Δ| {_f(d.mean())} "
+                  f"({len(d)} rows)."]
+    L += ["* Host-free operation time repeated within a run, and host-free network time against the CUPTI kernel "
+          "sum of the same step: `datasets/README.md`, section *The GPU apart from the host*.", ""]
+    for r in tables["noise_floor"]:
+        L.append(f"* {short(r['gpu'])} {r['mode']}: repeated networks "
+                 + ", ".join(f"{c.replace('_noise_pct', '')} {_f(r[c])} ({r[c.replace('_noise_pct', '_groups')]} groups)"
+                             for c in r if c.endswith("_noise_pct")) + ".")
+    return L + [""]
+
+
+def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: Path | None = None,
+          host_gpu: dict[str, Any] | None = None) -> str:
     """Render the report (and its plots next to ``out``); return the Markdown text."""
     img = out.parent / "img"
     made = plots(rep, img)
@@ -417,6 +494,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
               f"energy ×{fmt(b.get('energy_ratio', []))}. GPUs without operation measurements: "
               + (f"from {u['source']}: time ×{fmt(u['time_ratio'])}, energy ×{fmt(u['energy_ratio'])}."
                  if "time_ratio" in u else f"{u.get('source', 'measured band widened')}."), ""]
+    L += host_gpu_section(host_gpu, rep)
     L += repeatability_section(data_root)
     L += ["## Speed", "",
           "Prediction speed is measured by `gpurec report speed --measure` and reported in "
@@ -438,4 +516,25 @@ def generate(models_dir: Path | str = "models", out: Path | str = "docs/accuracy
             raise FileNotFoundError(f"{models_dir / name} is missing: train first (`gpurec train --out {models_dir}`)")
     rep = json.loads((models_dir / "report.json").read_text())
     manifest = json.loads((models_dir / "manifest.json").read_text())
-    return write(rep, manifest, Path(out), Path(data_root) if data_root is not None else None)
+    return write(rep, manifest, Path(out), Path(data_root) if data_root is not None else None,
+                 host_gpu_tables(models_dir, data_root, rep))
+
+
+def host_gpu_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str, Any]) -> dict[str, Any] | None:
+    """The issue-13 tables: every measured network predicted with the shipped models for the
+    host profile of the run that measured it (gpurec.model.evaluate.accuracy_tables)."""
+    from gpurec.dataset import load_dataset
+    from gpurec.model import load_predictor
+    from gpurec.model.evaluate import accuracy_tables
+
+    try:
+        predictor = load_predictor(models_dir, data_root=data_root, check_data=False)
+    except Exception:
+        return None
+    tables = accuracy_tables(predictor, data_root, rep)
+    nets = load_dataset(root=data_root, table="networks")
+    if "v1_time_ms" in nets and len(tables["records"]):
+        other = nets.set_index(["gpu", "set_key", "mode"])["v1_time_ms"]
+        keys = list(zip(tables["records"]["gpu"], tables["records"]["set_key"], tables["records"]["mode"], strict=True))
+        tables["records"]["measured_eager_other_machine"] = [other.get(k) for k in keys]
+    return tables
