@@ -193,6 +193,14 @@ def host_free(step: Callable[[], None], backend: StepBackend, monitor: EnergyMon
     return row
 
 
+def _first_call(step: Callable[[], None], backend: StepBackend) -> dict[str, Any]:
+    """Run the first call (allocations, library heuristics, lazy init) and time it apart."""
+    t0 = time.perf_counter()
+    step()
+    backend.sync()
+    return {"schema": ROW_SCHEMA, "first_call_ms": (time.perf_counter() - t0) * 1e3}
+
+
 def measure_op(step: Callable[[], None], monitor: EnergyMonitor, cfg: WindowConfig, backend: StepBackend,
                inference: bool, idle_power_w: float | None = None, power_limit_w: float | None = None,
                instances: int = 1) -> dict[str, Any]:
@@ -201,10 +209,7 @@ def measure_op(step: Callable[[], None], monitor: EnergyMonitor, cfg: WindowConf
 
     ctx = torch.inference_mode() if inference else torch.enable_grad()
     with ctx:
-        t0 = time.perf_counter()
-        step()
-        backend.sync()
-        row: dict[str, Any] = {"schema": ROW_SCHEMA, "first_call_ms": (time.perf_counter() - t0) * 1e3}
+        row = _first_call(step, backend)
         for _ in range(2):
             step()
         row.update(eager_blocks(step, backend, cfg, monitor.sampler))
@@ -224,13 +229,11 @@ def measure_network(step: Callable[[], None], monitor: EnergyMonitor, cfg: Windo
 
     ctx = torch.inference_mode() if inference else torch.enable_grad()
     with ctx:
+        row = _first_call(step, backend)
         t0 = time.perf_counter()
         step()
         backend.sync()
-        row: dict[str, Any] = {"schema": ROW_SCHEMA, "first_call_ms": (time.perf_counter() - t0) * 1e3}
-        step()
-        backend.sync()
-        one_ms = (time.perf_counter() - t0) * 1e3 / 2
+        one_ms = (time.perf_counter() - t0) * 1e3
         n = max(1, math.ceil(cfg.eager_min_block_s * 1e3 / max(one_ms, 1e-6)))
 
         def eager_timed() -> list[float]:
