@@ -46,6 +46,7 @@ class TrainConfig:
     time_target: str = "auto"  # 'auto' | 'host_free' | 'eager' (gpurec.model.data)
     gpu_time_source: str = "in_network"  # 'in_network' | 'isolated' (gpurec.model.data)
     host_min_rows: int = 40  # fewer host_ms rows: the host model stays the profile prior
+    logo_min_train_share: float = 0.25  # leave-one-GPU-out needs other GPUs' rows >= this share of the held-out
     host_rounds: int = 300
     feature: FeatureConfig = field(default_factory=FeatureConfig)
 

@@ -279,6 +279,14 @@ def leave_one_gpu_out(p: Prepared, suite: Suite, cfg: TrainConfig,
             entry["skipped"] = "no operation rows of other GPUs to train on"
             out["gpus"][gpu] = entry
             continue
+        if len(train_idx) < cfg.logo_min_train_share * len(test_idx):
+            # e.g. the H100 held out leaves a handful of other-GPU rows: such a model says
+            # nothing about crossing GPUs, and its errors would widen every unmeasured GPU's band
+            entry["skipped"] = (f"only {len(train_idx)} operation rows of other GPUs against {len(test_idx)} of "
+                                f"this GPU (under {cfg.logo_min_train_share:.0%}): too few for a cross-GPU model")
+            log(f"  {gpu}: skipped ({entry['skipped']})")
+            out["gpus"][gpu] = entry
+            continue
         kinds = suite.kinds() if len(test_idx) else ["xgboost"]
         for kind in kinds:
             if kind == "xgboost" and not len(test_idx) and final is not None:
