@@ -1,29 +1,40 @@
 """CPU tests of gpurec.calibrate: regression, ncu CSV parsing, features, tool errors, sweep logic.
 
 The sweep runs against a fake NVML backend (an energy counter that advances by power x time
-and only updates every 100 ms, like the real one) and a fake microbenchmark runner.
+and only updates every 100 ms, like the real one) and a fake microbenchmark runner, in
+simulated time: the window's sampler is polled by the waiting code (``threaded=False``).  One
+test runs the sweep in real time with the sampler's thread, on a board that draws power only
+while work runs, so a window that misses the launches reads idle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
 import subprocess
+import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from fakes import FakeBoard, FakeNVML
 
 from gpurec.calibrate import build, checks, fit
 from gpurec.calibrate import calibrate as calib
+from gpurec.calibrate import sweep as sweep_mod
 from gpurec.calibrate.errors import NcuNotFound, ToolNotFound
 from gpurec.calibrate.features import METRICS, memory_energy_features
 from gpurec.calibrate.microbench import BenchConfig, DeviceProps, RunResult
 from gpurec.calibrate.sweep import IdleModel, Sweeper, SweepSettings, finalize_rows
 from gpurec.device import ncu, nvml
+from gpurec.device.sampler import Sampler
+from gpurec.device.window import CounterStalled, EnergyMonitor
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "calibrate" / "ncu_raw_handwritten.csv"
@@ -386,6 +397,7 @@ class FakeRunner:
         self.warm_mj, self.warm_ms = warm_mj, warm_ms
         self.props = props
         self.calls: list[tuple] = []
+        self.spans: list[tuple[float, float]] = []  # (start, end) of every run, world time
 
     def device_props(self) -> DeviceProps:
         return self.props
@@ -405,6 +417,7 @@ class FakeRunner:
         e_launch = self.warm_mj + (0.0 if warmup_only else self.eps_pj[cfg.level] * 1e-9 * sectors + self.offset_mj)
         self.world.advance(launches * t_launch_s, self.world.idle_w + e_launch / t_launch_s / 1000.0)
         self.calls.append(("run", cfg, iters, warmup_only, launches))
+        self.spans.append((self.world.t - launches * t_launch_s, self.world.t))
         return RunResult(
             elapsed_ms=launches * t_launch_s * 1000, launches=launches, steps_per_pass=spp,
             meas_loads_per_thread=steps, array_bytes_used=spp * s * 8, stride_bytes=s * 8,
@@ -422,24 +435,78 @@ def world(monkeypatch: pytest.MonkeyPatch):
     nvml.set_backend(None)
 
 
+@contextlib.contextmanager
+def sim_monitor(world: World, settings: SweepSettings | None = None) -> Iterator[EnergyMonitor]:
+    """The sweep's window in simulated time: a polled sampler on the world's clock and sleep."""
+    st = settings or SweepSettings()
+    sampler = Sampler(nvml.open_gpu(0), poll_s=st.tick_poll_s, state_every_s=st.sample_period_s,
+                      clock=world.clock, threaded=False)
+    with sampler:
+        yield EnergyMonitor(sampler, st.tick_timeout_s, sleep=world.sleep)
+
+
+def test_polled_sampler_opens_and_closes_on_fresh_ticks_in_simulated_time(world: World) -> None:
+    """Without a thread, a counter change found late (the board was busy while nobody polled)
+    has an unknown time: windows must open and close on later updates, or they would charge
+    energy to the wrong interval."""
+    switch = sys.getswitchinterval()
+    with sim_monitor(world) as mon:
+        assert mon.sampler._thread is None and sys.getswitchinterval() == switch
+        world.advance(1.05, 300.0)
+        start = mon.begin_window(None)
+        assert start.tick.t_s == pytest.approx(1.1, abs=1e-3)
+        world.advance(1.05, 300.0)  # busy inside the window, unpolled, past its minimum length
+        busy = mon.end_window(start, None, min_window_s=0.5)
+        idle = mon.end_window(mon.begin_window(None), None, min_window_s=1.0)
+    assert busy.window_s == pytest.approx(1.1, abs=1e-3)  # closed on the update at 2.2, not on the stale one
+    assert busy.power_w == pytest.approx((1.05 * 300.0 + 0.05 * world.idle_w) / 1.1, rel=1e-3)
+    assert idle.power_w == pytest.approx(world.idle_w, rel=1e-3)
+    assert idle.window_s >= 0.999 and idle.window_ticks == round(idle.window_s / world.period_s)
+    assert idle.sm_clock_mhz == 1980 and idle.mem_clock_mhz == 2619 and idle.temperature_c == 40
+    assert idle.throttle_reasons == "" and idle.nvml_power_1s_avg_w == pytest.approx(world.idle_w)
+
+
+def test_stalled_counter_raises_on_the_simulated_clock(world: World) -> None:
+    world.period_s = world.next_tick = 1e9  # the counter never updates
+    t0 = time.perf_counter()
+    with sim_monitor(world, SweepSettings(tick_timeout_s=0.6)) as mon, pytest.raises(CounterStalled):
+        mon.begin_window(None)
+    assert world.t == pytest.approx(0.6, abs=0.01)  # waited in simulated time
+    assert time.perf_counter() - t0 < 5.0
+
+
 def test_sweep_subtracts_warmup_and_idle_and_recovers_eps(world: World) -> None:
-    gpu = nvml.open_gpu(0)
     runner = FakeRunner(world, A100_REF, offset_mj=5.0, warm_mj=100.0)
-    sw = Sweeper(gpu, runner, SweepSettings(window_s=1.0, idle_s=2.0), clock=world.clock, sleep=world.sleep,
-                 sample_clocks=False)
-    assert sw.measure_idle("before") == pytest.approx(world.idle_w, rel=2e-3)
-    cfg = BenchConfig("l1", 128 * 1024, 132, 1024)
-    rows = sw.run_config(cfg)
-    sw.measure_idle("after")
+    st = SweepSettings(window_s=1.0, idle_s=2.0)
+    with sim_monitor(world, st) as mon:
+        sw = Sweeper(mon, runner, st)
+        assert sw.measure_idle("before") == pytest.approx(world.idle_w, rel=2e-3)
+        cfg = BenchConfig("l1", 128 * 1024, 132, 1024)
+        rows = sw.run_config(cfg)
+        sw.measure_idle("after")
     assert len(rows) == 3 * 7 and sum(r["warmup_only"] for r in rows) == 3
     assert len({r["iters"] for r in rows if not r["warmup_only"]}) == 6
     assert all(r["window_s"] >= 1.0 for r in rows)
+    # every window opens before its launches and closes at least the tail after them
+    for r, (run0, run1) in zip(rows, runner.spans[-len(rows):], strict=True):
+        assert r["t_start_s"] <= run0 and r["t_end_s"] >= run1 + st.tail_s
+        assert r["t_end_s"] - r["t_start_s"] == pytest.approx(r["window_s"])
+    # the row carries the one window's measurement under its names
+    for r in rows:
+        assert (r["sm_clock_mhz"], r["temperature_c"], r["throttle_reasons"]) == (1980, 40, ""), r
+        assert "energy_mj" not in r and r["window_ticks"] >= 1
+    assert all(r["power_w"] == pytest.approx(r["window_energy_mj"] / 1000 / r["window_s"]) for r in rows)
+    assert sw.counter_period_s() == pytest.approx(world.period_s, rel=0.02)
     done = finalize_rows(rows, sw.idle)
     warm = [r for r in done if r["warmup_only"]]
     assert all(r["dyn_energy_per_launch_mj"] == pytest.approx(100.0, rel=1e-3) for r in warm)
     full = [r for r in done if not r["warmup_only"]]
     for r in full:  # warm-up energy removed; what is left is eps x sectors + offset
-        assert r["meas_energy_mj"] == pytest.approx(107e-9 * r["sectors_per_launch"] + 5.0, rel=1e-3)
+        # polled, a tick is seen up to one poll late at either end: idle power x poll_s per window,
+        # in the window and again in the idle power subtracted from it
+        resolution_mj = world.idle_w * st.tick_poll_s * 1000.0 / r["launches"]
+        assert r["meas_energy_mj"] == pytest.approx(107e-9 * r["sectors_per_launch"] + 5.0, rel=1e-3,
+                                                    abs=2 * resolution_mj)
     (f,) = fit.fit_all(done)
     assert f["pj_per_sector"] == pytest.approx(107.0, rel=1e-3)
     assert f["offset_mj"] == pytest.approx(5.0, rel=5e-2)
@@ -449,14 +516,33 @@ def test_sweep_subtracts_warmup_and_idle_and_recovers_eps(world: World) -> None:
     assert order[:6] == sorted(order[:6]) and order[6:12] == sorted(order[6:12], reverse=True)
 
 
+def test_a_window_that_misses_the_launches_is_noticed(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fakes can fail: a window opened after the launches holds idle power only, so the
+    energy per access comes out near zero and the coverage check above fails."""
+    def late(monitor, work, tail_s):  # noqa: ANN001, ANN202
+        result = work()
+        start = monitor.begin_window(None)
+        end = monitor.end_window(start, None, min_window_s=0.0, not_before_s=monitor.sampler.clock() + tail_s)
+        return result, start, end
+
+    monkeypatch.setattr(sweep_mod, "window_around", late)
+    runner = FakeRunner(world, A100_REF, offset_mj=5.0, warm_mj=100.0)
+    with sim_monitor(world) as mon:
+        sw = Sweeper(mon, runner, SweepSettings(window_s=1.0, idle_s=1.0))
+        sw.measure_idle("before")
+        rows = sw.run_config(BenchConfig("l1", 128 * 1024, 132, 1024))
+    assert not all(r["t_start_s"] <= run0 for r, (run0, _) in zip(rows, runner.spans[-len(rows):], strict=True))
+    (f,) = fit.fit_all(finalize_rows(rows, sw.idle))
+    assert abs(f["pj_per_sector"]) < 5.0  # not the 107 pJ the launches spent
+
+
 def test_sweep_without_warmup_subtraction_would_bias_offset(world: World) -> None:
     """Sanity of the method: the warm-up energy lands in the intercept, not the slope."""
-    gpu = nvml.open_gpu(0)
     runner = FakeRunner(world, A100_REF, warm_mj=200.0)
-    sw = Sweeper(gpu, runner, SweepSettings(window_s=1.0, idle_s=1.0), clock=world.clock, sleep=world.sleep,
-                 sample_clocks=False)
-    sw.measure_idle("before")
-    sw.run_config(BenchConfig("dram", 2 * 2**20, 132, 1024))
+    with sim_monitor(world) as mon:
+        sw = Sweeper(mon, runner, SweepSettings(window_s=1.0, idle_s=1.0))
+        sw.measure_idle("before")
+        sw.run_config(BenchConfig("dram", 2 * 2**20, 132, 1024))
     done = [r for r in finalize_rows(sw.rows, sw.idle) if not r["warmup_only"]]
     raw = fit.linear_fit([r["sectors_per_launch"] for r in done], [r["dyn_energy_per_launch_mj"] for r in done])
     sub = fit.linear_fit([r["sectors_per_launch"] for r in done], [r["meas_energy_mj"] for r in done])
@@ -465,11 +551,96 @@ def test_sweep_without_warmup_subtraction_would_bias_offset(world: World) -> Non
 
 
 def test_sweep_skips_configs_past_the_deadline(world: World) -> None:
-    gpu = nvml.open_gpu(0)
-    sw = Sweeper(gpu, FakeRunner(world, A100_REF), SweepSettings(), clock=world.clock, sleep=world.sleep,
-                 deadline_s=30.0, sample_clocks=False)
-    done, skipped = sw.run_all([BenchConfig("l1", 131072, 132, 1024), BenchConfig("l2", 131072, 132, 1024)])
+    with sim_monitor(world) as mon:
+        sw = Sweeper(mon, FakeRunner(world, A100_REF), SweepSettings(), deadline_s=30.0)
+        done, skipped = sw.run_all([BenchConfig("l1", 131072, 132, 1024), BenchConfig("l2", 131072, 132, 1024)])
     assert len(done) == 1 and len(skipped) == 1
+
+
+class BoardRunner:
+    """Real-time runner: each launch keeps a fake board busy for ``warm_ms + iters x pass_ms``."""
+
+    def __init__(self, board: FakeBoard, warm_ms: float = 0.5, pass_ms: float = 0.05):
+        self.board, self.warm_ms, self.pass_ms = board, warm_ms, pass_ms
+        self.spans: list[tuple[float, float, float]] = []  # (start, end, busy seconds), perf_counter
+
+    def prepare(self, cfg: BenchConfig) -> None:
+        pass
+
+    def run(self, cfg: BenchConfig, iters: int, warmup_only: bool, launches: int = 1) -> RunResult:
+        passes = 0 if warmup_only else iters
+        t0, busy0 = time.perf_counter(), self.board.busy_s
+        self.board.run(launches * (self.warm_ms + passes * self.pass_ms) / 1000.0)
+        t1 = time.perf_counter()
+        self.spans.append((t0, t1, self.board.busy_s - busy0))
+        return RunResult(elapsed_ms=(t1 - t0) * 1000.0, launches=launches, steps_per_pass=1,
+                         meas_loads_per_thread=passes, array_bytes_used=cfg.array_bytes, stride_bytes=8,
+                         sectors_per_launch=1000.0 * passes, warm_sectors_per_launch=1000.0,
+                         wavefronts_per_launch=0.0, div_warp_insts_per_launch=0.0, loads_per_launch=0.0)
+
+
+def test_sweep_in_real_time_with_the_sampler_thread() -> None:
+    """The GPU's path: the sampler's thread timestamps every counter update while the launches
+    run.  The board draws busy power only while work runs, so each window's dynamic energy is
+    the launches' and nothing else, and the window brackets the launches plus the tail."""
+    idle_w, busy_w = 80.0, 300.0
+    board = FakeBoard(power_w=busy_w, idle_power_w=idle_w, update_period_s=0.01)
+    nvml.set_backend(FakeNVML([board]))
+    st = SweepSettings(window_s=0.15, n_points=2, repeats=1, idle_s=0.2, settle_s=0.0, tail_s=0.03,
+                       target_launch_ms=5.0, tick_timeout_s=1.0, sample_period_s=0.01)
+    runner = BoardRunner(board)
+    try:
+        sampler = Sampler(nvml.open_gpu(0), poll_s=st.tick_poll_s, state_every_s=st.sample_period_s)
+        with sampler:
+            assert sampler._thread is not None
+            sw = Sweeper(EnergyMonitor(sampler, st.tick_timeout_s), runner, st)
+            assert sw.measure_idle("before") == pytest.approx(idle_w, rel=0.05)
+            rows = sw.run_config(BenchConfig("l1", 131072, 132, 1024))
+            sw.measure_idle("after")
+    finally:
+        nvml.set_backend(None)
+    assert len(rows) == 3
+    done = finalize_rows(rows, sw.idle)
+    for r, (t0, t1, busy_s) in zip(done, runner.spans[-3:], strict=True):
+        assert r["t_start_s"] <= t0 and r["t_end_s"] >= t1 + st.tail_s
+        assert r["dyn_energy_mj"] == pytest.approx((busy_w - idle_w) * busy_s * 1000.0, rel=0.1)
+        assert idle_w < r["power_w"] < busy_w
+        assert r["window_ticks"] >= 10 and r["sm_clock_mhz"] == 1980
+    assert sw.counter_period_s() == pytest.approx(0.01, rel=0.3)
+
+
+def test_finalize_reads_rows_written_before_the_one_window() -> None:
+    """The committed calibrations name the window energy ``energy_mj``; both names give the
+    same dynamic energy, and the committed points' derived columns are reproduced."""
+    idle = IdleModel([(0.0, 70.0)])
+    new = {"config_id": "c", "warmup_only": False, "launches": 10, "t_start_s": 0.0, "t_end_s": 1.0,
+           "window_s": 1.0, "window_energy_mj": 170_000.0}
+    old = {k: v for k, v in new.items() if k != "window_energy_mj"} | {"energy_mj": 170_000.0}
+    (a,), (b,) = finalize_rows([new], idle), finalize_rows([old], idle)
+    assert a["dyn_energy_mj"] == b["dyn_energy_mj"] == pytest.approx(100_000.0)
+    path = ROOT / "datasets" / "h100" / "calibration" / "calibration.json"
+    if not path.exists():
+        return
+    cal = json.loads(path.read_text())
+    derived = ("idle_power_w", "dyn_energy_mj", "dyn_energy_per_launch_mj", "warm_energy_per_launch_mj",
+               "meas_energy_mj")
+    raw = [{k: v for k, v in p.items() if k not in derived} for p in cal["points"]]
+    model = IdleModel()
+    for r in cal["provenance"]["idle"]:
+        model.add(0.5 * (r["t_start_s"] + r["t_end_s"]), r["power_w"])
+    for p, q in zip(cal["points"], finalize_rows(raw, model), strict=True):
+        assert q["meas_energy_mj"] == pytest.approx(p["meas_energy_mj"], rel=1e-9, abs=1e-9)
+
+
+def test_observed_reads_both_row_schemas() -> None:
+    old = [{"sm_clock_mhz": 1980.0, "mem_clock_mhz": 2619.0, "temperature_c_max": 51, "throttle_mask": 0x4}]
+    new = [{"sm_clock_mhz": 1755.0, "mem_clock_mhz": 2619.0, "temperature_c": 60,
+            "throttle_reasons": "sw_power_cap,sw_thermal"},
+           {"sm_clock_mhz": float("nan"), "temperature_c": float("nan"), "throttle_reasons": ""}]
+    o = calib._observed(old + new)
+    assert o["sm_clock_mhz_min"] == 1755.0 and o["sm_clock_mhz_max"] == 1980.0
+    assert o["temperature_c_max"] == 60 and o["mem_clock_mhz_median"] == 2619.0
+    assert o["throttle_reasons_seen"] == ["sw_power_cap", "sw_thermal"]  # the mask's bit and the names, once
 
 
 def test_idle_model_interpolates() -> None:
@@ -480,7 +651,7 @@ def test_idle_model_interpolates() -> None:
 
 
 def test_iters_points_distinct_and_sized() -> None:
-    sw = Sweeper(None, None, SweepSettings(n_points=6, target_launch_ms=30.0))
+    sw = Sweeper(None, None, SweepSettings(n_points=6, target_launch_ms=30.0))  # type: ignore[arg-type]
     pts = sw.iters_points(t_warm_ms=2.0, t_pass_ms=0.5)
     assert len(set(pts)) == 6 and pts[-1] == 56
     assert sw.iters_points(t_warm_ms=50.0, t_pass_ms=50.0) == [1, 2, 3, 4, 5, 6]
@@ -514,6 +685,7 @@ def test_run_calibration_on_fakes_writes_json_shape(world: World, tmp_path: Path
     monkeypatch.setattr(calib, "Microbench", lambda lib, device: runner)
     monkeypatch.setattr(calib, "_now", world.clock)
     monkeypatch.setattr(calib, "_sleep", world.sleep)
+    monkeypatch.setattr(calib, "_sampler_thread", False)
     res = calib.run_calibration(0, tmp_path, budget_s=400.0, quick=True, use_ncu=False, window_s=1.0)
     on_disk = json.loads((tmp_path / "calibration.json").read_text())
     assert set(on_disk) == {"gpu", "levels", "div_nj", "ncu_checks", "points", "provenance"}
@@ -541,6 +713,7 @@ def test_calibrate_command_on_fakes(world: World, tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(calib, "Microbench", lambda lib, device: runner)
     monkeypatch.setattr(calib, "_now", world.clock)
     monkeypatch.setattr(calib, "_sleep", world.sleep)
+    monkeypatch.setattr(calib, "_sampler_thread", False)
     from typer.testing import CliRunner
 
     import cli

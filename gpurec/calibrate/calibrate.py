@@ -33,15 +33,19 @@ from gpurec.calibrate.microbench import LEVELS, BenchConfig, DeviceProps, Microb
 from gpurec.calibrate.sweep import Sweeper, SweepSettings, finalize_rows
 from gpurec.dataset.store import atomic_write_text, json_safe
 from gpurec.device import ncu as ncu_mod
+from gpurec.device.sampler import Sampler
+from gpurec.device.window import EnergyMonitor
 
 log = logging.getLogger("gpurec.calibrate")
 
 KIB, MIB = 1024, 1024 * 1024
 CLOCKS_NOTE = "default (not locked; lent GPU)"
 THREAD_SWEEP = (256, 32, 4, 1, 128, 512, 64, 16, 8, 2)
-# Clock and sleep of the energy sweep; tests replace them with a simulated world.
-_now = time.monotonic
+# Clock and sleep of the energy sweep; tests replace them with a simulated world, where the
+# window's sampler is polled by the waiting code instead of a thread (``_sampler_thread``).
+_now = time.perf_counter
 _sleep = time.sleep
+_sampler_thread = True
 
 
 def _round_down(x: float, unit: int) -> int:
@@ -173,21 +177,33 @@ def write_json(obj: dict[str, Any], path: Path) -> None:
 
 
 def _observed(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Clocks, temperature and throttle reasons over the sweep's windows.  Reads the window's
+    columns (``temperature_c``, ``throttle_reasons``) and the names of rows written before it
+    (``temperature_c_max``, ``throttle_mask``)."""
     from gpurec.device.nvml import decode_throttle
 
-    sm = [r["sm_clock_mhz"] for r in rows if r.get("sm_clock_mhz") is not None]
-    mem = [r["mem_clock_mhz"] for r in rows if r.get("mem_clock_mhz") is not None]
-    temp = [r["temperature_c_max"] for r in rows if r.get("temperature_c_max") is not None]
+    def values(*keys: str) -> list[float]:
+        out = []
+        for r in rows:
+            v = next((r[k] for k in keys if r.get(k) is not None), None)
+            if v is not None and math.isfinite(float(v)):
+                out.append(float(v))
+        return out
+
+    sm, mem = values("sm_clock_mhz"), values("mem_clock_mhz")
+    temp = values("temperature_c", "temperature_c_max")
     mask = 0
+    named: list[str] = []
     for r in rows:
         mask |= int(r.get("throttle_mask") or 0)
+        named += [x for x in str(r.get("throttle_reasons") or "").split(",") if x]
     return {
         "sm_clock_mhz_median": statistics.median(sm) if sm else None,
         "sm_clock_mhz_min": min(sm) if sm else None,
         "sm_clock_mhz_max": max(sm) if sm else None,
         "mem_clock_mhz_median": statistics.median(mem) if mem else None,
         "temperature_c_max": max(temp) if temp else None,
-        "throttle_reasons_seen": decode_throttle(mask),
+        "throttle_reasons_seen": list(dict.fromkeys(decode_throttle(mask) + named)),
     }
 
 
@@ -252,7 +268,7 @@ def run_calibration(
             "python": platform.python_version(),
             "clocks": CLOCKS_NOTE,
             "observed": _observed(rows),
-            "energy_counter_period_ms": (sweeper.meter.period_s() or math.nan) * 1000 if sweeper else None,
+            "energy_counter_period_ms": (sweeper.counter_period_s() or math.nan) * 1000 if sweeper else None,
             "idle": sweeper.idle_rows if sweeper else [],
             "settings": asdict(settings),
             "array_sizes": dict(sizes),
@@ -282,17 +298,21 @@ def run_calibration(
 
         # -- energy ---------------------------------------------------------------------------
         reserve_s = settings.idle_s + settings.settle_s + 10.0
-        sweeper = Sweeper(gpu, mb, settings, clock=_now, sleep=_sleep, deadline_s=deadline - reserve_s)
+        sampler = Sampler(gpu, poll_s=settings.tick_poll_s, state_every_s=settings.sample_period_s, clock=_now,
+                          threaded=_sampler_thread)
+        sweeper = Sweeper(EnergyMonitor(sampler, settings.tick_timeout_s, sleep=_sleep), mb, settings,
+                          deadline_s=deadline - reserve_s)
         plan = plan_configs(props, sizes, quick, levels=tuple(levels or ("l1", "shared", "l2", "dram")),
                             thread_sweep=tuple(THREAD_SWEEP if thread_sweep is None else thread_sweep), div=div)
         done: list[BenchConfig] = []
         skipped: list[BenchConfig] = []
         try:
             mb.prepare(plan[0])  # allocate before the idle window: idle = allocated, not running
-            sweeper.measure_idle("before")
-            done, skipped = sweeper.run_all(
-                plan, on_config=lambda c: log.info("done %s (%.0f s left)", c, deadline - _now()))
-            sweeper.measure_idle("after")
+            with sampler:
+                sweeper.measure_idle("before")
+                done, skipped = sweeper.run_all(
+                    plan, on_config=lambda c: log.info("done %s (%.0f s left)", c, deadline - _now()))
+                sweeper.measure_idle("after")
         except KeyboardInterrupt:
             interrupted = True
             errors.append("interrupted during the energy sweep; partial results")

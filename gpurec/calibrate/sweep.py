@@ -1,16 +1,24 @@
-"""Energy sweep: windows of repeated launches bracketed by NVML energy-counter reads.
+"""Energy sweep: windows of repeated launches, measured with the one measurement window.
 
 Why it is shaped this way:
 - NVML's total-energy counter only moves every ~20-100 ms, so each window is >= 1 s and both
-  its ends are aligned on a counter update (we poll until the value changes); a short tail
-  after the launches lets the counter catch up with the last kernel.
+  its ends are aligned on a counter update: the window is a
+  :class:`gpurec.device.window.EnergyMonitor` window, the same one collect and validate use.
+  It opens on a tick, the launches run, and it closes on the first tick at least ``tail_s``
+  after them, so the counter has caught up with the last kernel.
 - Idle power is measured before and after the sweep (GPU allocated, nothing running) and
   interpolated in time; dynamic energy = window energy - idle power x window time.
 - Every configuration is measured as warm-up-only launches and as warm-up+measurement
   launches at >= 6 access counts, each >= 3 times in alternating order (drift does not line
   up with access count).  The measurement-loop energy per launch is the full launch's dynamic
   energy minus the mean warm-up-only one.
-- Clocks are observed (sampled during each window), never set.
+- Clocks are observed (the window's sampler reads them), never set.
+
+Raw rows carry the window's :class:`~gpurec.device.window.Measurement` under its own names
+(``window_energy_mj``, ``power_w``, mean ``sm_clock_mhz``, ``temperature_c``,
+``throttle_reasons``, ``nvml_power_1s_avg_w``, ...).  Rows written before the one window
+(the committed calibrations) named the energy ``energy_mj`` and carried median clocks,
+``power_w_sampled``, ``temperature_c_max`` and ``throttle_mask``; the readers accept both.
 """
 
 from __future__ import annotations
@@ -19,21 +27,24 @@ import bisect
 import logging
 import math
 import statistics
-import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gpurec.calibrate.errors import BudgetExhausted, MicrobenchError
 from gpurec.calibrate.microbench import BenchConfig, Runner
+from gpurec.device.window import EnergyMonitor, Measurement, WindowStart
 
 log = logging.getLogger("gpurec.calibrate")
+T = TypeVar("T")
 
 
 @dataclass
 class SweepSettings:
-    """Knobs of one sweep; defaults follow the seed's methodology (>= 6 points, >= 3 runs)."""
+    """Knobs of one sweep; defaults follow the seed's methodology (>= 6 points, >= 3 runs).
+
+    ``tick_poll_s``, ``tick_timeout_s`` and ``sample_period_s`` configure the window's
+    sampler (counter poll, stall timeout, clock/temperature reading period)."""
 
     window_s: float = 1.0
     n_points: int = 6
@@ -69,81 +80,26 @@ class IdleModel:
         return p0 + (p1 - p0) * (t_s - t0) / (t1 - t0) if t1 > t0 else p1
 
 
-class EnergyMeter:
-    """Counter reads aligned on NVML's update instants."""
-
-    def __init__(self, gpu: Any, clock: Callable[[], float], sleep: Callable[[float], None], settings: SweepSettings):
-        self.gpu, self.clock, self.sleep, self.s = gpu, clock, sleep, settings
-        self.tick_periods_s: list[float] = []
-        self._last_tick: float | None = None
-
-    def tick(self) -> tuple[float, float]:
-        """Wait for the counter to change; return (time of the change, new value in mJ)."""
-        e0 = self.gpu.energy_mj()
-        start = self.clock()
-        while True:
-            self.sleep(self.s.tick_poll_s)
-            e, t = self.gpu.energy_mj(), self.clock()
-            if e != e0 or t - start > self.s.tick_timeout_s:
-                if e != e0 and self._last_tick is not None and t - self._last_tick < 1.0:
-                    self.tick_periods_s.append(t - self._last_tick)
-                self._last_tick = t
-                return t, e
-
-    def period_s(self) -> float | None:
-        """Median spacing of consecutive counter updates seen so far."""
-        return statistics.median(self.tick_periods_s) if self.tick_periods_s else None
+def window_around(monitor: EnergyMonitor, work: Callable[[], T], tail_s: float) -> tuple[T, WindowStart, Measurement]:
+    """Open a window on a counter tick, run ``work``, and close on the first tick at least
+    ``tail_s`` after it returns (the counter lags the last kernel by up to one update)."""
+    start = monitor.begin_window(None)
+    result = work()
+    m = monitor.end_window(start, None, min_window_s=0.0, not_before_s=monitor.sampler.clock() + tail_s)
+    return result, start, m
 
 
-class _Sampler:
-    """Background thread reading clocks/power/temperature during a window (read-only NVML)."""
+def window_columns(start: WindowStart, m: Measurement) -> dict[str, Any]:
+    """A window as raw-row columns: its tick-aligned start and end, and the measurement."""
+    cols: dict[str, Any] = {"t_start_s": start.tick.t_s, "t_end_s": start.tick.t_s + m.window_s}
+    cols.update(m.as_row())
+    del cols["calls"]  # no keep-busy work: the launches are the row's own columns
+    return cols
 
-    def __init__(self, gpu: Any, period_s: float):
-        self.gpu, self.period_s = gpu, period_s
-        self.rows: list[tuple[float, float, float, float, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _one(self) -> None:
-        g = self.gpu
-        try:
-            self.rows.append(
-                (float(g.sm_clock_mhz()), float(g.mem_clock_mhz()), float(g.power_w()),
-                 float(g.temperature_c()), int(g.throttle_mask()))
-            )
-        except Exception:  # a failed read must not abort the measurement
-            pass
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._one()
-            self._stop.wait(self.period_s)
-
-    def __enter__(self) -> _Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2.0)
-        if not self.rows:
-            self._one()
-
-    def summary(self) -> dict[str, Any]:
-        if not self.rows:
-            return {}
-        sm, mem, pw, temp, thr = zip(*self.rows, strict=True)
-        mask = 0
-        for m in thr:
-            mask |= m
-        return {
-            "sm_clock_mhz": statistics.median(sm),
-            "sm_clock_min_mhz": min(sm),
-            "mem_clock_mhz": statistics.median(mem),
-            "power_w_sampled": statistics.fmean(pw),
-            "temperature_c_max": max(temp),
-            "throttle_mask": mask,
-        }
+def window_energy_mj(row: dict[str, Any]) -> float:
+    """Counter energy of a raw row's window, under the current or the pre-window name."""
+    return row["window_energy_mj"] if "window_energy_mj" in row else row["energy_mj"]
 
 
 def config_id(cfg: BenchConfig) -> str:
@@ -151,44 +107,49 @@ def config_id(cfg: BenchConfig) -> str:
 
 
 class Sweeper:
-    """Runs configurations through a :class:`Runner`, recording one raw row per window."""
+    """Runs configurations through a :class:`Runner`, recording one raw row per window.
+
+    ``monitor``'s sampler must be running (``with sampler:``); its clock is the sweep's clock
+    (budget, idle interpolation) and the monitor's ``sleep`` its idle wait."""
 
     def __init__(
         self,
-        gpu: Any,
+        monitor: EnergyMonitor,
         runner: Runner,
         settings: SweepSettings | None = None,
-        clock: Callable[[], float] = time.perf_counter,
-        sleep: Callable[[float], None] = time.sleep,
         deadline_s: float | None = None,
-        sample_clocks: bool = True,
     ):
-        self.gpu, self.runner = gpu, runner
+        self.monitor, self.runner = monitor, runner
         self.s = settings or SweepSettings()
-        self.clock, self.sleep = clock, sleep
         self.deadline_s = deadline_s
-        self.sample_clocks = sample_clocks
-        self.meter = EnergyMeter(gpu, clock, sleep, self.s)
         self.idle = IdleModel()
         self.idle_rows: list[dict[str, Any]] = []
         self.rows: list[dict[str, Any]] = []
         self.failed: list[dict[str, Any]] = []
         self._window_overhead_s = self.s.tail_s + 0.15
 
+    def clock(self) -> float:
+        return self.monitor.sampler.clock()
+
+    def counter_period_s(self) -> float | None:
+        """Median spacing of consecutive counter updates the sampler has seen (gaps over 1 s,
+        where polling was paused or busy, left out)."""
+        ticks = self.monitor.sampler.ticks
+        gaps = [b.t_s - a.t_s for a, b in zip(ticks, ticks[1:], strict=False) if 0 < b.t_s - a.t_s < 1.0]
+        return statistics.median(gaps) if gaps else None
+
     # -- idle -------------------------------------------------------------------------------
     def measure_idle(self, label: str, seconds: float | None = None) -> float:
         """Average board power over an aligned idle window; added to the idle model."""
         seconds = self.s.idle_s if seconds is None else seconds
-        self.sleep(self.s.settle_s)  # let power settle after allocation or the last kernel
-        t0, e0 = self.meter.tick()
-        self.sleep(seconds)
-        t1, e1 = self.meter.tick()
-        power_w = (e1 - e0) / max(t1 - t0, 1e-9) / 1000.0
-        self.idle.add(0.5 * (t0 + t1), power_w)
-        self.idle_rows.append({"label": label, "t_start_s": t0, "t_end_s": t1, "power_w": power_w,
-                               "energy_mj": e1 - e0})
-        log.info("idle %-6s %.1f W over %.2f s", label, power_w, t1 - t0)
-        return power_w
+        self.monitor.sleep(self.s.settle_s)  # let power settle after allocation or the last kernel
+        start = self.monitor.begin_window(None)
+        m = self.monitor.end_window(start, None, min_window_s=seconds)
+        row = {"label": label, **window_columns(start, m)}
+        self.idle.add(0.5 * (row["t_start_s"] + row["t_end_s"]), m.power_w)
+        self.idle_rows.append(row)
+        log.info("idle %-6s %.1f W over %.2f s", label, m.power_w, m.window_s)
+        return m.power_w
 
     # -- planning ---------------------------------------------------------------------------
     def estimate_config_s(self) -> float:
@@ -208,15 +169,8 @@ class Sweeper:
     def _window(self, cfg: BenchConfig, iters: int, warmup_only: bool, est_ms: float, rep: int) -> dict[str, Any]:
         launches = max(1, int(math.ceil(self.s.window_s * 1000.0 / max(est_ms, 1e-3))))
         wall0 = self.clock()
-        t_a, e_a = self.meter.tick()
-        if self.sample_clocks:
-            with _Sampler(self.gpu, self.s.sample_period_s) as sampler:
-                res = self.runner.run(cfg, iters, warmup_only, launches)
-        else:
-            sampler = None
-            res = self.runner.run(cfg, iters, warmup_only, launches)
-        self.sleep(self.s.tail_s)
-        t_b, e_b = self.meter.tick()
+        res, start, m = window_around(self.monitor, lambda: self.runner.run(cfg, iters, warmup_only, launches),
+                                      self.s.tail_s)
         self._window_overhead_s = 0.8 * self._window_overhead_s + 0.2 * max(
             0.0, (self.clock() - wall0) - res.elapsed_ms / 1000.0
         )
@@ -233,10 +187,7 @@ class Sweeper:
             "launches": res.launches,
             "kernel_ms": res.elapsed_ms,
             "ms_per_launch": res.ms_per_launch,
-            "t_start_s": t_a,
-            "t_end_s": t_b,
-            "window_s": t_b - t_a,
-            "energy_mj": e_b - e_a,
+            **window_columns(start, m),
             "sectors_per_launch": res.sectors_per_launch,
             "warm_sectors_per_launch": res.warm_sectors_per_launch,
             "wavefronts_per_launch": res.wavefronts_per_launch,
@@ -244,8 +195,6 @@ class Sweeper:
             "meas_loads_per_thread": res.meas_loads_per_thread,
             "stride_bytes": res.stride_bytes,
         }
-        if sampler is not None:
-            row.update(sampler.summary())
         return row
 
     @staticmethod
@@ -303,7 +252,7 @@ class Sweeper:
 def finalize_rows(rows: list[dict[str, Any]], idle: IdleModel) -> list[dict[str, Any]]:
     """Add idle power, dynamic energy and the warm-up-subtracted measurement energy per launch.
 
-    dyn_energy_per_launch_mj = (energy_mj - idle_power_w * window_s * 1000) / launches
+    dyn_energy_per_launch_mj = (window_energy_mj - idle_power_w * window_s * 1000) / launches
     meas_energy_mj           = dyn per launch (full) - mean dyn per launch (warm-up only),
                                per configuration; this is what the fit regresses on accesses.
     """
@@ -312,7 +261,7 @@ def finalize_rows(rows: list[dict[str, Any]], idle: IdleModel) -> list[dict[str,
         r = dict(r)
         p_idle = idle.power_at(0.5 * (r["t_start_s"] + r["t_end_s"]))
         r["idle_power_w"] = p_idle
-        r["dyn_energy_mj"] = r["energy_mj"] - p_idle * r["window_s"] * 1000.0
+        r["dyn_energy_mj"] = window_energy_mj(r) - p_idle * r["window_s"] * 1000.0
         r["dyn_energy_per_launch_mj"] = r["dyn_energy_mj"] / max(r["launches"], 1)
         out.append(r)
     warm: dict[str, list[float]] = {}

@@ -5,6 +5,10 @@ A100/H100-class boards, per SC24 "Accurate and Convenient Energy Measurements fo
 Energy over a window is therefore only exact between two *updates* ("ticks"); the sampler
 polls the counter every ``poll_s`` and timestamps every tick, so a measurement can start
 and stop on ticks and divide energy by the time between them.
+
+With ``threaded=False`` no thread is started: whoever waits for a tick calls :meth:`poll`
+(``gpurec.device.window.EnergyMonitor`` does).  Together with an injected ``clock`` this lets a
+simulated board in simulated time (the calibration tests) run the same window code as the GPU.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from gpurec.device.nvml import GPU
@@ -37,17 +41,21 @@ class StateSample:
 
 @dataclass
 class Sampler:
-    """Polls ``gpu`` in a daemon thread; use as a context manager."""
+    """Polls ``gpu`` in a daemon thread (or, with ``threaded=False``, whenever :meth:`poll` is
+    called); use as a context manager.  ``clock`` timestamps every sample."""
 
     gpu: GPU
     poll_s: float = 0.0005
     state_every_s: float = 0.02
+    clock: Callable[[], float] = time.perf_counter
+    threaded: bool = True
     ticks: list[Tick] = field(default_factory=list)
     states: list[StateSample] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _pause: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _old_switch: float = 0.005
+    _next_state_s: float = float("-inf")
 
     def __enter__(self) -> Sampler:
         self.start()
@@ -57,21 +65,23 @@ class Sampler:
         self.stop()
 
     def start(self) -> None:
+        self._stop.clear()
+        e0 = self.gpu.energy_mj()
+        self.ticks.append(Tick(self.clock(), e0))
+        if not self.threaded:
+            return
         # A short GIL switch interval lets the poller wake promptly while the main thread
         # launches kernels; tick timestamps are then good to well under a millisecond.
         self._old_switch = sys.getswitchinterval()
         sys.setswitchinterval(min(self._old_switch, 0.0005))
-        self._stop.clear()
-        e0 = self.gpu.energy_mj()
-        self.ticks.append(Tick(time.perf_counter(), e0))
         self._thread = threading.Thread(target=self._run, name="gpurec-sampler", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None:  # no thread (threaded=False): the switch interval was never changed
             self._thread.join(timeout=2.0)
-        sys.setswitchinterval(self._old_switch)
+            sys.setswitchinterval(self._old_switch)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -83,23 +93,24 @@ class Sampler:
         finally:
             self._pause.clear()
 
+    def poll(self) -> None:
+        """Read the counter once (a changed value is a tick) and the state when one is due."""
+        now = self.clock()
+        e = self.gpu.energy_mj()
+        if e != self.ticks[-1].energy_mj:
+            self.ticks.append(Tick(self.clock(), e))
+        if now >= self._next_state_s:
+            self.states.append(StateSample(now, self.gpu.power_w(), self.gpu.sm_clock_mhz(),
+                                           self.gpu.mem_clock_mhz(), self.gpu.temperature_c(),
+                                           self.gpu.throttle_mask()))
+            self._next_state_s = now + self.state_every_s
+
     def _run(self) -> None:
-        last_e = self.ticks[-1].energy_mj
-        next_state = 0.0
         while not self._stop.is_set():
             if self._pause.is_set():
                 time.sleep(0.002)
                 continue
-            now = time.perf_counter()
-            e = self.gpu.energy_mj()
-            if e != last_e:
-                self.ticks.append(Tick(time.perf_counter(), e))
-                last_e = e
-            if now >= next_state:
-                self.states.append(StateSample(now, self.gpu.power_w(), self.gpu.sm_clock_mhz(),
-                                               self.gpu.mem_clock_mhz(), self.gpu.temperature_c(),
-                                               self.gpu.throttle_mask()))
-                next_state = now + self.state_every_s
+            self.poll()
             time.sleep(self.poll_s)
 
     # -- queries used by the measurement loop ----------------------------------------------

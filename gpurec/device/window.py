@@ -61,27 +61,38 @@ class WindowStart:
 class EnergyMonitor:
     """Opens and closes windows on counter ticks of one board's :class:`Sampler`."""
 
-    def __init__(self, sampler: Sampler, tick_timeout_s: float = 2.0):
+    def __init__(self, sampler: Sampler, tick_timeout_s: float = 2.0,
+                 sleep: Callable[[float], None] = time.sleep):
         self.sampler = sampler
         self.tick_timeout_s = tick_timeout_s
+        self.sleep = sleep  # waits with nothing to run; a simulated world passes its own
 
     def wait_tick(self, keep_busy: Callable[[], None] | None, after_s: float, timeout_s: float) -> tuple[Tick, int]:
-        """Call ``keep_busy`` (or sleep) until the counter ticks after ``after_s``."""
+        """Call ``keep_busy`` (or sleep) until the counter ticks after ``after_s``.
+
+        Without a sampler thread this loop polls; a change found by its first poll happened at
+        some unknown moment before it, so only a later tick counts."""
+        s = self.sampler
         calls = 0
-        deadline = time.perf_counter() + timeout_s
-        while self.sampler.last_tick().t_s <= after_s:
+        if not s.threaded:
+            s.poll()
+            after_s = max(after_s, s.last_tick().t_s)
+        deadline = s.clock() + timeout_s
+        while s.last_tick().t_s <= after_s:
             if keep_busy is None:
-                time.sleep(0.001)
+                self.sleep(0.001 if s.threaded else s.poll_s)
             else:
                 keep_busy()
                 calls += 1
-            if time.perf_counter() > deadline:
+            if not s.threaded:
+                s.poll()
+            if s.clock() > deadline:
                 raise CounterStalled(f"the GPU energy counter did not update within {timeout_s:.1f} s")
-        return self.sampler.last_tick(), calls
+        return s.last_tick(), calls
 
     def begin_window(self, keep_busy: Callable[[], None] | None = None, extra_timeout_s: float = 0.0) -> WindowStart:
         """Run ``keep_busy`` until the next tick, which opens the window."""
-        tick, calls = self.wait_tick(keep_busy, time.perf_counter(), self.tick_timeout_s + extra_timeout_s)
+        tick, calls = self.wait_tick(keep_busy, self.sampler.clock(), self.tick_timeout_s + extra_timeout_s)
         return WindowStart(tick, calls)
 
     def end_window(self, start: WindowStart, keep_busy: Callable[[], None] | None = None,
@@ -92,7 +103,7 @@ class EnergyMonitor:
         deadline = start.tick.t_s + min_window_s
         if not_before_s is not None:
             deadline = max(deadline, not_before_s)
-        timeout = self.tick_timeout_s + max(0.0, deadline - time.perf_counter()) + extra_timeout_s
+        timeout = self.tick_timeout_s + max(0.0, deadline - self.sampler.clock()) + extra_timeout_s
         tick_b, calls = self.wait_tick(keep_busy, deadline, timeout)
         return self._measure(start.tick, tick_b, calls)
 
