@@ -387,3 +387,23 @@ def test_predicting_and_recommending_never_load_gpu_side_code(trained: tuple[Pat
                        cwd=Path(__file__).parent.parent)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "'gpurec.model.predictor'" in r.stdout and "'gpurec.recommend'" in r.stdout  # the check saw them load
+
+
+def test_host_band_is_kept_per_bound() -> None:
+    """GPU-bound steps hardly move with the host: their eager band must not take the
+    host-bound steps' spread."""
+    import numpy as np
+
+    from gpurec.model.config import TrainConfig
+    from gpurec.model.training import _host_band
+
+    rng = np.random.default_rng(0)
+    gpu = 1.0 + rng.normal(0, 0.01, 40)
+    host = np.exp(rng.normal(0, 0.4, 40))
+    band = _host_band((np.concatenate([gpu, host]), np.array(["gpu"] * 40 + ["host"] * 40, dtype=object)),
+                      TrainConfig())
+    g, h = band["by_bound"]["gpu"]["ratio"], band["by_bound"]["host"]["ratio"]
+    assert g[1] - g[0] < 0.1 < h[1] - h[0]
+    assert band["ratio"][0] <= h[0] + 1e-9 and band["n"] == 80
+    few = _host_band((np.ones(3), np.array(["gpu"] * 3, dtype=object)), TrainConfig())
+    assert few["ratio"] == [1.0, 1.0] and "by_bound" not in few

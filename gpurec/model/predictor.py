@@ -256,7 +256,9 @@ class Predictor:
             self._band_unmeasured = (tuple(cross["time_ratio"]), tuple(cross["energy_ratio"]))
         else:
             self._band_unmeasured = tuple((lo**widen, hi**widen) for lo, hi in self._band_measured)
-        self._host_band = tuple(unc.get("host", {}).get("ratio", (1.0, 1.0)))
+        host_unc = unc.get("host", {})
+        self._host_band = tuple(host_unc.get("ratio", (1.0, 1.0)))
+        self._host_band_by_bound = {b: tuple(v["ratio"]) for b, v in host_unc.get("by_bound", {}).items()}
         names = self.builder.feature_names
         self._masks = {t: target_mask(t, names) for t in ("time", "power", "host")}
         host_info = manifest.get("host", {})
@@ -389,7 +391,6 @@ class Predictor:
         p_wait = waiting_power_w(self.waiting_power, nvml, float(hw[HARDWARE_FEATURES.index("tdp_w")]))
         measured = nvml in self.measured
         (tlo, thi), (elo, ehi) = self._band_measured if measured else self._band_unmeasured
-        hlo, hhi = self._host_band  # the host side's error widens the eager bands
         out = []
         for i, (e, shape) in enumerate(entries):
             a, b = offsets[i], offsets[i + 1]
@@ -401,11 +402,14 @@ class Predictor:
             g_e = g_t * float(w_net[i])
             eager_t = float(tl.time_ms[i])
             eager_e = g_e + float(tl.gpu_wait_ms[i]) * p_wait
+            bound = bound_of(eager_t, g_t)
+            # the host side's error widens the eager bands, as much as it did for steps of this bound
+            hlo, hhi = self._host_band_by_bound.get(bound, self._host_band)
             est = Estimate(
                 model=e.label, input_shape=shape, mode=mode, gpu=nvml, measured_gpu=measured,
                 time_ms=eager_t, energy_mj=eager_e, power_w=eager_e / eager_t if eager_t > 0 else 0.0,
                 gpu_time_ms=g_t, gpu_energy_mj=g_e, host_time_ms=float(tl.host_time_ms[i]),
-                bound=bound_of(eager_t, g_t), host=host.name,
+                bound=bound, host=host.name,
                 time_low_ms=eager_t * tlo * hlo, time_high_ms=eager_t * thi * hhi, energy_low_mj=eager_e * elo * hlo,
                 energy_high_mj=eager_e * ehi * hhi, gpu_time_low_ms=g_t * tlo, gpu_time_high_ms=g_t * thi,
                 gpu_energy_low_mj=g_e * elo, gpu_energy_high_mj=g_e * ehi,

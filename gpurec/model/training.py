@@ -63,17 +63,25 @@ def _unmeasured_band(cross_t: np.ndarray, cross_e: np.ndarray, cfg: TrainConfig)
             "source": f"leave-one-GPU-out corrected network errors ({len(cross_t)} networks)"}
 
 
-def _host_band(ratios: np.ndarray, cfg: TrainConfig) -> dict[str, Any]:
-    """Quantiles of the host side's error (validation.host_side_ratios); eager bands are the GPU
-    bands times these."""
+def _host_band(ratios_bounds: tuple[np.ndarray, np.ndarray], cfg: TrainConfig) -> dict[str, Any]:
+    """Quantiles of the host side's error (validation.host_side_ratios), overall and per simulated
+    bound: a GPU-bound step hardly moves with the host, a host-bound one moves with it, so one
+    pooled band would make GPU-bound eager bands far too wide.  Eager bands are the GPU bands
+    times these."""
+    ratios, bounds = ratios_bounds
     lo_q, hi_q = cfg.band_quantiles
     if len(ratios) < 5:
         return {"ratio": [1.0, 1.0], "n": int(len(ratios)),
                 "source": "no networks measured both eager and host-free: eager bands = GPU bands"}
-    return {"ratio": [float(min(1.0, np.quantile(ratios, lo_q))), float(max(1.0, np.quantile(ratios, hi_q)))],
-            "n": int(len(ratios)), "quantiles": [lo_q, hi_q],
+
+    def q(r: np.ndarray) -> list[float]:
+        return [float(min(1.0, np.quantile(r, lo_q))), float(max(1.0, np.quantile(r, hi_q)))]
+
+    by_bound = {b: {"ratio": q(ratios[bounds == b]), "n": int((bounds == b).sum())}
+                for b in ("gpu", "host") if (bounds == b).sum() >= 5}
+    return {"ratio": q(ratios), "n": int(len(ratios)), "quantiles": [lo_q, hi_q], "by_bound": by_bound,
             "source": "(measured eager / host-free) / (simulated eager / host-free) of the training networks, "
-                      "each with its run's host profile; in-sample for the GPU models"}
+                      "each with its run's host profile, per simulated bound; in-sample for the GPU models"}
 
 
 def train(data_root: Path | str | None = None, out_dir: Path | str = "models", tune_trials: int = 20,

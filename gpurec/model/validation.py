@@ -406,20 +406,21 @@ def grouped_kfold(p: Prepared, suite: Suite, cfg: TrainConfig, log: Callable[[st
     return kfold, oof
 
 
-def host_side_ratios(p: Prepared, final: dict[str, Routed], host: Any) -> np.ndarray:
+def host_side_ratios(p: Prepared, final: dict[str, Routed], host: Any) -> tuple[np.ndarray, np.ndarray]:
     """Per network measured both eager and host-free: (measured eager / host-free) over (simulated
     eager / host-free) with the final models and the network's run host profile. The GPU side
     cancels, so this is the host side's error; it widens the eager bands (in-sample for the GPU
     models, out-of-sample for nothing: an optimistic floor, said so in the manifest)."""
     from gpurec.model.timeline import simulate
 
+    none = (np.zeros(0), np.zeros(0, dtype=object))
     if not len(p.nets) or p.targets.get("networks") != "host_free" or "time_ms" not in p.nets:
-        return np.zeros(0)
+        return none
     eager = p.nets["time_ms"].to_numpy(dtype=np.float64)
     hf = p.nets["_t_gpu"].to_numpy(dtype=np.float64)
     rows = np.flatnonzero(np.isfinite(eager) & (eager > 0) & np.isfinite(hf) & (hf > 0))
     if not len(rows):
-        return np.zeros(0)
+        return none
     idx = np.concatenate([np.arange(p.net_offsets[i], p.net_offsets[i + 1]) for i in rows])
     offsets = np.concatenate([[0], np.cumsum(np.diff(p.net_offsets)[rows])])
     modes = p.net_modes_ops[idx]
@@ -431,4 +432,5 @@ def host_side_ratios(p: Prepared, final: dict[str, Routed], host: Any) -> np.nda
             d[sel] = host.reference_ms(p.net_X["host"][idx][sel], p.net_groups[idx][sel], m)
     d *= np.repeat(p.net_host_scale[rows], np.diff(offsets))
     tl = simulate(t, d, offsets)
-    return (eager[rows] / hf[rows]) / (tl.time_ms / np.maximum(tl.gpu_time_ms, 1e-12))
+    ratios = (eager[rows] / hf[rows]) / (tl.time_ms / np.maximum(tl.gpu_time_ms, 1e-12))
+    return ratios, tl.bound
