@@ -249,8 +249,8 @@ def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any]) -> list
     L += ["### Host-free time and energy, unseen test architectures (target ≤ 5% each)", "",
           "| GPU | mode | host-free time MAPE | rows | host-free energy MAPE | rows |", "|---|---|---|---|---|---|"]
     for r in tables["host_free"]:
-        L.append(f"| {short(r['gpu'])} | {r['mode']} | {_f(r['gpu_time_mape'] * 100)} | {r['n_time']} | "
-                 f"{_f(r['gpu_energy_mape'] * 100)} | {r['n_energy']} |")
+        L.append(f"| {short(r['gpu'])} | {r['mode']} | {_f(r['gpu_time_mape'])} | {r['n_time']} | "
+                 f"{_f(r['gpu_energy_mape'])} | {r['n_energy']} |")
     L += ["", "Rows are 0 where the GPU has no host-free network measurement yet (the H200 was not lent this "
           "session; its networks are eager only).", ""]
     L += ["### Leave one GPU out, host-free (target ≤ 8%)", ""]
@@ -258,14 +258,24 @@ def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any]) -> list
     if logo:
         L += ["| held-out GPU | architectures | mode | rows | time MAPE | energy MAPE | targets |",
               "|---|---|---|---|---|---|---|"]
-        L += [f"| {short(r['held_out_gpu'])} | {r['archs']} | {r['mode']} | {r['n']} | {_f(r['time_mape'] * 100)} | "
-              f"{_f(r['energy_mape'] * 100)} | {r['targets']} |" for r in logo]
+        L += [f"| {short(r['held_out_gpu'])} | {r['archs']} | {r['mode']} | {r['n']} | {_f(r['time_mape'])} | "
+              f"{_f(r['energy_mape'])} | {r['targets']} |" for r in logo]
     else:
-        L += ["Not measurable yet: it needs host-free rows on two GPUs, and only the H100 has them.", ""]
+        L += ["No network-level figure yet: it needs host-free network rows on two GPUs, and only the H100 has "
+              "them."]
+    for gpu, entry in rep.get("leave_one_gpu_out", {}).get("gpus", {}).items():
+        per_op = entry.get("xgboost", {}).get("per_op", {}).get("overall")
+        if entry.get("skipped"):
+            L.append(f"* {short(gpu)} held out: skipped, {entry['skipped']}.")
+        elif per_op:
+            L.append(f"* {short(gpu)} held out, per operation ({per_op.get('n')} rows, trained on the other GPUs' "
+                     f"{entry.get('train_ops')}): time {_f(per_op['time']['mape'])}, energy "
+                     f"{_f(per_op['energy']['mape'])}.")
+    L += [""]
     L += ["", "### Eager time on the measuring host's profile, unseen test architectures", "",
           "| GPU | mode | measured bound | eager time MAPE | rows | rows predicted with their run's host profile |",
           "|---|---|---|---|---|---|"]
-    L += [f"| {short(r['gpu'])} | {r['mode']} | {r['measured_bound']} | {_f(r['time_mape'] * 100)} | {r['n']} | "
+    L += [f"| {short(r['gpu'])} | {r['mode']} | {r['measured_bound']} | {_f(r['time_mape'])} | {r['n']} | "
           f"{r['with_run_host_profile']} |" for r in tables["eager"]]
     b = tables["bound"]
     o = b.get("overall", {})
