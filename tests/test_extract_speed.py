@@ -8,6 +8,7 @@ here: a timed test on a shared machine could not fail for the right reason.
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpurec.model.bench import random_mobilenet
+from gpurec.ops import extract_operations
 
 MODES = ("inference", "training")
 
@@ -53,7 +55,7 @@ class _Odd(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(3, 8, 3, padding=1)
         self.register_buffer("scale", torch.ones(1, 8, 1, 1))
-        self.w = nn.Parameter(torch.ones(8, 8))
+        self.w = nn.Parameter(torch.ones(16, 16))
         self.skip = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -61,7 +63,7 @@ class _Odd(nn.Module):
         y = F.interpolate(y, scale_factor=0.5, mode="bilinear", align_corners=None)
         y = torch.cat([y, y[:, :4, ::2, ::2].repeat(1, 2, 2, 2)], dim=1) if self.skip else y
         z = torch.flatten(y, start_dim=2).transpose(1, 2)
-        z = F.linear(z, self.w[:, :8].t().contiguous()).reshape(z.shape[0], -1, 8)
+        z = F.linear(z, self.w[:, :16].t().contiguous()).reshape(z.shape[0], -1, 16)
         return F.softmax(z.sum(dim=(1,), keepdim=False), dim=-1)
 
 
@@ -89,3 +91,99 @@ def test_tracer_shortcuts_give_fx_graph(make) -> None:
         # a fresh module per trace: tracing stows tensor constants on the root, which renames later ones
         ours, theirs = build().train(training), build().train(training)
         assert _nodes(_Tracer().trace(ours)) == _nodes(_FxTracer().trace(theirs))
+
+
+def test_analytic_binary_agrees_with_meta_and_declines_the_rest() -> None:
+    import operator
+
+    from gpurec.ops.extract import _analytic_binary
+
+    def meta(shape: tuple[int, ...], stride: tuple[int, ...] | None = None, dtype=torch.float32) -> torch.Tensor:
+        if stride is None:
+            return torch.empty(shape, dtype=dtype, device="meta")
+        return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+
+    for fn in (operator.add, operator.sub, operator.mul, operator.truediv):
+        for shape in [(8, 32, 56, 56), (8, 1280, 1, 1), (2, 197, 768), (3,)]:
+            for dtype in (torch.float32, torch.float16):
+                a, b = meta(shape, dtype=dtype), meta(shape, dtype=dtype)
+                got = _analytic_binary((a, b), {})
+                ref = fn(a, b)
+                assert got is not None and got[1] == 0
+                assert (got[0].shape, got[0].stride(), got[0].dtype) == (ref.shape, ref.stride(), ref.dtype)
+    x = meta((8, 16, 4, 4))
+    declined = [
+        (x, meta((8, 16, 1, 1))),  # broadcasting
+        (x, 2.0),  # a scalar
+        (x, meta((8, 16, 4, 4), dtype=torch.float16)),  # type promotion
+        (meta((8, 16), dtype=torch.int64), meta((8, 16), dtype=torch.int64)),  # integer division is not closed
+        (x.transpose(2, 3), x.transpose(2, 3)),  # not contiguous
+        (meta((8, 1280, 1, 1), (1280, 1, 1280, 1280)),) * 2,  # contiguous, but meta keeps these odd strides
+        (torch.empty(8, 16), torch.empty(8, 16)),  # not meta
+    ]
+    for args in declined:
+        assert _analytic_binary(args, {}) is None, args
+    assert _analytic_binary((x, x), {"alpha": 2}) is None
+
+
+def _features_the_long_way(op) -> dict[str, float]:  # noqa: ANN001
+    """operation_features as it was written before operation_feature_row (one dict per call)."""
+
+    def first(value, default=0.0):  # noqa: ANN001, ANN202
+        if isinstance(value, (list, tuple)):
+            return float(value[0]) if value and isinstance(value[0], (int, float)) else default
+        if isinstance(value, bool):
+            return float(value)
+        if isinstance(value, (int, float)):
+            return float(value)
+        return default
+
+    def prod(value):  # noqa: ANN001, ANN202
+        if isinstance(value, (list, tuple)):
+            return float(math.prod(v for v in value if isinstance(v, (int, float))))
+        return first(value)
+
+    s = op.settings
+    shape = op.input_shapes[0] if op.input_shapes else []
+    bytes_total = op.bytes_read + op.bytes_written
+    channels = height = width = seq_len = 0.0
+    if len(shape) == 4:
+        channels, height, width = float(shape[1]), float(shape[2]), float(shape[3])
+    elif len(shape) == 3:
+        seq_len, channels = float(shape[1]), float(shape[2])
+    elif len(shape) == 2:
+        channels = float(shape[1])
+    return {
+        "flops": float(op.flops), "flops_elementwise": float(op.flops_elementwise), "flops_bwd": float(op.flops_bwd),
+        "flops_total": float(op.flops + op.flops_elementwise), "bytes_read": float(op.bytes_read),
+        "bytes_written": float(op.bytes_written), "bytes_total": float(bytes_total),
+        "arithmetic_intensity": (op.flops + op.flops_elementwise) / bytes_total if bytes_total else 0.0,
+        "params": float(op.params), "input_elements": float(sum(math.prod(x) for x in op.input_shapes)),
+        "output_elements": float(sum(math.prod(x) for x in op.output_shapes)),
+        "n_inputs": float(len(op.input_shapes)), "batch": float(shape[0]) if shape else 0.0,
+        "channels": channels, "height": height, "width": width, "seq_len": seq_len,
+        "in_channels": first(s.get("in_channels")), "out_channels": first(s.get("out_channels")),
+        "kernel_size": prod(s.get("kernel_size", 0)), "stride": first(s.get("stride", 0)),
+        "padding": first(s.get("padding", 0)), "dilation": first(s.get("dilation", 0)),
+        "groups": first(s.get("groups", 0)), "in_features": first(s.get("in_features")),
+        "out_features": first(s.get("out_features")), "embed_dim": first(s.get("embed_dim")),
+        "num_heads": first(s.get("num_heads")), "input_requires_grad": float(any(op.input_requires_grad)),
+    }
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_feature_rows_match_the_feature_dicts(mode: str) -> None:
+    from gpurec.model.features import OpBlock
+    from gpurec.ops.features import FEATURE_NAMES, operation_feature_row
+
+    ops = [*extract_operations(random_mobilenet(3), (2, 3, 96, 96), mode=mode, keep_sources=False),
+           *extract_operations(_Odd(), (2, 3, 16, 16), mode=mode, keep_sources=False),
+           *extract_operations("vit_b_32", (2, 3, 224, 224), mode=mode, keep_sources=False),
+           *extract_operations("inception_v3", (2, 3, 299, 299), mode=mode, keep_sources=False),
+           *extract_operations(nn.LSTM(8, 16), (5, 2, 8), mode=mode, keep_sources=False)]
+    block = OpBlock.from_operations(ops, mode)
+    for i, op in enumerate(ops):
+        want = _features_the_long_way(op)
+        assert list(want) == list(FEATURE_NAMES)
+        assert operation_feature_row(op) == list(want.values()) == block.values[i].tolist(), op.kind
+        assert op.features() == want
