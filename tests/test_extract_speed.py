@@ -187,3 +187,33 @@ def test_feature_rows_match_the_feature_dicts(mode: str) -> None:
         assert list(want) == list(FEATURE_NAMES)
         assert operation_feature_row(op) == list(want.values()) == block.values[i].tolist(), op.kind
         assert op.features() == want
+
+
+class _Skip(nn.Module):
+    """A block whose forward branches on a flag that its repr does not show."""
+
+    def __init__(self, skip: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.skip = skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return x + y if self.skip else y
+
+
+def test_structure_key_sees_flags_that_forward_reads_and_ignores_weights_and_mode() -> None:
+    from gpurec.model.predictor import structure_key
+
+    a, b = nn.Sequential(_Skip(True), nn.ReLU()), nn.Sequential(_Skip(False), nn.ReLU())
+    assert repr(a) == repr(b)  # what the key was made of before, with the parameter shapes
+    assert len(extract_operations(a, (1, 8, 4, 4))) != len(extract_operations(b, (1, 8, 4, 4)))
+    assert structure_key(a) != structure_key(b)
+    twin = nn.Sequential(_Skip(True), nn.ReLU()).eval()  # other weights, other mode
+    assert structure_key(twin) == structure_key(a)
+    wider = nn.Sequential(_Skip(True), nn.ReLU())
+    wider[0].conv = nn.Conv2d(8, 8, 5, padding=2)
+    assert structure_key(wider) != structure_key(a)
+    frozen = nn.Sequential(_Skip(True), nn.ReLU())
+    frozen[0].conv.weight.requires_grad_(False)  # changes the backward
+    assert structure_key(frozen) != structure_key(a)
