@@ -217,3 +217,16 @@ def test_structure_key_sees_flags_that_forward_reads_and_ignores_weights_and_mod
     frozen = nn.Sequential(_Skip(True), nn.ReLU())
     frozen[0].conv.weight.requires_grad_(False)  # changes the backward
     assert structure_key(frozen) != structure_key(a)
+
+
+def test_module_bookkeeping_is_never_a_setting() -> None:
+    """_module_settings drops nn.Module's own attributes before its per-key filter; that is the
+    same filter only while all of them are private or ``training``."""
+    from gpurec.ops.extract import _module_bookkeeping, _module_settings
+
+    assert all(k.startswith("_") or k == "training" for k in _module_bookkeeping())
+    conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+    conv.custom_flag = True
+    settings = _module_settings(conv, list(conv.named_parameters()))
+    assert settings["custom_flag"] is True and settings["in_channels"] == 3 and "training" not in settings
+    assert list(settings)[-1] == "param_shapes" and list(settings)[:-1] == sorted(list(settings)[:-1])

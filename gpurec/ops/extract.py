@@ -521,9 +521,11 @@ def _module_settings(m: nn.Module, named_params: list[tuple[str, nn.Parameter]])
     """Constructor-like settings: public attributes of simple types, plus parameter shapes
     (``named_params`` is ``list(m.named_parameters())``, listed once by the caller)."""
     settings: dict[str, Any] = {}
-    for key, value in sorted(vars(m).items()):
-        if key.startswith("_") or key == "training":
+    d = vars(m)
+    for key in sorted(d.keys() - _module_bookkeeping()):  # nn.Module's own attributes dropped in C
+        if key.startswith("_"):
             continue
+        value = d[key]
         t = type(value)
         if t is int or t is bool or t is str or value is None:
             settings[key] = value  # already canonical (the commonest case, checked first)
@@ -533,6 +535,12 @@ def _module_settings(m: nn.Module, named_params: list[tuple[str, nn.Parameter]])
             settings[key] = canonical_value(value)
     settings["param_shapes"] = {n: list(p.shape) for n, p in sorted(named_params, key=lambda np_: np_[0])}
     return settings
+
+
+@functools.lru_cache(maxsize=1)
+def _module_bookkeeping() -> frozenset[str]:
+    """The attributes every nn.Module has: its tables, hooks and ``training`` (never settings)."""
+    return frozenset(nn.Module().__dict__)
 
 
 def _named_params(m: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -683,6 +691,9 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
     metas: dict[int, torch.Tensor] = {}  # parameters and buffers read by get_attr, as meta tensors
     placeholders_seen = 0
     elem_size = torch.empty((), dtype=dtype).element_size()
+    dtype_name = str(dtype).replace("torch.", "")
+    mode_name = "training" if training else "inference"
+    no_ops = _EVAL_NOOPS + _leaf_types()  # modules that return their input in eval
 
     def load(a: Any) -> Any:
         return _map_nodes(a, lambda n: env[n.name])
@@ -735,7 +746,7 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         has_params = False
         if node.op == "call_module":
             mod = modules[node.target]
-            if isinstance(mod, nn.Identity) or (not training and isinstance(mod, _EVAL_NOOPS + _leaf_types())):
+            if isinstance(mod, nn.Identity) or (not training and isinstance(mod, no_ops)):
                 grad[node.name] = in_grad  # no-ops: Identity always, dropout-likes in eval
                 continue
             mod_params = [p for _, p in named_params]
@@ -777,8 +788,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             input_shapes=[list(_shape(t)) for t in act_values],
             input_requires_grad=requires_grad,
             output_shapes=[list(_shape(t)) for t in out_tensors],
-            dtype=str(dtype).replace("torch.", ""),
-            mode="training" if training else "inference",
+            dtype=dtype_name,
+            mode=mode_name,
             params=int(param_numel),
             flops=int(mm_flops),
             flops_elementwise=int(elementwise),
@@ -980,7 +991,7 @@ def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, 
         spec, leaves, flops = hit
         made = [torch.empty_strided(v[0], v[1], dtype=v[2], device="meta") if isinstance(v, tuple) else v
                 for v in leaves]
-        return tree_unflatten(made, spec), flops
+        return (made[0] if spec is None else tree_unflatten(made, spec)), flops
     if key is not None:
         known = _analytic_leaf(modules[node.target], args, kwargs)
     elif node.op == "call_function" and node.target in _BINARY_FUNCTIONS:
@@ -995,7 +1006,9 @@ def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, 
             out = _run_node(modules, node, args, kwargs)
         flops = counter.current
     if key is not None:
-        leaves, spec = tree_flatten(out)
+        # spec None: the output is one tensor (the commonest case; tree_unflatten of a leaf was
+        # a few per cent of a fresh candidate's extraction)
+        leaves, spec = ([out], None) if _is_tensor(out) else tree_flatten(out)
         if all(_is_tensor(v) or v is None for v in leaves):
             _LEAF_MEMO[key] = (spec, [(tuple(v.shape), tuple(v.stride()), v.dtype) if _is_tensor(v) else v
                                       for v in leaves], flops)
