@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.fx
@@ -230,3 +231,44 @@ def test_module_bookkeeping_is_never_a_setting() -> None:
     settings = _module_settings(conv, list(conv.named_parameters()))
     assert settings["custom_flag"] is True and settings["in_channels"] == 3 and "training" not in settings
     assert list(settings)[-1] == "param_shapes" and list(settings)[:-1] == sorted(list(settings)[:-1])
+
+
+@pytest.fixture(scope="module")
+def small_predictor(tmp_path_factory: pytest.TempPathFactory):
+    """A predictor trained quickly on the model fixture (as in tests/test_model.py)."""
+    from pathlib import Path
+
+    from gpurec.model import load_predictor, train
+
+    fixture = Path(__file__).parent / "fixtures" / "model"
+    out = tmp_path_factory.mktemp("models")
+    train(fixture, out, log=lambda s: None, tune_trials=2, max_rounds=30, default_rounds=30, early_stopping_rounds=5,
+          n_folds=3, tune_folds=2, forest_trees=20, min_rows_per_mode=20)
+    return load_predictor(out, check_data=False)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_boosters_see_each_distinct_row_once_with_the_same_estimates(small_predictor, mode: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    import gpurec.model.predictor as pred
+
+    frozen = random_mobilenet(5)
+    for p in frozen[0].parameters():  # the stem's weights frozen: same signatures, other backward
+        p.requires_grad_(False)
+    candidates = [(random_mobilenet(4), (2, 3, 64, 64)), (random_mobilenet(5), (2, 3, 64, 64)),
+                  (frozen, (2, 3, 64, 64)), ("resnet18", (2, 3, 64, 64))]
+    block = pred.OpBlock.concat([small_predictor._entry(m, s, mode)[0].block for m, s in candidates])
+    rows, inverse = pred._distinct_rows(block)
+    assert rows is not None and len(rows) < len(block)
+    assert np.array_equal(block.values[rows][inverse], block.values)
+    assert list(block.kinds[rows][inverse]) == list(block.kinds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # coverage warnings of the small fixture model
+        fast = small_predictor.predict_many(candidates, mode=mode, gpu="H100")
+        monkeypatch.setattr(pred, "_distinct_rows", lambda b: (None, None))
+        slow = small_predictor.predict_many(candidates, mode=mode, gpu="H100")
+    assert [e.as_dict() for e in fast] == [e.as_dict() for e in slow]
+    for a, b in zip(fast, slow, strict=True):
+        assert a.per_op.equals(b.per_op)

@@ -408,9 +408,16 @@ class Predictor:
         if not entries:
             return []
         block = entries[0][0].block if len(entries) == 1 else OpBlock.concat([e.block for e, _ in entries])
-        feats = self.builder.build(block, hw[None, :])
-        t = np.exp(self._boosters["time"][mode].predict(masked(feats.X, self._masks["time"]), feats.margin_time))
-        w = np.exp(self._boosters["power"][mode].predict(masked(feats.X, self._masks["power"]), feats.margin_power))
+        # Operations repeat (a NAS list of 50 MobileNets: 6,000 operations, 900 distinct rows):
+        # each distinct feature row goes through the boosters once, and rows are independent.
+        rows, inverse = _distinct_rows(block)
+        distinct = block if rows is None else block.take(rows)
+        spread = (lambda a: a) if inverse is None else (lambda a: a[inverse])
+        feats = self.builder.build(distinct, hw[None, :])
+        t = spread(np.exp(self._boosters["time"][mode].predict(masked(feats.X, self._masks["time"]),
+                                                                feats.margin_time)))
+        w = spread(np.exp(self._boosters["power"][mode].predict(masked(feats.X, self._masks["power"]),
+                                                                 feats.margin_power)))
         offsets = np.cumsum([0, *(len(e.block) for e, _ in entries)])
         hit = np.zeros(len(t), dtype=bool)
         if self.lookup is not None:
@@ -419,8 +426,9 @@ class Predictor:
         t_net, w_net, key = self.correction.apply(sums, nvml, mode)
         # The correction rescales each network's GPU work; the timeline then places it behind the host.
         factor = np.repeat(t_net / np.maximum(sums.sum_time_ms, 1e-12), np.diff(offsets))
-        groups = self.builder.group_index(block.kinds)
-        d = self.host_model.predict_ms(masked(feats.X, self._masks["host"]), groups, mode, self.host_scale(host))
+        groups = self.builder.group_index(distinct.kinds)
+        d = spread(self.host_model.predict_ms(masked(feats.X, self._masks["host"]), groups, mode,
+                                              self.host_scale(host)))
         tl = simulate(t * factor, d, offsets)
         p_wait = waiting_power_w(self.waiting_power, nvml, float(hw[HARDWARE_FEATURES.index("tdp_w")]))
         measured = nvml in self.measured
@@ -460,6 +468,31 @@ class Predictor:
         cv = self.manifest.get("cv", {})
         return (f"Predictor({self.model_dir}, measured GPUs: {', '.join(self.measured) or 'none'}, "
                 f"{len(self.builder.kinds)} op kinds, cv: {list(cv)})")
+
+
+def _distinct_rows(block: OpBlock) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Positions of the first of each distinct (kind, mode, feature row) of ``block`` and, per
+    operation, the index of its row among them; (None, None) when no row repeats.  The feature
+    matrix and every booster's prediction are functions of exactly these (operations with one
+    signature but, say, frozen weights differ in their rows, so they are not merged)."""
+    n = len(block)
+    if n < 2:
+        return None, None
+    values = np.ascontiguousarray(block.values)
+    raw, width = values.tobytes(), values.shape[1] * values.itemsize
+    first: dict[tuple[Any, ...], int] = {}
+    keep: list[int] = []
+    inverse = np.empty(n, dtype=np.int64)
+    for i, (kind, training) in enumerate(zip(block.kinds, block.training.tolist(), strict=True)):
+        key = (kind, training, raw[i * width:(i + 1) * width])
+        j = first.get(key)
+        if j is None:
+            j = first[key] = len(keep)
+            keep.append(i)
+        inverse[i] = j
+    if len(keep) == n:
+        return None, None
+    return np.asarray(keep, dtype=np.int64), inverse
 
 
 def _check_mode(mode: str) -> str:
