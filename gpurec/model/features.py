@@ -29,7 +29,7 @@ import numpy as np
 
 from gpurec.catalog import HARDWARE_FEATURES, GPUSpec, resolve_gpu
 from gpurec.ops.cache import SetOperations
-from gpurec.ops.features import FEATURE_NAMES
+from gpurec.ops.features import FEATURE_NAMES, operation_feature_row
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -198,8 +198,8 @@ class OpBlock:
 
     @staticmethod
     def from_operations(ops: Sequence[Operation], mode: str | None = None) -> OpBlock:
-        values = np.array([[f[k] for k in FEATURE_NAMES] for f in (op.features() for op in ops)],
-                          dtype=np.float64).reshape(len(ops), len(FEATURE_NAMES))
+        values = np.array([operation_feature_row(op) for op in ops], dtype=np.float64).reshape(len(ops),
+                                                                                           len(FEATURE_NAMES))
         modes = [mode or op.mode for op in ops]
         return OpBlock(values=values, kinds=np.array([op.kind for op in ops], dtype=object),
                        training=np.array([m == "training" for m in modes], dtype=bool),

@@ -18,6 +18,7 @@ a never-seen model is what costs time (see gpurec/reports/speed.py, docs/speed.m
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -209,13 +210,24 @@ class Estimate:
 
 
 def structure_key(module: nn.Module) -> str:
-    """Hash of a module's structure: classes, their forward code, settings (repr) and tensor shapes.
+    """Hash of a module's structure: every submodule's path and class (with its forward's
+    code), its ``extra_repr``, its attributes of simple types (a flag such as ``use_res`` read
+    by ``forward``), and the shapes of its tensors.
 
-    Two instances with the same structure share extracted operations; weights do not matter.
+    Two instances with the same structure share extracted operations; weights do not matter,
+    nor do train/eval flags (extraction sets them).  The attributes matter because ``forward``
+    may branch on them: with ``repr(module)`` alone, blocks that differ only by such a flag
+    shared a cache entry.  About 1.5 ms for a MobileNet-sized candidate (strings, not tuples:
+    tuples are tracked by the garbage collector and made it twice as slow).
     """
+    import torch
+    from torch import nn
+
     h = hashlib.sha1()
     seen: set[type] = set()
-    for m in module.modules():
+    parts: list[str] = []
+    skip = _module_bookkeeping()
+    for name, m in module.named_modules():
         t = type(m)
         if t not in seen:
             seen.add(t)
@@ -225,12 +237,36 @@ def structure_key(module: nn.Module) -> str:
                 h.update(code.co_code)
                 h.update(repr(code.co_consts).encode())
                 h.update(repr(code.co_names).encode())
-    h.update(repr(module).encode())
-    for name, p in module.named_parameters():
-        h.update(f"{name}:{tuple(p.shape)}:{p.dtype}:{p.requires_grad}".encode())
-    for name, b in module.named_buffers():
-        h.update(f"{name}:{tuple(b.shape)}:{b.dtype}".encode())
+        d = m.__dict__
+        attrs = []
+        for key in sorted(d.keys() - skip):  # skip nn.Module's own bookkeeping in C, not key by key
+            value = d[key]
+            vt = type(value)
+            if key.startswith("_"):
+                continue
+            if vt in _SIMPLE_TYPES or ((vt is tuple or vt is list) and all(type(v) in _SIMPLE_TYPES for v in value)):
+                attrs.append(f"{key}={value!r}")
+            elif isinstance(value, torch.Tensor):
+                attrs.append(f"{key}=T{tuple(value.shape)}{value.dtype}")
+        for tag, store in (("p", m._parameters), ("b", m._buffers)):
+            for key, value in store.items():
+                attrs.append(f"{tag}:{key}=None" if value is None else
+                             f"{tag}:{key}={tuple(value.shape)}{value.dtype}{value.requires_grad}")
+        custom = repr(m) if t.__repr__ is not nn.Module.__repr__ else ""
+        parts.append(f"\n{name}:{t.__module__}.{t.__qualname__}({m.extra_repr()}){custom};{';'.join(attrs)}")
+    h.update("".join(parts).encode())
     return h.hexdigest()
+
+
+_SIMPLE_TYPES = frozenset({bool, int, float, str, type(None)})
+
+
+@functools.cache
+def _module_bookkeeping() -> frozenset[str]:
+    """The attributes every nn.Module has (hooks, tables, ``training``): not part of a structure."""
+    from torch import nn
+
+    return frozenset(nn.Module().__dict__)
 
 
 class Predictor:
@@ -374,9 +410,16 @@ class Predictor:
         if not entries:
             return []
         block = entries[0][0].block if len(entries) == 1 else OpBlock.concat([e.block for e, _ in entries])
-        feats = self.builder.build(block, hw[None, :])
-        t = np.exp(self._boosters["time"][mode].predict(masked(feats.X, self._masks["time"]), feats.margin_time))
-        w = np.exp(self._boosters["power"][mode].predict(masked(feats.X, self._masks["power"]), feats.margin_power))
+        # Operations repeat (a NAS list of 50 MobileNets: 6,000 operations, 900 distinct rows):
+        # each distinct feature row goes through the boosters once, and rows are independent.
+        rows, inverse = _distinct_rows(block)
+        distinct = block if rows is None else block.take(rows)
+        spread = (lambda a: a) if inverse is None else (lambda a: a[inverse])
+        feats = self.builder.build(distinct, hw[None, :])
+        t = spread(np.exp(self._boosters["time"][mode].predict(masked(feats.X, self._masks["time"]),
+                                                                feats.margin_time)))
+        w = spread(np.exp(self._boosters["power"][mode].predict(masked(feats.X, self._masks["power"]),
+                                                                 feats.margin_power)))
         offsets = np.cumsum([0, *(len(e.block) for e, _ in entries)])
         hit = np.zeros(len(t), dtype=bool)
         if self.lookup is not None:
@@ -385,8 +428,9 @@ class Predictor:
         t_net, w_net, key = self.correction.apply(sums, nvml, mode)
         # The correction rescales each network's GPU work; the timeline then places it behind the host.
         factor = np.repeat(t_net / np.maximum(sums.sum_time_ms, 1e-12), np.diff(offsets))
-        groups = self.builder.group_index(block.kinds)
-        d = self.host_model.predict_ms(masked(feats.X, self._masks["host"]), groups, mode, self.host_scale(host))
+        groups = self.builder.group_index(distinct.kinds)
+        d = spread(self.host_model.predict_ms(masked(feats.X, self._masks["host"]), groups, mode,
+                                              self.host_scale(host)))
         tl = simulate(t * factor, d, offsets)
         p_wait = waiting_power_w(self.waiting_power, nvml, float(hw[HARDWARE_FEATURES.index("tdp_w")]))
         measured = nvml in self.measured
@@ -428,6 +472,31 @@ class Predictor:
         cv = self.manifest.get("cv", {})
         return (f"Predictor({self.model_dir}, measured GPUs: {', '.join(self.measured) or 'none'}, "
                 f"{len(self.builder.kinds)} op kinds, cv: {list(cv)})")
+
+
+def _distinct_rows(block: OpBlock) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Positions of the first of each distinct (kind, mode, feature row) of ``block`` and, per
+    operation, the index of its row among them; (None, None) when no row repeats.  The feature
+    matrix and every booster's prediction are functions of exactly these (operations with one
+    signature but, say, frozen weights differ in their rows, so they are not merged)."""
+    n = len(block)
+    if n < 2:
+        return None, None
+    values = np.ascontiguousarray(block.values)
+    raw, width = values.tobytes(), values.shape[1] * values.itemsize
+    first: dict[tuple[Any, ...], int] = {}
+    keep: list[int] = []
+    inverse = np.empty(n, dtype=np.int64)
+    for i, (kind, training) in enumerate(zip(block.kinds, block.training.tolist(), strict=True)):
+        key = (kind, training, raw[i * width:(i + 1) * width])
+        j = first.get(key)
+        if j is None:
+            j = first[key] = len(keep)
+            keep.append(i)
+        inverse[i] = j
+    if len(keep) == n:
+        return None, None
+    return np.asarray(keep, dtype=np.int64), inverse
 
 
 def _check_mode(mode: str) -> str:

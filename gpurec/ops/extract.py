@@ -15,7 +15,6 @@ import copy
 import dataclasses
 import functools
 import gc
-import json
 import operator
 import re
 from collections.abc import Sequence
@@ -83,6 +82,7 @@ def classification_models() -> list[str]:
     return sorted(tvm.list_models(module=tvm))
 
 
+@functools.lru_cache(maxsize=1)
 def _leaf_types() -> tuple[type, ...]:
     types: list[type] = []
     try:
@@ -112,10 +112,33 @@ class _Tracer(torch.fx.Tracer):
         return type(m).__module__.startswith("torch.nn")
 
     def call_module(self, m: nn.Module, forward: Any, args: Any, kwargs: Any) -> Any:
+        """torch.fx's call_module without its scope and module-stack bookkeeping, which only
+        fills ``node.meta`` (unused here) and took a quarter of tracing a fresh candidate; the
+        graph is the same (tests/test_extract_speed.py compares it with fx's own)."""
         decomposition = _DECOMPOSITIONS.get(type(m))
         if decomposition is not None:
             forward = functools.partial(decomposition, m)
-        return super().call_module(m, forward, args, kwargs)
+        path = self.path_of_module(m)
+        if not self.is_leaf_module(m, path):
+            return forward(*args, **kwargs)
+        return self.create_proxy("call_module", path, args, kwargs)
+
+    def create_arg(self, a: Any) -> Any:
+        """The commonest arguments (proxies, plain tuples, scalars) without fx's chain of type
+        checks for parameters, buffers, modules and opaque objects; the rest as fx does it."""
+        t = type(a)
+        if t is torch.fx.Proxy:
+            return a.node
+        if t is tuple:
+            return tuple(self.create_arg(x) for x in a)
+        if t in _PLAIN_ARGS or a is None:
+            return a
+        if t is dict and not a:
+            return {}
+        return super().create_arg(a)
+
+
+_PLAIN_ARGS = frozenset({int, float, bool, str})
 
 
 # -- composite modules written out as the modules they call (PyTorch's slow path) ---------------
@@ -349,14 +372,28 @@ def _gc_paused() -> Any:
 
 @contextlib.contextmanager
 def _in_mode(root: nn.Module, training: bool) -> Any:
-    """``root.train(training)`` for the duration, then every submodule's own flag restored."""
+    """``root.train(training)`` for the duration, then every submodule's own flag restored.
+
+    Where no class in the tree overrides ``train`` or ``__setattr__`` (so ``train`` only sets
+    the flags), the flags that differ are set directly: nn.Module.__setattr__ on ~130 modules
+    both ways was a few per cent of a fresh candidate's extraction."""
     flags = [(m, m.training) for m in root.modules()]
-    root.train(training)
+    if not all(type(m).train is nn.Module.train and type(m).__setattr__ is nn.Module.__setattr__ for m, _ in flags):
+        root.train(training)
+        try:
+            yield root
+        finally:
+            for m, flag in flags:
+                m.training = flag
+        return
+    changed = [(m, flag) for m, flag in flags if flag != training]
+    for m, _ in changed:
+        object.__setattr__(m, "training", training)
     try:
         yield root
     finally:
-        for m, flag in flags:
-            m.training = flag
+        for m, flag in changed:
+            object.__setattr__(m, "training", flag)
 
 
 def _check_name(model: str) -> str:
@@ -484,15 +521,40 @@ def _module_settings(m: nn.Module, named_params: list[tuple[str, nn.Parameter]])
     """Constructor-like settings: public attributes of simple types, plus parameter shapes
     (``named_params`` is ``list(m.named_parameters())``, listed once by the caller)."""
     settings: dict[str, Any] = {}
-    for key, value in sorted(vars(m).items()):
-        if key.startswith("_") or key in ("training",):
+    d = vars(m)
+    for key in sorted(d.keys() - _module_bookkeeping()):  # nn.Module's own attributes dropped in C
+        if key.startswith("_"):
             continue
-        if isinstance(value, (bool, int, float, str, type(None))) or (
+        value = d[key]
+        t = type(value)
+        if t is int or t is bool or t is str or value is None:
+            settings[key] = value  # already canonical (the commonest case, checked first)
+        elif isinstance(value, (bool, int, float, str)) or (
             isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float, str)) for v in value)
         ):
             settings[key] = canonical_value(value)
     settings["param_shapes"] = {n: list(p.shape) for n, p in sorted(named_params, key=lambda np_: np_[0])}
     return settings
+
+
+@functools.lru_cache(maxsize=1)
+def _module_bookkeeping() -> frozenset[str]:
+    """The attributes every nn.Module has: its tables, hooks and ``training`` (never settings)."""
+    return frozenset(nn.Module().__dict__)
+
+
+def _named_params(m: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """``list(m.named_parameters())``; for a module without children (most leaves) read from
+    its own table, as named_parameters does, without its generator machinery."""
+    if m._modules:
+        return list(m.named_parameters())
+    seen: set[int] = set()
+    out = []
+    for name, p in m._parameters.items():
+        if p is not None and id(p) not in seen:
+            seen.add(id(p))
+            out.append((name, p))
+    return out
 
 
 def _flops_elementwise(kind: str, in_numel: int, out_numel: int, settings: dict[str, Any], training: bool) -> int:
@@ -597,13 +659,15 @@ def extract_operations(
             meta.train(training)
             traced = _trace(meta, len(inputs))
         else:
-            # Fast path (prediction): trace the caller's module in place and run it with its
-            # tensors swapped to meta; its tensors and train/eval flags are restored on leaving.
-            # Leaf modules read their train/eval flag while interpreted, so the mode holds throughout.
+            # Fast path (prediction): trace the caller's module in place; when interpreted, a
+            # leaf that has to run does so with its own tensors swapped to meta, and parameters
+            # read by functions are read as meta tensors (_run_node, _interpret), so the weights
+            # of the many leaves that are memoised or analytic are never copied.  Tensors and
+            # train/eval flags are as they were on leaving.  Leaf modules read their train/eval
+            # flag while interpreted, so the mode holds throughout.
             name = type(model).__name__
             scope.enter_context(_in_mode(model, training))
             traced = _trace(model, len(inputs))
-            scope.enter_context(_swapped_to_meta(model))
         try:
             ops, _ = _interpret(traced, inputs, compute, training, keep_sources)
         except ExtractionError:
@@ -624,8 +688,12 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
     ops: list[Operation] = []
     counter = _NodeFlops()
     modules = dict(traced.root.named_modules())
+    metas: dict[int, torch.Tensor] = {}  # parameters and buffers read by get_attr, as meta tensors
     placeholders_seen = 0
     elem_size = torch.empty((), dtype=dtype).element_size()
+    dtype_name = str(dtype).replace("torch.", "")
+    mode_name = "training" if training else "inference"
+    no_ops = _EVAL_NOOPS + _leaf_types()  # modules that return their input in eval
 
     def load(a: Any) -> Any:
         return _map_nodes(a, lambda n: env[n.name])
@@ -651,6 +719,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             continue
         if node.op == "get_attr":
             value = operator.attrgetter(node.target)(traced.root)
+            if _is_tensor(value) and value.device.type != "meta" and _is_param_or_buffer(modules, node.target):
+                value = metas.get(id(value)) or metas.setdefault(id(value), _meta_like(value))
             env[node.name] = value
             grad[node.name] = training and isinstance(value, nn.Parameter) and value.requires_grad
             continue
@@ -669,14 +739,14 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             grad[node.name] = training
             continue
         # Settings of a leaf module: computed once, used by the memo key and the record.
-        named_params = list(modules[node.target].named_parameters()) if node.op == "call_module" else []
+        named_params = _named_params(modules[node.target]) if node.op == "call_module" else []
         settings = _module_settings(modules[node.target], named_params) if node.op == "call_module" else {}
         out, mm_flops = _run_counted(modules, node, args, kwargs, counter, training, settings)
         env[node.name] = out
         has_params = False
         if node.op == "call_module":
             mod = modules[node.target]
-            if isinstance(mod, nn.Identity) or (not training and isinstance(mod, _EVAL_NOOPS + _leaf_types())):
+            if isinstance(mod, nn.Identity) or (not training and isinstance(mod, no_ops)):
                 grad[node.name] = in_grad  # no-ops: Identity always, dropout-likes in eval
                 continue
             mod_params = [p for _, p in named_params]
@@ -718,8 +788,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             input_shapes=[list(_shape(t)) for t in act_values],
             input_requires_grad=requires_grad,
             output_shapes=[list(_shape(t)) for t in out_tensors],
-            dtype=str(dtype).replace("torch.", ""),
-            mode="training" if training else "inference",
+            dtype=dtype_name,
+            mode=mode_name,
             params=int(param_numel),
             flops=int(mm_flops),
             flops_elementwise=int(elementwise),
@@ -881,25 +951,33 @@ class _Unkeyable(Exception):
 
 
 def _value_key(x: Any) -> Any:
+    """A hashable key equal only for arguments of equal shapes, dtypes, strides and constants
+    (scalars keep their type: ``True``, ``1`` and ``1.0`` differ, as in a signature)."""
+    t = type(x)
+    if t is int or t is str or x is None:
+        return x
     if _is_tensor(x):
         return ("T", tuple(x.shape), str(x.dtype), tuple(x.stride()))
     if isinstance(x, (list, tuple)):
         return (type(x).__name__, tuple(_value_key(v) for v in x))
     if isinstance(x, dict):
         return ("D", tuple(sorted((str(k), _value_key(v)) for k, v in x.items())))
-    if isinstance(x, (bool, int, float, str, type(None))):
-        return x
+    if isinstance(x, (bool, int, float, str)):
+        return (t, repr(x))  # a type is never an argument value, so these tags are unambiguous
     raise _Unkeyable
 
 
 def _leaf_key(mod: nn.Module, args: Any, kwargs: Any, training: bool, settings: dict[str, Any]) -> Any:
+    """The leaf memo's key.  ``settings`` holds canonical values only (JSON types, built in one
+    order by _module_settings), so its repr identifies it; repr is several times cheaper than
+    the sorted JSON it replaced."""
     if not type(mod).__module__.startswith("torch.nn"):
         return None
     try:
         a, k = _value_key(tuple(args)), _value_key(dict(kwargs))
     except _Unkeyable:
         return None
-    return (type(mod).__qualname__, json.dumps(settings, sort_keys=True, default=str), a, k, training)
+    return (type(mod), repr(settings), a, k, training)
 
 
 def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, kwargs: Any, counter: _NodeFlops,
@@ -913,8 +991,13 @@ def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, 
         spec, leaves, flops = hit
         made = [torch.empty_strided(v[0], v[1], dtype=v[2], device="meta") if isinstance(v, tuple) else v
                 for v in leaves]
-        return tree_unflatten(made, spec), flops
-    known = _analytic_leaf(modules[node.target], args, kwargs) if key is not None else None
+        return (made[0] if spec is None else tree_unflatten(made, spec)), flops
+    if key is not None:
+        known = _analytic_leaf(modules[node.target], args, kwargs)
+    elif node.op == "call_function" and node.target in _BINARY_FUNCTIONS:
+        known = _analytic_binary(args, kwargs)
+    else:
+        known = None
     if known is not None:
         out, flops = known
     else:
@@ -923,7 +1006,9 @@ def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, 
             out = _run_node(modules, node, args, kwargs)
         flops = counter.current
     if key is not None:
-        leaves, spec = tree_flatten(out)
+        # spec None: the output is one tensor (the commonest case; tree_unflatten of a leaf was
+        # a few per cent of a fresh candidate's extraction)
+        leaves, spec = ([out], None) if _is_tensor(out) else tree_flatten(out)
         if all(_is_tensor(v) or v is None for v in leaves):
             _LEAF_MEMO[key] = (spec, [(tuple(v.shape), tuple(v.stride()), v.dtype) if _is_tensor(v) else v
                                       for v in leaves], flops)
@@ -979,9 +1064,41 @@ def _analytic_leaf(mod: nn.Module, args: Any, kwargs: Any) -> tuple[torch.Tensor
     return torch.empty(out_shape, dtype=x.dtype, device="meta"), int(flops)
 
 
+def _is_param_or_buffer(modules: dict[str, nn.Module], target: str) -> bool:
+    """Does the get_attr ``target`` name a parameter or buffer (not a plain tensor attribute)?"""
+    owner, _, attr = target.rpartition(".")
+    mod = modules.get(owner)
+    return mod is not None and (attr in mod._parameters or attr in mod._buffers)
+
+
+# Element-wise functions of two tensors (a residual ``x + y``) that _analytic_binary may answer.
+_BINARY_FUNCTIONS = frozenset({operator.add, operator.sub, operator.mul, operator.truediv})
+
+
+def _analytic_binary(args: Any, kwargs: Any) -> tuple[torch.Tensor, int] | None:
+    """Output and FLOPs (none counted by FlopCounterMode) of ``a + b`` (or -, *, /) on two
+    floating-point meta tensors of one shape, dtype and contiguous layout, without the meta
+    kernel: residual additions were the commonest call left that ran on meta.  Anything else
+    (broadcasting, scalars, other layouts, in-place forms) returns None and runs on meta;
+    tests/test_extract_speed.py checks the result against meta."""
+    if kwargs or len(args) != 2:
+        return None
+    a, b = args
+    if not (_is_tensor(a) and _is_tensor(b)) or a.device.type != "meta" or b.device.type != "meta":
+        return None
+    if a.dtype != b.dtype or not a.dtype.is_floating_point or a.shape != b.shape:
+        return None
+    out = torch.empty(a.shape, dtype=a.dtype, device="meta")
+    stride = out.stride()
+    if a.stride() != stride or b.stride() != stride:
+        return None
+    return out, 0
+
+
 def _run_node(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
     if node.op == "call_module":
-        return modules[node.target](*args, **kwargs)
+        with _swapped_to_meta(modules[node.target]):  # a no-op where its tensors are on meta already
+            return modules[node.target](*args, **kwargs)
     if node.op == "call_function":
         return node.target(*args, **kwargs)
     if node.op == "call_method":

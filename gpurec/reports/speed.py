@@ -166,6 +166,18 @@ def measure_prediction(models_dir: str | None, gpu: str = "H100", candidates: in
     dt = time.perf_counter() - t0
     result(f"predict_many, same {len(modules)} nn.Modules again (hash + cache)", len(modules) / dt, "cand/s",
            TARGET_CANDIDATES_S)
+    # Issue 13's target as stated: distinct, never-seen MobileNet-sized modules with random widths,
+    # kernels and depths (gpurec.model.bench.random_mobilenet); median of three lists of 50.
+    from gpurec.model.bench import random_mobilenet
+
+    rates = []
+    for rep in range(3):
+        fresh = [random_mobilenet(10_000 + 100 * rep + i) for i in range(50)]
+        t0 = time.perf_counter()
+        p.predict_many([(m, (8, 3, 224, 224)) for m in fresh], mode="inference", gpu=gpu)
+        rates.append(len(fresh) / (time.perf_counter() - t0))
+    result("predict_many, 50 random MobileNet-like nn.Modules, never seen (median of 3 lists)",
+           statistics.median(rates), "cand/s", TARGET_CANDIDATES_S)
     out["results"] = results
 
     # -- profile one fresh nn.Module candidate ----------------------------------------------------

@@ -1,0 +1,274 @@
+"""The shortcuts that make extracting a never-seen module fast (issue 13's speed target) give
+what the long way gives: the same fx graph, the same operations, the same features.
+
+The speed itself is measured by `gpurec report speed --measure` (benchmarks/speed.json), not
+here: a timed test on a shared machine could not fail for the right reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from gpurec.model.bench import random_mobilenet
+from gpurec.ops import extract_operations
+
+MODES = ("inference", "training")
+
+
+class _FxTracer(torch.fx.Tracer):
+    """The tracer as it was before the shortcuts: torch.fx's own call_module and create_arg."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        from gpurec.ops.extract import _DECOMPOSITIONS, _leaf_types
+
+        if isinstance(m, _leaf_types()):
+            return True
+        if isinstance(m, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) or type(m) in _DECOMPOSITIONS:
+            return False
+        return type(m).__module__.startswith("torch.nn")
+
+    def call_module(self, m, forward, args, kwargs):  # noqa: ANN001, ANN201
+        from gpurec.ops.extract import _DECOMPOSITIONS
+
+        decomposition = _DECOMPOSITIONS.get(type(m))
+        if decomposition is not None:
+            forward = functools.partial(decomposition, m)
+        return super().call_module(m, forward, args, kwargs)
+
+
+def _nodes(graph: torch.fx.Graph) -> list[tuple[str, str, str, str, str]]:
+    return [(n.op, n.name, str(n.target), repr(n.args), repr(n.kwargs)) for n in graph.nodes]
+
+
+class _Odd(nn.Module):
+    """Arguments fx has to work for: kwargs, lists, slices, a buffer, a parameter used by a
+    function, a namedtuple-free tuple output, floats, None and a dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.register_buffer("scale", torch.ones(1, 8, 1, 1))
+        self.w = nn.Parameter(torch.ones(16, 16))
+        self.skip = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x) * self.scale
+        y = F.interpolate(y, scale_factor=0.5, mode="bilinear", align_corners=None)
+        y = torch.cat([y, y[:, :4, ::2, ::2].repeat(1, 2, 2, 2)], dim=1) if self.skip else y
+        z = torch.flatten(y, start_dim=2).transpose(1, 2)
+        z = F.linear(z, self.w[:, :16].t().contiguous()).reshape(z.shape[0], -1, 16)
+        return F.softmax(z.sum(dim=(1,), keepdim=False), dim=-1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: random_mobilenet(1),
+    lambda: random_mobilenet(7),
+    _Odd,
+    lambda: nn.Sequential(nn.Linear(16, 32),
+                          nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2)),
+    *[functools.partial(lambda n: __import__("torchvision").models.get_model(n), n)
+      for n in ("resnet18", "mobilenet_v3_small", "googlenet", "swin_t", "efficientnet_b0", "vit_b_32",
+                "regnet_x_400mf", "convnext_tiny", "inception_v3", "maxvit_t")],
+])
+def test_tracer_shortcuts_give_fx_graph(make) -> None:
+    from gpurec.ops.extract import _Tracer
+
+    def build() -> nn.Module:
+        try:
+            with torch.device("meta"):
+                return make()
+        except Exception:  # RegNets initialise with data-dependent ops
+            return make()
+
+    for training in (False, True):
+        # a fresh module per trace: tracing stows tensor constants on the root, which renames later ones
+        ours, theirs = build().train(training), build().train(training)
+        assert _nodes(_Tracer().trace(ours)) == _nodes(_FxTracer().trace(theirs))
+
+
+def test_analytic_binary_agrees_with_meta_and_declines_the_rest() -> None:
+    import operator
+
+    from gpurec.ops.extract import _analytic_binary
+
+    def meta(shape: tuple[int, ...], stride: tuple[int, ...] | None = None, dtype=torch.float32) -> torch.Tensor:
+        if stride is None:
+            return torch.empty(shape, dtype=dtype, device="meta")
+        return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+
+    for fn in (operator.add, operator.sub, operator.mul, operator.truediv):
+        for shape in [(8, 32, 56, 56), (8, 1280, 1, 1), (2, 197, 768), (3,)]:
+            for dtype in (torch.float32, torch.float16):
+                a, b = meta(shape, dtype=dtype), meta(shape, dtype=dtype)
+                got = _analytic_binary((a, b), {})
+                ref = fn(a, b)
+                assert got is not None and got[1] == 0
+                assert (got[0].shape, got[0].stride(), got[0].dtype) == (ref.shape, ref.stride(), ref.dtype)
+    x = meta((8, 16, 4, 4))
+    declined = [
+        (x, meta((8, 16, 1, 1))),  # broadcasting
+        (x, 2.0),  # a scalar
+        (x, meta((8, 16, 4, 4), dtype=torch.float16)),  # type promotion
+        (meta((8, 16), dtype=torch.int64), meta((8, 16), dtype=torch.int64)),  # integer division is not closed
+        (x.transpose(2, 3), x.transpose(2, 3)),  # not contiguous
+        (meta((8, 1280, 1, 1), (1280, 1, 1280, 1280)),) * 2,  # contiguous, but meta keeps these odd strides
+        (torch.empty(8, 16), torch.empty(8, 16)),  # not meta
+    ]
+    for args in declined:
+        assert _analytic_binary(args, {}) is None, args
+    assert _analytic_binary((x, x), {"alpha": 2}) is None
+
+
+def _features_the_long_way(op) -> dict[str, float]:  # noqa: ANN001
+    """operation_features as it was written before operation_feature_row (one dict per call)."""
+
+    def first(value, default=0.0):  # noqa: ANN001, ANN202
+        if isinstance(value, (list, tuple)):
+            return float(value[0]) if value and isinstance(value[0], (int, float)) else default
+        if isinstance(value, bool):
+            return float(value)
+        if isinstance(value, (int, float)):
+            return float(value)
+        return default
+
+    def prod(value):  # noqa: ANN001, ANN202
+        if isinstance(value, (list, tuple)):
+            return float(math.prod(v for v in value if isinstance(v, (int, float))))
+        return first(value)
+
+    s = op.settings
+    shape = op.input_shapes[0] if op.input_shapes else []
+    bytes_total = op.bytes_read + op.bytes_written
+    channels = height = width = seq_len = 0.0
+    if len(shape) == 4:
+        channels, height, width = float(shape[1]), float(shape[2]), float(shape[3])
+    elif len(shape) == 3:
+        seq_len, channels = float(shape[1]), float(shape[2])
+    elif len(shape) == 2:
+        channels = float(shape[1])
+    return {
+        "flops": float(op.flops), "flops_elementwise": float(op.flops_elementwise), "flops_bwd": float(op.flops_bwd),
+        "flops_total": float(op.flops + op.flops_elementwise), "bytes_read": float(op.bytes_read),
+        "bytes_written": float(op.bytes_written), "bytes_total": float(bytes_total),
+        "arithmetic_intensity": (op.flops + op.flops_elementwise) / bytes_total if bytes_total else 0.0,
+        "params": float(op.params), "input_elements": float(sum(math.prod(x) for x in op.input_shapes)),
+        "output_elements": float(sum(math.prod(x) for x in op.output_shapes)),
+        "n_inputs": float(len(op.input_shapes)), "batch": float(shape[0]) if shape else 0.0,
+        "channels": channels, "height": height, "width": width, "seq_len": seq_len,
+        "in_channels": first(s.get("in_channels")), "out_channels": first(s.get("out_channels")),
+        "kernel_size": prod(s.get("kernel_size", 0)), "stride": first(s.get("stride", 0)),
+        "padding": first(s.get("padding", 0)), "dilation": first(s.get("dilation", 0)),
+        "groups": first(s.get("groups", 0)), "in_features": first(s.get("in_features")),
+        "out_features": first(s.get("out_features")), "embed_dim": first(s.get("embed_dim")),
+        "num_heads": first(s.get("num_heads")), "input_requires_grad": float(any(op.input_requires_grad)),
+    }
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_feature_rows_match_the_feature_dicts(mode: str) -> None:
+    from gpurec.model.features import OpBlock
+    from gpurec.ops.features import FEATURE_NAMES, operation_feature_row
+
+    ops = [*extract_operations(random_mobilenet(3), (2, 3, 96, 96), mode=mode, keep_sources=False),
+           *extract_operations(_Odd(), (2, 3, 16, 16), mode=mode, keep_sources=False),
+           *extract_operations("vit_b_32", (2, 3, 224, 224), mode=mode, keep_sources=False),
+           *extract_operations("inception_v3", (2, 3, 299, 299), mode=mode, keep_sources=False),
+           *extract_operations(nn.LSTM(8, 16), (5, 2, 8), mode=mode, keep_sources=False)]
+    block = OpBlock.from_operations(ops, mode)
+    for i, op in enumerate(ops):
+        want = _features_the_long_way(op)
+        assert list(want) == list(FEATURE_NAMES)
+        assert operation_feature_row(op) == list(want.values()) == block.values[i].tolist(), op.kind
+        assert op.features() == want
+
+
+class _Skip(nn.Module):
+    """A block whose forward branches on a flag that its repr does not show."""
+
+    def __init__(self, skip: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.skip = skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return x + y if self.skip else y
+
+
+def test_structure_key_sees_flags_that_forward_reads_and_ignores_weights_and_mode() -> None:
+    from gpurec.model.predictor import structure_key
+
+    a, b = nn.Sequential(_Skip(True), nn.ReLU()), nn.Sequential(_Skip(False), nn.ReLU())
+    assert repr(a) == repr(b)  # what the key was made of before, with the parameter shapes
+    assert len(extract_operations(a, (1, 8, 4, 4))) != len(extract_operations(b, (1, 8, 4, 4)))
+    assert structure_key(a) != structure_key(b)
+    twin = nn.Sequential(_Skip(True), nn.ReLU()).eval()  # other weights, other mode
+    assert structure_key(twin) == structure_key(a)
+    wider = nn.Sequential(_Skip(True), nn.ReLU())
+    wider[0].conv = nn.Conv2d(8, 8, 5, padding=2)
+    assert structure_key(wider) != structure_key(a)
+    frozen = nn.Sequential(_Skip(True), nn.ReLU())
+    frozen[0].conv.weight.requires_grad_(False)  # changes the backward
+    assert structure_key(frozen) != structure_key(a)
+
+
+def test_module_bookkeeping_is_never_a_setting() -> None:
+    """_module_settings drops nn.Module's own attributes before its per-key filter; that is the
+    same filter only while all of them are private or ``training``."""
+    from gpurec.ops.extract import _module_bookkeeping, _module_settings
+
+    assert all(k.startswith("_") or k == "training" for k in _module_bookkeeping())
+    conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+    conv.custom_flag = True
+    settings = _module_settings(conv, list(conv.named_parameters()))
+    assert settings["custom_flag"] is True and settings["in_channels"] == 3 and "training" not in settings
+    assert list(settings)[-1] == "param_shapes" and list(settings)[:-1] == sorted(list(settings)[:-1])
+
+
+@pytest.fixture(scope="module")
+def small_predictor(tmp_path_factory: pytest.TempPathFactory):
+    """A predictor trained quickly on the model fixture (as in tests/test_model.py)."""
+    from pathlib import Path
+
+    from gpurec.model import load_predictor, train
+
+    fixture = Path(__file__).parent / "fixtures" / "model"
+    out = tmp_path_factory.mktemp("models")
+    train(fixture, out, log=lambda s: None, tune_trials=2, max_rounds=30, default_rounds=30, early_stopping_rounds=5,
+          n_folds=3, tune_folds=2, forest_trees=20, min_rows_per_mode=20)
+    return load_predictor(out, check_data=False)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_boosters_see_each_distinct_row_once_with_the_same_estimates(small_predictor, mode: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    import gpurec.model.predictor as pred
+
+    frozen = random_mobilenet(5)
+    for p in frozen[0].parameters():  # the stem's weights frozen: same signatures, other backward
+        p.requires_grad_(False)
+    candidates = [(random_mobilenet(4), (2, 3, 64, 64)), (random_mobilenet(5), (2, 3, 64, 64)),
+                  (frozen, (2, 3, 64, 64)), ("resnet18", (2, 3, 64, 64))]
+    block = pred.OpBlock.concat([small_predictor._entry(m, s, mode)[0].block for m, s in candidates])
+    rows, inverse = pred._distinct_rows(block)
+    assert rows is not None and len(rows) < len(block)
+    assert np.array_equal(block.values[rows][inverse], block.values)
+    assert list(block.kinds[rows][inverse]) == list(block.kinds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # coverage warnings of the small fixture model
+        fast = small_predictor.predict_many(candidates, mode=mode, gpu="H100")
+        monkeypatch.setattr(pred, "_distinct_rows", lambda b: (None, None))
+        slow = small_predictor.predict_many(candidates, mode=mode, gpu="H100")
+    assert [e.as_dict() for e in fast] == [e.as_dict() for e in slow]
+    for a, b in zip(fast, slow, strict=True):
+        assert a.per_op.equals(b.per_op)
