@@ -266,7 +266,9 @@ def run_worker(items: Sequence[WorkItem], out_dir: Path, cfg: CollectConfig, sha
     summary = {"run_id": run_id, "ok": 0, "failed": 0, "repeats": 0, "gpu": info["name"]}
     t_start = time.perf_counter()
     ctx = _Ctx(source, device, cfg, backend, info.get("power_limit_w"))
-    with Sampler(gpu) as sampler, JsonlShard(out_dir / f"rows-{shard_name}.jsonl") as shard:
+    shard_path = out_dir / f"rows-{shard_name}.jsonl"
+    with Sampler(gpu) as sampler, JsonlShard(shard_path, on_repair=lambda b: log(f"[{shard_name}] resume: {b.describe()}")
+                                             ) as shard:
         ctx.monitor = EnergyMonitor(sampler, cfg.window.tick_timeout_s)
         idle = measure_idle(sampler, 1.0)
         period = tick_period_s(sampler, 0.5)
