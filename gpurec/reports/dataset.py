@@ -923,7 +923,10 @@ def section_validation(gpus: list[GpuData], plan: list[dict[str, Any]], img: Pat
              "`gpurec.ops.extract_operations(arch, (b, 3, r, r), mode=mode, keep_sources=False)`, repeated "
              "operations counted by multiplicity) are looked up by signature in that GPU's operations "
              "table.  Where every operation is measured, Σ time and Σ energy per call are compared with the "
-             "whole-network row of the same set and mode (ratio = sum / network; 1 is perfect additivity).", ""]
+             "whole-network row of the same set and mode (ratio = sum / network; 1 is perfect additivity).  "
+             "This is the eager view: Σ uses each row's eager `time_ms`.  Host-free rows (schema 2) measure no "
+             "eager energy per operation, so Σ energy is blank wherever one enters; the host-free sum against "
+             "the host-free network is in *The GPU apart from the host* below.", ""]
     dist, v = validation_table(gpus, plan, extract, min_coverage)
     if dist.empty:
         lines += ["Nothing to validate yet (no plan and no network rows).", ""]
