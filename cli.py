@@ -912,6 +912,18 @@ def tools_plan(out: Path = typer.Option(Path("datasets/plans/main.json"), "--out
     _print_json(_guard(write_main_plan, out))
 
 
+@tools_app.command("gpu-time-sources")
+def tools_gpu_time_sources(
+    data: Path = typer.Option(Path("datasets"), "--data", help="dataset root with one directory per GPU"),
+    out: Path = typer.Option(Path("benchmarks/gpu_time_sources.json"), "--out", help="where to write the result"),
+    trials: int = typer.Option(0, "--trials", help="Optuna trials per target in each training"),
+) -> None:
+    """Train on in-network vs isolated GPU-time targets and record the errors that decide (minutes)."""
+    from gpurec.tools.gpu_time_sources import write
+
+    _print_json(_guard(write, data, out, tune_trials=trials, log=_progress))
+
+
 @tools_app.command("snapshot")
 def tools_snapshot(
     action: str = typer.Argument(..., help="write PATH, or compare A B"),

@@ -232,7 +232,8 @@ def _f(x: Any, digits: int = 1, unit: str = "%") -> str:
     return "—" if v != v else f"{v:.{digits}f}{unit}"
 
 
-def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any]) -> list[str]:
+def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any],
+                     sources: dict[str, Any] | None = None) -> list[str]:
     """Issue 13: the GPU's work and the host's work predicted apart, on the unseen test
     architectures, each figure next to the noise floor of the same measurement."""
     L = ["## GPU work and host work apart", ""]
@@ -244,6 +245,16 @@ def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any]) -> list
           "host-free data).  The in-network kernel time is the GPU-time target where it exists because it is "
           "measured inside the real step (caches, ordering); `datasets/README.md` compares it with isolated "
           "host-free time per operation kind.", ""]
+    if sources:
+        L += ["Which GPU-time target, measured (`gpurec tools gpu-time-sources`: the same data trained twice, "
+              f"{sources.get('tune_trials')} Optuna trials, {sources.get('created', '?')}):", "",
+              "| GPU-time source | unseen test networks: time / energy MAPE | leave one family out, networks: "
+              "time / energy | grouped K-fold per operation: time / energy |", "|---|---|---|---|"]
+        for name, r in sources.get("sources", {}).items():
+            cells = [f"{_f(r[k].get('time_mape'))} / {_f(r[k].get('energy_mape'))} ({r[k].get('n')})"
+                     for k in ("test_archs_network", "lofo_network", "kfold_per_op")]
+            L.append(f"| {name} | " + " | ".join(cells) + " |")
+        L += [""]
     if tables is None:
         return L + ["Not available: no trained predictor could be loaded.", ""]
     L += ["### Host-free time and energy, unseen test architectures (target ≤ 5% each)", "",
@@ -311,7 +322,7 @@ def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any]) -> list
 
 
 def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: Path | None = None,
-          host_gpu: dict[str, Any] | None = None) -> str:
+          host_gpu: dict[str, Any] | None = None, sources: dict[str, Any] | None = None) -> str:
     """Render the report (and its plots next to ``out``); return the Markdown text."""
     img = out.parent / "img"
     made = plots(rep, img)
@@ -504,7 +515,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
               f"energy ×{fmt(b.get('energy_ratio', []))}. GPUs without operation measurements: "
               + (f"from {u['source']}: time ×{fmt(u['time_ratio'])}, energy ×{fmt(u['energy_ratio'])}."
                  if "time_ratio" in u else f"{u.get('source', 'measured band widened')}."), ""]
-    L += host_gpu_section(host_gpu, rep)
+    L += host_gpu_section(host_gpu, rep, sources)
     L += repeatability_section(data_root)
     L += ["## Speed", "",
           "Prediction speed is measured by `gpurec report speed --measure` and reported in "
@@ -526,8 +537,10 @@ def generate(models_dir: Path | str = "models", out: Path | str = "docs/accuracy
             raise FileNotFoundError(f"{models_dir / name} is missing: train first (`gpurec train --out {models_dir}`)")
     rep = json.loads((models_dir / "report.json").read_text())
     manifest = json.loads((models_dir / "manifest.json").read_text())
+    sources_file = models_dir.parent / "benchmarks" / "gpu_time_sources.json"
+    sources = json.loads(sources_file.read_text()) if sources_file.exists() else None
     return write(rep, manifest, Path(out), Path(data_root) if data_root is not None else None,
-                 host_gpu_tables(models_dir, data_root, rep))
+                 host_gpu_tables(models_dir, data_root, rep), sources)
 
 
 def host_gpu_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str, Any]) -> dict[str, Any] | None:
