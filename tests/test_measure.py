@@ -118,6 +118,7 @@ def test_host_free_row_measures_the_replay_not_the_host(board: FakeBoard) -> Non
     assert row["gpu_window_s"] >= CFG.min_window_s and row["gpu_window_ticks"] >= 10
     assert row["gpu_timer_blocks"] == CFG.gpu_blocks and row["gpu_time_iqr_ms"] >= 0
     assert row["gpu_power_out_of_range"] is False
+    assert row["gpu_window_retried"] is False  # a retry would hide a first window that missed the work
 
 
 def test_a_window_that_misses_the_replay_reads_idle(board: FakeBoard, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,6 +172,7 @@ def test_network_row_has_eager_and_host_free_figures(board: FakeBoard) -> None:
     assert row["energy_mj"] == pytest.approx(row["power_w"] * row["time_ms"])
     assert IDLE_W < row["power_w"] < BUSY_W  # eager: the board idles while the host works
     assert row["gpu_power_w"] == pytest.approx(BUSY_W, rel=0.1)
+    assert row["window_retried"] is False and row["gpu_window_retried"] is False
     assert row["host_ms"] >= HOST_S * 1e3 * 0.9 and row["host_min_ms"] <= row["host_ms"]
 
 
