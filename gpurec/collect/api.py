@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +66,9 @@ class CollectOptions:
 
     @classmethod
     def read(cls, path: Path | str) -> CollectOptions:
-        data = json.loads(Path(path).read_text())
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown collect option(s) {unknown}")
-        return cls(**data)
+        from gpurec.dataset.store import read_spec
+
+        return read_spec(cls, path, "collect option")
 
 
 def load_or_build_plan(opts: CollectOptions) -> list[Any]:

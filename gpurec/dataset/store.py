@@ -11,6 +11,7 @@ reports) are written to a temporary name and renamed, which is atomic on POSIX.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -19,8 +20,9 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 TORN_SUFFIX = ".torn"  # <shard>.torn: fragments of torn last lines, moved aside on resume
 
 
@@ -285,6 +287,20 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
 
 def atomic_write_json(path: Path | str, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_spec(cls: type[T], path: Path | str, what: str) -> T:
+    """A dataclass from a JSON spec file (how a parent process hands work to a child); a
+    ValueError names unknown fields and missing or mistyped ones."""
+    data = json.loads(Path(path).read_text())
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown {what} field(s) {unknown}; known: {sorted(known)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
 
 
 def atomic_write_parquet(path: Path | str, df: Any) -> None:

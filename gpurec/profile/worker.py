@@ -23,9 +23,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from gpurec.dataset.store import atomic_write_json, read_spec
 
 ITER_NAME = "gpurec_iter"
 PHASES = ("trace", "ncu")
@@ -59,22 +61,13 @@ class WorkerSpec:
             raise ValueError("the trace phase needs out_dir")
 
     def write(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=1))
+        atomic_write_json(path, asdict(self))
         return path
 
     @classmethod
     def read(cls, path: Path | str) -> WorkerSpec:
         """The spec in ``path``; ValueError names unknown or missing fields."""
-        data = json.loads(Path(path).read_text())
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown worker spec field(s) {unknown}; known: {sorted(known)}")
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise ValueError(f"{path}: {exc}") from exc
+        return read_spec(cls, path, "worker spec")
 
 
 def first_stable_iteration(times_ms: list[float], window: int = 5, tol: float = 0.02) -> int | None:
