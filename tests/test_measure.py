@@ -22,7 +22,7 @@ from gpurec.collect.measure import WindowConfig, measure_network, measure_op
 from gpurec.collect.runner import done_ids
 from gpurec.dataset.store import JsonlShard
 from gpurec.device import nvml, open_gpu
-from gpurec.device.graphs import CaptureFailed
+from gpurec.device.graphs import CaptureFailed, CpuBackend
 from gpurec.device.sampler import Sampler, StateSample, Tick
 from gpurec.device.window import EnergyMonitor
 
@@ -38,7 +38,7 @@ def _spin(seconds: float) -> None:
         pass
 
 
-class FakeGraphs:
+class FakeGraphs(CpuBackend):
     """A capture backend: ``capture`` records the device work a call issues (``board.run``
     inside the step is recorded, not run), ``replay`` runs only that work."""
 
@@ -59,15 +59,6 @@ class FakeGraphs:
         finally:
             work, self.recording = self.recording, None
         return _Replay(self.board, sum(work))
-
-    def time_gpu_ms(self, fn: Callable[[], None], calls: int) -> float:
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return (time.perf_counter() - t0) * 1e3
-
-    def sync(self) -> None:
-        pass
 
     def mark(self) -> _Replay:
         return _Replay(self.board, 0.0)

@@ -300,7 +300,7 @@ def default_backend() -> StepBackend:
         from gpurec.device.graphs import CudaBackend
 
         return CudaBackend()
-    from gpurec.collect.runner import CpuBackend
+    from gpurec.device.graphs import CpuBackend
 
     return CpuBackend()
 

@@ -28,7 +28,7 @@ from gpurec.collect.measure import (
 )
 from gpurec.collect.plan import ModelInputSet, WorkItem
 from gpurec.dataset.store import JsonlShard, atomic_write_json, read_jsonl
-from gpurec.device.graphs import CaptureFailed, StepBackend
+from gpurec.device.graphs import CpuBackend, StepBackend
 from gpurec.device.window import EnergyMonitor
 from gpurec.host import host_cpu, run_host_bench
 from gpurec.ops.cache import SetOperations
@@ -187,31 +187,6 @@ def _match_nvml_index(cuda_index: int) -> int:
         if info.uuid.replace("GPU-", "") == u.replace("GPU-", ""):
             return info.index
     return cuda_index
-
-
-class CpuBackend:
-    """The CPU stand-in for :class:`gpurec.device.graphs.CudaBackend`: nothing to capture
-    (every row falls back to eager timing, with the reason), wall-clock timing."""
-
-    def capture(self, fn: Callable[[], None], reps: int) -> Any:
-        raise CaptureFailed("CUDA graphs need a CUDA device")
-
-    def time_gpu_ms(self, fn: Callable[[], None], calls: int) -> float:
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return (time.perf_counter() - t0) * 1e3
-
-    def sync(self) -> None:
-        pass
-
-    def mark(self) -> Any:
-        return _NoMark()
-
-
-class _NoMark:
-    def synchronize(self) -> None:
-        pass
 
 
 def _host_bench(cfg: CollectConfig, use_gpu: bool) -> dict[str, Any] | None:

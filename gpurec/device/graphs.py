@@ -8,6 +8,7 @@ repeated within 1.6 % across H100 leases while eager time moved up to 2x).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -127,3 +128,28 @@ class Paced:
         self._marks.append(self.backend.mark())
         while len(self._marks) > self.depth:
             self._marks.popleft().synchronize()
+
+
+class CpuBackend:
+    """The CPU stand-in for :class:`CudaBackend`: nothing to capture
+    (every row falls back to eager timing, with the reason), wall-clock timing."""
+
+    def capture(self, fn: Callable[[], None], reps: int) -> Any:
+        raise CaptureFailed("CUDA graphs need a CUDA device")
+
+    def time_gpu_ms(self, fn: Callable[[], None], calls: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    def sync(self) -> None:
+        pass
+
+    def mark(self) -> Any:
+        return _NoMark()
+
+
+class _NoMark:
+    def synchronize(self) -> None:
+        pass
