@@ -1288,6 +1288,11 @@ def _hf_repeatability(gpus: list[GpuData]) -> list[str]:
     return lines
 
 
+def _isolated_gpu_time(ops: pd.DataFrame) -> pd.Series:
+    """Isolated host-free GPU time per (op_signature, mode), to join with in-network rows."""
+    return ops.drop_duplicates(["op_signature", "mode"]).set_index(["op_signature", "mode"])["gpu_time_ms"]
+
+
 def _hf_sum_vs_network(gpus: list[GpuData]) -> list[str]:
     lines = ["### Host-free operation sum against the host-free network", "",
              "For each network row, the isolated host-free GPU times of its operations (in the order the "
@@ -1301,7 +1306,7 @@ def _hf_sum_vs_network(gpus: list[GpuData]) -> list[str]:
         ops, nets, inn = _hf(g.t("operations")), _hf(g.t("networks")), g.t("in_network")
         if ops.empty or nets.empty or inn.empty:
             continue
-        t = ops.drop_duplicates(["op_signature", "mode"]).set_index(["op_signature", "mode"])["gpu_time_ms"]
+        t = _isolated_gpu_time(ops)
         net_t = nets.drop_duplicates("id").set_index("id")
         j = inn.join(t, on=["op_signature", "mode"], how="left")
         recs = []
@@ -1337,8 +1342,7 @@ def _hf_in_network_vs_isolated(gpus: list[GpuData]) -> list[str]:
         ops, inn = _hf(g.t("operations")), g.t("in_network")
         if ops.empty or inn.empty:
             continue
-        t = ops.drop_duplicates(["op_signature", "mode"]).set_index(["op_signature", "mode"])["gpu_time_ms"]
-        j = inn.join(t, on=["op_signature", "mode"], how="inner")
+        j = inn.join(_isolated_gpu_time(ops), on=["op_signature", "mode"], how="inner")
         j = j[(j["gpu_time_ms"] > 0) & (j["kernels"] > 0)]
         j = j.assign(r=j["kernel_ms"] / j["gpu_time_ms"])
         for kind, x in sorted(j.groupby("op_kind"), key=lambda kv: -len(kv[1]))[:15]:
