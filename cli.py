@@ -770,7 +770,6 @@ def _render_ranking(r: Any) -> None:
         d["vs_best"] = "best" if row.rank == 1 else (f"+{row.vs_best_pct:.1f}%" + (" (tie)" if row.tie_with_best
                                                                                       else ""))
         d["fits_text"] = "yes" if row.fits else f"NO ({_fmt(row.memory_capacity_gb)} GB)"
-        d["bound"] = row.bound or "?"
         rows.append(d)
     _table(rows, [("rank", "#"), ("short_name", "GPU"), ("kind", "data"), ("fits_text", "fits"),
                   (g + "time_ms", "time ms"), ("gpu_time_ms" if not r.cuda_graphs else "time_ms",

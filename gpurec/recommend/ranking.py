@@ -94,8 +94,8 @@ class RankedGPU:
     power_w: float
     gpu_time_ms: float  # host-free: the step as one CUDA graph
     gpu_energy_mj: float
-    host_time_ms: float | None
-    bound: str | None  # "gpu", "host", or None when the predictor cannot tell
+    host_time_ms: float
+    bound: str  # "gpu" or "host"
     edp_mj_ms: float
     time_low_ms: float
     time_high_ms: float
