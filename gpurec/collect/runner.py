@@ -336,7 +336,7 @@ def _measure_item(w: WorkItem, ctx: _Ctx, idle_power_w: float) -> dict[str, Any]
             row.update(measure_network(unit.step, monitor, cfg.window, ctx.backend, inference, idle_power_w,
                                        ctx.power_limit_w))
             if cfg.in_network and getattr(device, "type", str(device)) == "cuda":
-                row.update(_in_network(unit, source, w, inference))
+                row.update(in_network_fields(unit, source, w.key, w.mode))
         else:
             row.update(measure_op(unit.step, monitor, cfg.window, ctx.backend, inference, idle_power_w,
                                   ctx.power_limit_w, instances=unit.instances))
@@ -355,12 +355,14 @@ def _measure_item(w: WorkItem, ctx: _Ctx, idle_power_w: float) -> dict[str, Any]
     return row
 
 
-def _in_network(unit: NetworkUnit, source: OperationSource, w: WorkItem, inference: bool) -> dict[str, Any]:
-    """The attribution pass; its failure is recorded on the row, never a lost row."""
+def in_network_fields(unit: NetworkUnit, source: OperationSource, set_key: str, mode: str) -> dict[str, Any]:
+    """A network row's in-network attribution (collection and validation); its failure is
+    recorded on the row, never a lost row."""
     from gpurec.collect.in_network import columnar, profile_network
 
+    inference = mode == "inference"
     try:
-        ops = source.operations(w.key, w.mode)
+        ops = source.operations(set_key, mode)
         rows, summary = profile_network(unit.model, unit.x, None if inference else unit._grads, ops, inference)
     except Exception as exc:
         return {"in_network_error": f"{type(exc).__name__}: {str(exc)[:400]}"}

@@ -72,7 +72,7 @@ def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_ind
 
     from gpurec.collect.measure import WindowConfig, measure_idle
     from gpurec.collect.measure import measure_network as measure_three_ways
-    from gpurec.collect.runner import NetworkUnit, OperationSource, _match_nvml_index
+    from gpurec.collect.runner import NetworkUnit, OperationSource, _match_nvml_index, in_network_fields
     from gpurec.device import NVMLUnavailable, open_gpu
     from gpurec.device.graphs import CudaBackend
     from gpurec.device.sampler import Sampler
@@ -94,16 +94,7 @@ def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_ind
         row = measure_three_ways(unit.step, EnergyMonitor(sampler), WindowConfig(min_window_s=min_window_s),
                                  CudaBackend(), inference, idle["idle_power_w"], info.power_limit_w)
     if in_network:
-        from gpurec.collect.in_network import columnar, profile_network
-
-        set_key = f"{model}:b{input_shape[0]}:r{input_shape[-1]}"
-        try:
-            ops = OperationSource().operations(set_key, mode)
-            rows, summary = profile_network(unit.model, unit.x, None if inference else unit._grads, ops, inference)
-            row["in_network"] = columnar(rows)
-            row.update({f"in_network_{k}": v for k, v in summary.items()})
-        except Exception as exc:  # recorded, never silently skipped
-            row["in_network_error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+        row.update(in_network_fields(unit, OperationSource(), f"{model}:b{input_shape[0]}:r{input_shape[-1]}", mode))
     row.update({"gpu": info.name, "driver": info.driver_version, "torch": torch.__version__,
                 "host_cpu": host_cpu(), "host_bench": host.to_dict()})
     return row
