@@ -44,3 +44,20 @@ def nvml_fake() -> Iterator[FakeNVML]:
         yield fake
     finally:
         nvml.set_backend(None)
+
+
+@pytest.fixture
+def fast_worker(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeNVML]:
+    """FakeNVML plus short idle / tick-period windows, so a whole run_worker takes about a second."""
+    from gpurec.collect import measure as measure_mod
+    from gpurec.collect import runner as runner_mod
+    from gpurec.device import nvml
+
+    fake = FakeNVML([FakeBoard(power_w=100.0, update_period_s=0.02)])
+    nvml.set_backend(fake)
+    monkeypatch.setattr(runner_mod, "measure_idle", lambda s, d=1.0: measure_mod.measure_idle(s, 0.1))
+    monkeypatch.setattr(runner_mod, "tick_period_s", lambda s, d=1.0: measure_mod.tick_period_s(s, 0.1))
+    try:
+        yield fake
+    finally:
+        nvml.set_backend(None)

@@ -28,8 +28,6 @@ from gpurec.collect import (
     run_worker,
     shard_items,
 )
-from gpurec.collect import measure as measure_mod
-from gpurec.collect import runner as runner_mod
 from gpurec.collect.runner import OperationSource, TooManyFailures, auto_instances, done_ids
 from gpurec.dataset.store import (
     JsonlShard,
@@ -263,17 +261,6 @@ def test_counter_that_never_ticks_times_out(board: FakeBoard) -> None:
 
 
 # -- run_worker on the CPU ---------------------------------------------------------------------
-
-@pytest.fixture
-def fast_worker(monkeypatch: pytest.MonkeyPatch) -> FakeNVML:
-    """FakeNVML plus short idle / tick-period windows, so a whole run takes about a second."""
-    fake = FakeNVML([FakeBoard(power_w=100.0, update_period_s=0.02)])
-    nvml.set_backend(fake)
-    monkeypatch.setattr(runner_mod, "measure_idle", lambda s, d=1.0: measure_mod.measure_idle(s, 0.1))
-    monkeypatch.setattr(runner_mod, "tick_period_s", lambda s, d=1.0: measure_mod.tick_period_s(s, 0.1))
-    yield fake
-    nvml.set_backend(None)
-
 
 def _cfg(**kw: object) -> CollectConfig:
     base: dict[str, object] = {"window": FAST, "repeat_every": 0, "max_consecutive_failures": 5}

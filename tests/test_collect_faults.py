@@ -16,9 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fakes import FakeBoard, FakeNVML
+from fakes import FakeNVML
 
-from gpurec.collect import measure as measure_mod
 from gpurec.collect import runner as runner_mod
 from gpurec.collect.__main__ import main as worker_main
 from gpurec.collect.api import CONTEXT_LOST_EXIT, CollectOptions, collect
@@ -26,22 +25,11 @@ from gpurec.collect.measure import WindowConfig
 from gpurec.collect.plan import build_plan
 from gpurec.collect.runner import CollectConfig, ContextLost, OperationSource, TooManyFailures, run_worker
 from gpurec.dataset.store import read_jsonl
-from gpurec.device import nvml
 from gpurec.sets import ModelInputSet
 
 ROOT = Path(__file__).resolve().parents[1]
 SET = ModelInputSet("resnet18", 2, 32)
 FAST = WindowConfig(min_window_s=0.05, tick_timeout_s=10.0, gpu_blocks=2, gpu_min_block_ms=1.0)
-
-
-@pytest.fixture
-def fake_board(monkeypatch: pytest.MonkeyPatch) -> FakeNVML:
-    fake = FakeNVML([FakeBoard(power_w=100.0, update_period_s=0.02)])
-    nvml.set_backend(fake)
-    monkeypatch.setattr(runner_mod, "measure_idle", lambda s, d=1.0: measure_mod.measure_idle(s, 0.1))
-    monkeypatch.setattr(runner_mod, "tick_period_s", lambda s, d=1.0: measure_mod.tick_period_s(s, 0.1))
-    yield fake
-    nvml.set_backend(None)
 
 
 def _cfg(**kw: object) -> CollectConfig:
@@ -55,7 +43,7 @@ def _rows(out: Path) -> list[dict]:
     return [r for p in sorted(out.glob("rows-*.jsonl")) for r in read_jsonl(p) if r.get("item") != "idle"]
 
 
-def test_lost_cuda_context_records_the_row_and_stops_the_worker(tmp_path: Path, fake_board: FakeNVML,
+def test_lost_cuda_context_records_the_row_and_stops_the_worker(tmp_path: Path, fast_worker: FakeNVML,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     items = [w for w in build_plan([SET], ("inference",)) if w.item == "op"][:3]
     real = runner_mod._measure_item
@@ -79,7 +67,7 @@ def test_lost_cuda_context_records_the_row_and_stops_the_worker(tmp_path: Path, 
     assert worker_main(str(spec)) == CONTEXT_LOST_EXIT
 
 
-def test_repeated_out_of_memory_is_recorded_then_stops(tmp_path: Path, fake_board: FakeNVML,
+def test_repeated_out_of_memory_is_recorded_then_stops(tmp_path: Path, fast_worker: FakeNVML,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     items = [w for w in build_plan([SET], ("inference",)) if w.item == "op"][:6]
 
