@@ -65,6 +65,24 @@ def _median_iqr(values: list[float]) -> tuple[float, float]:
     return med, (max(values) - min(values)) if len(values) > 1 else float("nan")
 
 
+def timed_blocks(step: Callable[[], None], backend: StepBackend, calls: int, blocks: int
+                 ) -> tuple[list[float], list[float]]:
+    """Per-call milliseconds of ``blocks`` blocks of ``calls`` back-to-back calls, each block
+    starting on an idle GPU: (host enqueue time, before the block's synchronise; total time)."""
+    host, total = [], []
+    for _ in range(blocks):
+        backend.sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            step()
+        t1 = time.perf_counter()
+        backend.sync()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) / calls * 1e3)
+        total.append((t2 - t0) / calls * 1e3)
+    return host, total
+
+
 def eager_blocks(step: Callable[[], None], backend: StepBackend, cfg: WindowConfig,
                  sampler: Sampler | None) -> dict[str, Any]:
     """Eager per-call time and host enqueue time (see the module docstring)."""
@@ -75,17 +93,7 @@ def eager_blocks(step: Callable[[], None], backend: StepBackend, cfg: WindowConf
         backend.sync()
         one_s = max(time.perf_counter() - t0, 1e-7)
         n = max(1, min(cfg.eager_max_calls, math.ceil(cfg.eager_min_block_s / one_s)))
-        host, total = [], []
-        for _ in range(cfg.eager_blocks):
-            backend.sync()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                step()
-            t1 = time.perf_counter()
-            backend.sync()
-            t2 = time.perf_counter()
-            host.append((t1 - t0) / n * 1e3)
-            total.append((t2 - t0) / n * 1e3)
+        host, total = timed_blocks(step, backend, n, cfg.eager_blocks)
         time_ms, time_iqr = _median_iqr(total)
         host_ms, host_iqr = _median_iqr(host)
         return {"time_ms": time_ms, "time_iqr_ms": time_iqr, "host_ms": host_ms, "host_iqr_ms": host_iqr,
@@ -237,15 +245,7 @@ def measure_network(step: Callable[[], None], monitor: EnergyMonitor, cfg: Windo
         n = max(1, math.ceil(cfg.eager_min_block_s * 1e3 / max(one_ms, 1e-6)))
 
         def eager_timed() -> list[float]:
-            out = []
-            for _ in range(cfg.eager_blocks):
-                backend.sync()
-                t = time.perf_counter()
-                for _ in range(n):
-                    step()
-                backend.sync()
-                out.append((time.perf_counter() - t) / n * 1e3)
-            return out
+            return timed_blocks(step, backend, n, cfg.eager_blocks)[1]
 
         times, m, info = timed_window(Paced(step, backend, 2), eager_timed, monitor, cfg, idle_power_w,
                                       power_limit_w,
@@ -254,14 +254,8 @@ def measure_network(step: Callable[[], None], monitor: EnergyMonitor, cfg: Windo
         row.update({"time_ms": time_ms, "time_iqr_ms": iqr, "eager_blocks": len(times),
                     "eager_calls_per_block": n, "power_w": m.power_w, "energy_mj": m.power_w * time_ms,
                     **m.as_row(), **info})
-        host = []
-        with monitor.sampler.paused():
-            for _ in range(cfg.eager_blocks + 4):
-                backend.sync()
-                t = time.perf_counter()
-                step()
-                host.append((time.perf_counter() - t) * 1e3)
-            backend.sync()
+        with monitor.sampler.paused():  # one step's enqueue time, from an idle GPU
+            host = timed_blocks(step, backend, 1, cfg.eager_blocks + 4)[0]
         row["host_ms"], row["host_iqr_ms"] = _median_iqr(host)
         row["host_min_ms"] = min(host)
         row.update(host_free(step, backend, monitor, cfg, time_ms, idle_power_w, power_limit_w))
