@@ -248,19 +248,7 @@ def read_many(paths: Iterable[Path | str]) -> list[dict[str, Any]]:
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def atomic_write_file(path: Path | str, write: Callable[[Path], None]) -> None:
