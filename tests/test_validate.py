@@ -81,3 +81,30 @@ def test_validate_compares_host_free_fields_bound_and_operations(tmp_path: Path)
     gpu_bound = {**meas, "time_ms": 2.6}
     rec = val.validate("resnet18", 8, 224, "inference", log_path=None, predictor=p, measurement=gpu_bound)
     assert rec["measured_bound"] == "gpu" and rec["bound_right"] is False
+
+
+def test_sum_of_measured_ops_uses_host_free_rows_and_needs_every_operation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host-free operation rows sum (with multiplicity) to compare with the graph; eager energy
+    is summed only where the rows have it, and a missing operation leaves no sum at all."""
+    import gpurec.dataset
+    from gpurec.ops import extract_operations
+
+    shape = (2, 3, 64, 64)
+    ops = extract_operations("resnet18", shape, mode="inference", keep_sources=False)
+    sigs = sorted({op.signature for op in ops})
+    rows = pd.DataFrame({"op_signature": sigs, "mode": "inference", "time_ms": 0.3,
+                         "gpu_time_ms": [0.1 + i for i in range(len(sigs))], "gpu_energy_mj": 2.0})
+    expected = sum(0.1 + sigs.index(op.signature) for op in ops)
+    monkeypatch.setattr(gpurec.dataset, "load_dataset", lambda gpu, root=None: rows)
+    s = val.sum_of_measured_ops("resnet18", shape, "inference", "NVIDIA H100 80GB HBM3")
+    assert s["coverage"] == 1.0 and s["ops"] == len(ops) > len(sigs)
+    assert s["sum_gpu_time_ms"] == pytest.approx(expected)
+    assert s["sum_gpu_energy_mj"] == pytest.approx(2.0 * len(ops))
+    assert s["sum_time_ms"] == pytest.approx(0.3 * len(ops)) and "sum_energy_mj" not in s
+    rec = val.validate("resnet18", 2, 64, "inference", log_path=None, predictor=FakePredictor(),
+                       measurement={**MEAS, "gpu_time_ms": expected / 2, "gpu_energy_mj": 1.0})
+    assert rec["opsum_gpu_time_error_pct"] == pytest.approx(100.0)
+    missing = rows.assign(gpu_time_ms=[float("nan")] + [0.1] * (len(sigs) - 1))
+    monkeypatch.setattr(gpurec.dataset, "load_dataset", lambda gpu, root=None: missing)
+    s = val.sum_of_measured_ops("resnet18", shape, "inference", "NVIDIA H100 80GB HBM3")
+    assert "sum_gpu_time_ms" not in s and "sum_time_ms" in s

@@ -1,10 +1,12 @@
 """docs/validation.md from the live `gpurec validate` logs (datasets/validation/live_*.jsonl).
 
-Each live record was measured by `gpurec validate` on the GPU it names, then completed here
-with `gpurec validate --complete LOG` where the GPU machine had no xgboost.  Besides the
-prediction error, the report compares each live measurement with the whole-network row that
-`gpurec collect` measured for the same set and mode on another board of the same GPU model
-(datasets/<gpu>/networks.parquet): how far a measurement itself moves between machines.
+Each live record was measured by `gpurec validate` on the GPU it names: eager, host-free (the
+step as one CUDA graph), in-network attribution, and that machine's `host-bench` profile.  The
+report predicts every record with the shipped models and that record's host profile, and
+compares field by field (`gpu_time_ms`, `gpu_energy_mj`, `time_ms`, `energy_mj`, `bound`); it
+shows which operations carry the GPU-time error, how the same set moved between hosts, and how
+far a live measurement is from the row `gpurec collect` measured on another board.  Records
+from before host-free validation (no `measured_gpu_time_ms`) are kept in their own table.
 
     gpurec report validation
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import statistics
 import warnings
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,9 @@ from gpurec.dataset import load_dataset
 from gpurec.dataset.store import atomic_write_text
 from gpurec.reports.markdown import table
 from gpurec.sets import TEST_ARCHS
+
+FIELDS = (("gpu_time_ms", "GPU time (one CUDA graph)"), ("gpu_energy_mj", "GPU energy (one CUDA graph)"),
+          ("time_ms", "eager time on the measuring host"), ("energy_mj", "eager energy on the measuring host"))
 
 
 def _records(val_dir: Path) -> list[dict[str, Any]]:
@@ -35,50 +41,241 @@ def _records(val_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _collected(nets: Any, model: str, batch: int, res: int, mode: str) -> dict[str, Any] | None:
-    """The collected whole-network row of the same set and mode (``nets``: that GPU's networks table)."""
-    row = nets[(nets["set_key"] == f"{model}:b{batch}:r{res}") & (nets["mode"] == mode)]
-    if row.empty:
-        return None
-    r = row.iloc[-1]
-    return {"time_ms": float(r["time_ms"]), "energy_mj": float(r["energy_mj"]), "board": str(r.get("gpu_uuid", ""))}
-
-
-def _current_errors(recs: list[dict[str, Any]], models_dir: Path,
-                    warn: Callable[[str], None]) -> tuple[list[tuple[float, float] | None], dict[str, Any]]:
-    """(time, energy) error of the models shipped now for each record, and what they were trained on.
-
-    The log keeps the prediction made when the record was completed; the shipped models may have
-    been retrained on more rows since, so both are reported (nothing in the log is rewritten).
-    """
-    from gpurec.model import load_predictor
-    from gpurec.validate import prediction_fields
-
-    predictor = load_predictor(models_dir, data_root=models_dir.parent / "datasets")
-    errors: list[tuple[float, float] | None] = []
-    for r in recs:
-        shape = (int(r["batch_size"]), 3, int(r["resolution"]), int(r["resolution"]))
-        try:
-            est = predictor.predict(r["model"], input_shape=shape, mode=r["mode"], gpu=r["gpu"])
-        except Exception as exc:  # a record the current models cannot cover is shown, not dropped
-            warn(f"current models: {r['model']} b{r['batch_size']} {r['mode']}: {exc}")
-            errors.append(None)
-            continue
-        now = prediction_fields(est, r["measured_time_ms"], r["measured_energy_mj"])
-        errors.append((now["time_error_pct"], now["energy_error_pct"]))
-    manifest = json.loads((models_dir / "manifest.json").read_text())
-    return errors, {"created": manifest.get("created", "?"),
-                    "operations": manifest.get("training_data", {}).get("operations")}
+def _err(pred: float, meas: float | None) -> float | None:
+    return None if not meas else 100.0 * (pred / meas - 1.0)
 
 
 def _pct(x: float | None, digits: int = 1) -> str:
     return "—" if x is None else f"{x:+.{digits}f}%"
 
 
+def _machine(r: dict[str, Any]) -> str:
+    hb = r.get("host_bench") or {}
+    return f"{Path(r['_file']).stem.removeprefix('live_')} ({hb['cores']} cores)" if hb else Path(r["_file"]).stem
+
+
+def _collected(nets: Any, r: dict[str, Any]) -> dict[str, float] | None:
+    """The whole-network row `gpurec collect` measured for the record's set and mode."""
+    row = nets[(nets["set_key"] == f"{r['model']}:b{r['batch_size']}:r{r['resolution']}") & (nets["mode"] == r["mode"])]
+    if row.empty:
+        return None
+    last = row.iloc[-1]
+    out = {"time_ms": float(last["time_ms"])}
+    if "gpu_time_ms" in last and last["gpu_time_ms"] == last["gpu_time_ms"]:
+        out["gpu_time_ms"] = float(last["gpu_time_ms"])
+    return out
+
+
+def _predict(recs: list[dict[str, Any]], models_dir: Path, warn: Callable[[str], None]) -> list[Any]:
+    """The shipped models' estimate for each record, with the measuring host's profile (None
+    where the models cannot cover it: the record stays in the tables)."""
+    from gpurec.model import load_predictor
+    from gpurec.validate import _host_of
+
+    predictor = load_predictor(models_dir, data_root=models_dir.parent / "datasets")
+    out = []
+    for r in recs:
+        shape = (int(r["batch_size"]), 3, int(r["resolution"]), int(r["resolution"]))
+        try:
+            out.append(predictor.predict(r["model"], input_shape=shape, mode=r["mode"], gpu=r["gpu"],
+                                         host=_host_of(r)))
+        except Exception as exc:  # shown as "—", never dropped
+            warn(f"{r['model']} b{r['batch_size']} {r['mode']}: {exc}")
+            out.append(None)
+    return out
+
+
+def _field_table(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
+    rows = []
+    for r, est in zip(recs, ests, strict=True):
+        cells = [_machine(r), r["model"], r["batch_size"], r["mode"], "unseen" if r["model"] in TEST_ARCHS else "training"]
+        for f, _ in FIELDS:
+            meas = r.get(f"measured_{f}")
+            pred = None if est is None else getattr(est, f)
+            digits = 2 if f.endswith("_ms") else 0
+            cells.append("—" if meas is None else f"{meas:.{digits}f}")
+            cells.append("—" if pred is None else f"{pred:.{digits}f} ({_pct(_err(pred, meas))})")
+        cells += [r.get("measured_bound", "—"), "—" if est is None else est.bound]
+        rows.append(cells)
+    header = ["machine", "model", "batch", "mode", "architecture",
+              "GPU ms measured", "GPU ms predicted", "GPU mJ measured", "GPU mJ predicted",
+              "eager ms measured", "eager ms predicted", "eager mJ measured", "eager mJ predicted",
+              "bound measured", "bound predicted"]
+    return [table(header, rows), ""]
+
+
+def _summary(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
+    """MAPE per field for training and unseen architectures, beside how far the same field moved
+    between two machines measuring the same set (the noise floor)."""
+    by_set: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in recs:
+        by_set[(r["gpu"], r["model"], r["batch_size"], r["resolution"], r["mode"])].append(r)
+    rows = []
+    for f, label in FIELDS:
+        cells: list[Any] = [label]
+        for unseen in (False, True):
+            errs = [abs(e) for r, est in zip(recs, ests, strict=True)
+                    if est is not None and (r["model"] in TEST_ARCHS) == unseen
+                    and (e := _err(getattr(est, f), r.get(f"measured_{f}"))) is not None]
+            cells.append(f"{statistics.mean(errs):.1f}% (max {max(errs):.1f}%, n={len(errs)})" if errs else "—")
+        moves = [100 * abs(max(v) / min(v) - 1) for rs in by_set.values()
+                 if len(v := [r[f"measured_{f}"] for r in rs if r.get(f"measured_{f}")]) >= 2]
+        cells.append(f"{statistics.median(moves):.1f}% (max {max(moves):.1f}%, n={len(moves)})" if moves else "—")
+        rows.append(cells)
+    right = [(r["model"] in TEST_ARCHS, est.bound == r["measured_bound"]) for r, est in zip(recs, ests, strict=True)
+             if est is not None and r.get("measured_bound")]
+    cells = ["bound verdict (right)"]
+    for unseen in (False, True):
+        hits = [ok for u, ok in right if u == unseen]
+        cells.append(f"{sum(hits)}/{len(hits)}" if hits else "—")
+    flips = sum(len({r["measured_bound"] for r in rs if r.get("measured_bound")}) > 1 for rs in by_set.values())
+    cells.append(f"{flips} of {sum(len(rs) >= 2 for rs in by_set.values())} sets changed verdict between machines")
+    rows.append(cells)
+    return [table(["field", "training architectures: MAPE", "unseen architectures: MAPE",
+                   "same set, two machines: median |Δ| of the measurement"], rows), ""]
+
+
+def _two_hosts(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
+    """Sets measured on several hosts of one GPU model: does the host profile move the eager
+    prediction the way the measurement moved?"""
+    by_set: dict[tuple[Any, ...], list[tuple[dict[str, Any], Any]]] = defaultdict(list)
+    for r, est in zip(recs, ests, strict=True):
+        if r.get("host_bench") and est is not None:
+            by_set[(r["gpu"], r["model"], r["batch_size"], r["mode"])].append((r, est))
+    rows, agree = [], []
+    hosts: dict[str, dict[str, Any]] = {}
+    for (_, model, batch, mode), pairs in by_set.items():
+        if len(pairs) < 2:
+            continue
+        for r, _ in pairs:
+            hosts.setdefault(_machine(r), r["host_bench"])
+        for (ra, ea), (rb, eb) in ((a, b) for i, a in enumerate(pairs) for b in pairs[i + 1:]):
+            m_ratio = rb["measured_time_ms"] / ra["measured_time_ms"]
+            if abs(m_ratio - 1) > 0.05:
+                agree.append((m_ratio > 1) == (eb.time_ms > ea.time_ms))
+        gpu = [r["measured_gpu_time_ms"] for r, _ in pairs]
+        rows.append([model, batch, mode, " / ".join(f"{r['measured_time_ms']:.2f}" for r, _ in pairs),
+                     " / ".join(f"{e.time_ms:.2f}" for _, e in pairs),
+                     f"{100 * (max(gpu) / min(gpu) - 1):.1f}%", " / ".join(r["measured_bound"] for r, _ in pairs)])
+    if not rows:
+        return ["No set was measured on two hosts yet.", ""]
+    names = list(hosts)
+    host_rows = [[n, h["cores"], f"{h['launch_us']:.1f}", f"{h['python_loop_us']:.0f}",
+                  f"{h['dispatch_cpu_us'].get('conv2d:inference', float('nan')):.1f}",
+                  f"{h['dispatch_cpu_us'].get('conv2d:training', float('nan')):.1f}"] for n, h in hosts.items()]
+    return ["The hosts, as their `gpurec host-bench` profile saw them at the start of the run:", "",
+            table(["host", "cores", "tiny-kernel launch µs", "Python loop µs", "conv2d inference dispatch µs",
+                   "conv2d training dispatch µs"], host_rows), "",
+            f"The same sets on each host, in the order {' / '.join(names)}:", "",
+            table(["model", "batch", "mode", "eager ms measured", "eager ms predicted with each host's profile",
+                   "GPU time spread (graph, max/min − 1)", "bound measured"], rows), "",
+            (f"Of the host pairs where a set's measured eager time moved more than 5%, the prediction moved "
+             f"the same way in {sum(agree)} of {len(agree)}." if agree else "No set's eager time moved more than 5%."),
+            ""]
+
+
+def _per_op(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
+    """Predicted per-operation GPU time against the in-network kernel time of the same position,
+    summed by operation kind over every record (positions whose signature differs are counted apart)."""
+    agg: dict[tuple[str, bool], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    mismatched = total = 0
+    for r, est in zip(recs, ests, strict=True):
+        net = r.get("in_network")
+        if est is None or not net:
+            continue
+        per_op = est.per_op
+        n = min(len(per_op), len(net["kernel_ms"]))
+        total += n
+        unseen = r["model"] in TEST_ARCHS
+        for i in range(n):
+            if per_op["signature"].iloc[i] != net["op_signature"][i]:
+                mismatched += 1
+                continue
+            a = agg[(str(per_op["kind"].iloc[i]), unseen)]
+            a[0] += 1
+            a[1] += float(net["kernel_ms"][i])
+            a[2] += float(per_op["time_ms"].iloc[i])
+    if not agg:
+        return []
+    abs_total = sum(abs(v[2] - v[1]) for v in agg.values()) or 1.0
+    top = sorted(agg.items(), key=lambda kv: -abs(kv[1][2] - kv[1][1]))[:14]
+    rows = [[kind, "unseen" if unseen else "training", n, f"{m:.2f}", f"{p:.2f}", _pct(_err(p, m)),
+             f"{100 * abs(p - m) / abs_total:.0f}%"] for (kind, unseen), (n, m, p) in top]
+    return [f"{total:,} operation positions compared ({mismatched} where the record's operation and the "
+            "estimate's differ, left out); the kinds below carry the most absolute error.", "",
+            table(["operation kind", "architectures", "positions", "measured kernel ms (sum)",
+                   "predicted GPU ms (sum)", "error", "share of all |error|"], rows), ""]
+
+
+def _against_collection(recs: list[dict[str, Any]], root: Path) -> list[str]:
+    """How far each live measurement is from the collected row of the same set, eager and graph."""
+    networks: dict[str, Any] = {}
+    moved: dict[str, list[float]] = {"time_ms": [], "gpu_time_ms": []}
+    far = []
+    for r in recs:
+        if r["gpu"] not in networks:
+            networks[r["gpu"]] = load_dataset(gpu=r["gpu"], table="networks", root=root / "datasets")
+        col = _collected(networks[r["gpu"]], r)
+        if col is None:
+            continue
+        for f in moved:
+            if f in col and r.get(f"measured_{f}"):
+                d = 100 * (r[f"measured_{f}"] / col[f] - 1)
+                moved[f].append(abs(d))
+                if f == "time_ms" and abs(d) > 10:
+                    far.append(f"{r['model']} b{r['batch_size']} {r['mode']} on {_machine(r)} ({d:+.0f}%)")
+
+    def summary(v: list[float]) -> str:
+        return f"median {statistics.median(v):.1f}% (max {max(v):.1f}%, n={len(v)})" if v else "—"
+
+    return [f"Against the rows `gpurec collect` measured for the same sets on other machines: eager time "
+            f"{summary(moved['time_ms'])}, GPU time as one graph {summary(moved['gpu_time_ms'])}.  "
+            f"Eager moves above 10%: {', '.join(far) if far else 'none'}.  No predictor can be closer to a "
+            "given machine's eager time than that machine is to the machine its data came from; the GPU "
+            "time, by contrast, reproduces.", ""]
+
+
+def _op_sums(recs: list[dict[str, Any]], root: Path) -> list[str]:
+    """The sum of the isolated host-free operation rows against the network's graph time."""
+    from gpurec.validate import sum_of_measured_ops
+
+    rows, seen = [], set()
+    for r in recs:
+        key = (r["gpu"], r["model"], r["batch_size"], r["resolution"], r["mode"])
+        if key in seen or not r.get("measured_gpu_time_ms"):
+            continue
+        seen.add(key)
+        shape = (int(r["batch_size"]), 3, int(r["resolution"]), int(r["resolution"]))
+        s = sum_of_measured_ops(r["model"], shape, r["mode"], r["gpu"], root=root / "datasets")
+        if "sum_gpu_time_ms" in s:
+            rows.append([r["model"], r["batch_size"], r["mode"], f"{r['measured_gpu_time_ms']:.2f}",
+                         f"{s['sum_gpu_time_ms']:.2f} ({_pct(_err(s['sum_gpu_time_ms'], r['measured_gpu_time_ms']))})",
+                         f"{r['measured_gpu_energy_mj']:.0f}",
+                         f"{s['sum_gpu_energy_mj']:.0f} ({_pct(_err(s['sum_gpu_energy_mj'], r['measured_gpu_energy_mj']))})"
+                         if "sum_gpu_energy_mj" in s else "—"])
+        else:
+            rows.append([r["model"], r["batch_size"], r["mode"], f"{r['measured_gpu_time_ms']:.2f}",
+                         f"{s['covered_ops']}/{s['ops']} operations measured", "—", "—"])
+    return [table(["model", "batch", "mode", "graph ms (live)", "sum of operation rows, ms", "graph mJ (live)",
+                   "sum of operation rows, mJ"], rows), ""]
+
+
+def _legacy(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
+    rows = []
+    for r, est in zip(recs, ests, strict=True):
+        rows.append([r["_file"], r["model"], r["batch_size"], r["mode"],
+                     "unseen" if r["model"] in TEST_ARCHS else "training",
+                     f"{r['measured_time_ms']:.2f}", "—" if est is None else f"{est.time_ms:.2f} ({_pct(_err(est.time_ms, r['measured_time_ms']))})",
+                     f"{r['measured_energy_mj']:.0f}",
+                     "—" if est is None else f"{est.energy_mj:.0f} ({_pct(_err(est.energy_mj, r['measured_energy_mj']))})"])
+    return [table(["log", "model", "batch", "mode", "architecture", "eager ms measured", "eager ms predicted (reference host)",
+                   "eager mJ measured", "eager mJ predicted"], rows), ""]
+
+
 def generate(root: Path | str = ".", warn: Callable[[str], None] | None = None) -> str:
-    """docs/validation.md (and datasets/validation/live_<gpu>.png) from <root>/datasets/validation/
-    live_*.jsonl, the shipped dataset and the shipped models; returns the text.  ``warn`` hears of records the models cannot cover
-    (they stay in the table)."""
+    """docs/validation.md (and one plot per live log) from <root>/datasets/validation/live_*.jsonl,
+    the shipped dataset and the shipped models; returns the text.  ``warn`` hears of records the
+    models cannot cover (they stay in the tables)."""
     root = Path(root)
     warn = warn or (lambda msg: warnings.warn(msg, stacklevel=2))
     val_dir = root / "datasets" / "validation"
@@ -86,90 +283,57 @@ def generate(root: Path | str = ".", warn: Callable[[str], None] | None = None) 
     if not recs:
         raise FileNotFoundError(f"no {val_dir}/live_*.jsonl: run scripts/device_validate.sh on a GPU, then "
                                 "`gpurec validate --complete LOG`")
-    networks: dict[str, Any] = {}
-    rows, t_err, e_err, t_moved, e_moved, far = [], [], [], [], [], []
-    now, models = _current_errors(recs, root / "models", warn)
-    for r, cur in zip(recs, now, strict=True):
-        unseen = r["model"] in TEST_ARCHS
-        if r["gpu"] not in networks:
-            networks[r["gpu"]] = load_dataset(gpu=r["gpu"], table="networks", root=root / "datasets")
-        col = _collected(networks[r["gpu"]], r["model"], r["batch_size"], r["resolution"], r["mode"])
-        dt = 100 * (r["measured_time_ms"] / col["time_ms"] - 1) if col else None
-        de = 100 * (r["measured_energy_mj"] / col["energy_mj"] - 1) if col else None
-        te, ee = r.get("time_error_pct"), r.get("energy_error_pct")
-        if te is not None:
-            t_err.append(abs(te))
-            e_err.append(abs(ee))
-        if dt is not None:
-            t_moved.append(abs(dt))
-            if abs(dt) > 10:
-                far.append(f"{r['model']} batch {r['batch_size']} {r['mode']} ({dt:+.0f}%)")
-            e_moved.append(abs(de))
-        cov = r.get("opsum_coverage")
-        col_t = f"{col['time_ms']:.2f} ({_pct(dt)})" if col else "—"
-        col_e = f"{col['energy_mj']:.0f} ({_pct(de)})" if col else "—"
-        cov_s = "—" if cov is None else f"{100 * cov:.0f}%"
-        rows.append([
-            r["model"], r["batch_size"], r["mode"], "unseen" if unseen else "training arch",
-            f"{r['measured_time_ms']:.2f}", f"{r.get('predicted_time_ms', float('nan')):.2f}", _pct(te),
-            f"{r['measured_energy_mj']:.0f}", f"{r.get('predicted_energy_mj', float('nan')):.0f}", _pct(ee),
-            *(("—", "—") if cur is None else (_pct(cur[0]), _pct(cur[1]))),
-            f"{r['measured_power_w']:.0f}", cov_s, col_t, col_e])
+    ests = _predict(recs, root / "models", warn)
+    manifest = json.loads((root / "models" / "manifest.json").read_text())
+    new = [(r, e) for r, e in zip(recs, ests, strict=True) if r.get("measured_gpu_time_ms")]
+    old = [(r, e) for r, e in zip(recs, ests, strict=True) if not r.get("measured_gpu_time_ms")]
+    new_r, new_e = [r for r, _ in new], [e for _, e in new]
     gpus = sorted({r["gpu"] for r in recs})
-    prov = recs[0].get("provenance", {})
+    prov = recs[-1].get("provenance", {})
     lines = [
         "# Live validation: `gpurec validate` on real GPUs",
         "",
         f"_Generated by `gpurec report validation` from {', '.join(sorted({r['_file'] for r in recs}))} "
-        "(`datasets/validation/`); every number comes from those files and the shipped dataset._",
+        "(`datasets/validation/`), the shipped dataset and the shipped models; every number comes from those files._",
         "",
-        f"GPU: {', '.join(gpus)}; driver {prov.get('driver', '?')}, torch {prov.get('torch', '?')}, host CPU "
-        f"{prov.get('host_cpu', '?')}.  Each row was measured by `gpurec validate --model M --batch-size B "
-        "--mode MODE` (the collection method on the whole network: tick-aligned NVML energy window, "
-        "Timer median).  The GPU machine has no xgboost, so the predictions were added here with "
-        "`gpurec validate --complete datasets/validation/live_<gpu>.jsonl`, by the shipped models "
-        "(which never saw these live measurements).  Errors are (predicted − measured) / measured.",
+        f"GPUs: {', '.join(gpus)}; driver {prov.get('driver', '?')}, torch {prov.get('torch', '?')}.  "
+        "Each record was measured by `gpurec validate --model M --batch-size B --mode MODE` "
+        "(`scripts/device_validate.sh`) the three ways collection measures a network: eager (Timer median, "
+        "tick-aligned NVML energy window), host-free (the step captured as one CUDA graph, replays timed by CUDA "
+        "events inside an energy window) and in-network (kernel time per operation position under the profiler), "
+        "together with that machine's `gpurec host-bench` profile.",
         "",
-        "*Collected* is the whole-network row `gpurec collect` measured for the same set and mode on another "
-        "machine with the same GPU model (the ground truth the models' network correction and the accuracy "
-        "report use); the bracket is how far the live measurement is from it.",
-        "",
-        f"*Now* is the error of the models shipped now (trained {models['created'][:10]} on "
-        f"{models['operations']:,} operation rows), recomputed from the same measurement; the *predicted* columns "
-        "keep the prediction the log recorded when it was completed.",
-        "",
-        table(["model", "batch", "mode", "architecture", "measured ms", "predicted ms", "time error",
-               "measured mJ", "predicted mJ", "energy error", "time error now", "energy error now", "power W",
-               "ops measured (sum)", "collected ms (live vs it)", "collected mJ (live vs it)"], rows),
+        f"The predictions are the models shipped now (trained {manifest.get('created', '?')[:10]} on "
+        f"{manifest.get('training_data', {}).get('operations', 0):,} operation rows; they never saw these live "
+        "records), made with each record's own host profile; the logs also keep the prediction stored when "
+        "`gpurec validate --complete` filled them in.  Errors are (predicted − measured) / measured.  *Unseen* "
+        "architectures are never trained on; for training architectures the GPU's own operation rows are "
+        "looked up, so their error is mostly that of the whole-network composition and of the host.",
         "",
     ]
-    cur_ok = [c for c in now if c is not None]
-    if t_err:
-        lines += [f"**Prediction error** over {len(t_err)} live runs: time MAPE {statistics.mean(t_err):.1f}% "
-                  f"(max {max(t_err):.1f}%), energy MAPE {statistics.mean(e_err):.1f}% (max {max(e_err):.1f}%)"
-                  + (f"; with the models shipped now: time {statistics.mean(abs(c[0]) for c in cur_ok):.1f}% "
-                     f"(max {max(abs(c[0]) for c in cur_ok):.1f}%), energy {statistics.mean(abs(c[1]) for c in cur_ok):.1f}% "
-                     f"(max {max(abs(c[1]) for c in cur_ok):.1f}%) over {len(cur_ok)} runs." if cur_ok else "."),
-                  ""]
-    if t_moved:
-        lines += [f"**Measurement moves between machines**: the live runs differ from the collected rows by a "
-                  f"median {statistics.median(t_moved):.1f}% in time (max {max(t_moved):.1f}%) and "
-                  f"{statistics.median(e_moved):.1f}% in energy (max {max(e_moved):.1f}%).  Moves above 10% in time: "
-                  f"{', '.join(far) if far else 'none'}; small batches of networks of many small kernels are "
-                  "launch-bound, so their time is set by the host, while the other sets reproduce closely.  "
-                  "A prediction can be no closer to a given machine than "
-                  "that machine is to the one the data came from, which bounds what any predictor trained on "
-                  "these data can reach for launch-bound networks.", ""]
-    full = [r for r in recs if (r.get("opsum_coverage") or 0) >= 1.0]
-    lines += ["The op-sum comparison needs every operation of the set measured on this GPU: "
-              + (f"{len(full)} of these sets are fully covered." if full else
-                 "none of these sets is fully covered yet (column *ops measured*), so it is reported as not "
-                 "comparable."), ""]
+    if new:
+        lines += ["## Field by field", "", *_summary(new_r, new_e),
+                  "The *two machines* column is the noise floor: the same set measured by the same code on two "
+                  "machines with the same GPU model.  The bound is `host` when the eager step is at least 20% "
+                  "longer than the graph.", "",
+                  *_field_table(new_r, new_e),
+                  "## The same sets on two hosts", "", *_two_hosts(new_r, new_e),
+                  "## Which operations carry the GPU-time error", "", *_per_op(new_r, new_e),
+                  "## Live measurements against the collected rows", "", *_against_collection(new_r, root),
+                  "## The network as the sum of its isolated operations", "",
+                  "The host-free rows of the dataset (each operation captured and replayed alone) summed with "
+                  "multiplicity, against the live graph time of the whole step; shown where every operation of "
+                  "the set is measured on this GPU.", "", *_op_sums(new_r, root)]
+    if old:
+        lines += ["## Eager-only records (before host-free validation)", "",
+                  "Measured by an earlier `gpurec validate` that timed the eager step only and recorded no host "
+                  "profile, so they are predicted for the reference host.", "",
+                  *_legacy([r for r, _ in old], [e for _, e in old])]
     from gpurec.validate import plot_log
 
     for log in sorted(val_dir.glob("live_*.jsonl")):  # one plot per live log, drawn by gpurec.validate
         plot_log(log, log.with_suffix(".png"))
-        lines += [f"![predicted vs measured](../datasets/validation/{log.stem}.png)", ""]
-    text = "\n".join(lines)
+        lines += [f"![predicted vs measured, {log.stem}](../datasets/validation/{log.stem}.png)", ""]
+    text = "\n".join(lines).rstrip("\n") + "\n"
     atomic_write_text(root / "docs" / "validation.md", text)
     return text

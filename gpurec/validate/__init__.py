@@ -44,7 +44,12 @@ def sum_operations(ops: Iterable[tuple[str, float]], measured: Mapping[str, Sequ
 
 def sum_of_measured_ops(model: str, input_shape: tuple[int, ...], mode: str, gpu: str,
                         root: Path | None = None) -> dict[str, Any]:
-    """Sum of per-operation measurements (with multiplicity) for one network on one GPU."""
+    """Sum of per-operation measurements (with multiplicity) for one network on one GPU.
+
+    Host-free rows give ``sum_gpu_time_ms`` and ``sum_gpu_energy_mj`` (compare with the step as
+    one CUDA graph); every row gives ``sum_time_ms`` (eager, host included) and, where the rows
+    have eager energy, ``sum_energy_mj``.  The sums are present only when every operation of the
+    set is measured."""
     from gpurec.dataset import load_dataset
     from gpurec.ops import extract_operations
 
@@ -54,13 +59,22 @@ def sum_of_measured_ops(model: str, input_shape: tuple[int, ...], mode: str, gpu
     except FileNotFoundError:
         return {"ops": len(ops), "covered_ops": 0, "coverage": 0.0}
     df = df[df["mode"] == mode].drop_duplicates("op_signature")
-    measured = {str(sig): (t, e) for sig, t, e in zip(df["op_signature"], df["time_ms"], df["energy_mj"],
-                                                     strict=True)}
-    sums = sum_operations(((op.signature, float(op.flops_total)) for op in ops), measured)
-    out: dict[str, Any] = {k: sums[k] for k in ("ops", "covered_ops", "coverage")}
-    if sums["covered_ops"] == sums["ops"]:
-        out.update({"sum_time_ms": sums["sum_time_ms"], "sum_energy_mj": sums["sum_energy_mj"]})
-    return out
+    out: dict[str, Any] = {}
+    columns = {"time": ("time_ms", "energy_mj"), "gpu_time": ("gpu_time_ms", "gpu_energy_mj")}
+    for name, (t_col, e_col) in columns.items():
+        if t_col not in df.columns:
+            continue
+        have = df[df[t_col].notna()]
+        energy = have[e_col] if e_col in have.columns else [float("nan")] * len(have)
+        measured = {str(sig): (t, e) for sig, t, e in zip(have["op_signature"], have[t_col], energy, strict=True)}
+        sums = sum_operations(((op.signature, float(op.flops_total)) for op in ops), measured)
+        if name == "time" or not out:
+            out.update({k: sums[k] for k in ("ops", "covered_ops", "coverage")})
+        if sums["covered_ops"] == sums["ops"]:
+            out[f"sum_{t_col}"] = sums["sum_time_ms"]
+            if sums["sum_energy_mj"] == sums["sum_energy_mj"]:  # not NaN: every row had this energy
+                out[f"sum_{e_col}"] = sums["sum_energy_mj"]
+    return out or {"ops": len(ops), "covered_ops": 0, "coverage": 0.0}
 
 
 def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_index: int = 0,
@@ -129,9 +143,9 @@ def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "in
         record["prediction"] = "pending: the predictors need xgboost, which is not installed here"
     sums = sum_of_measured_ops(model, shape, mode, meas["gpu"])
     record.update({f"opsum_{k}": v for k, v in sums.items()})
-    if "sum_time_ms" in sums:
-        record["opsum_time_error_pct"] = (sums["sum_time_ms"] / meas["time_ms"] - 1.0) * 100.0
-        record["opsum_energy_error_pct"] = (sums["sum_energy_mj"] / meas["energy_mj"] - 1.0) * 100.0
+    for f in ("time_ms", "energy_mj", "gpu_time_ms", "gpu_energy_mj"):
+        if f"sum_{f}" in sums and meas.get(f):
+            record[f"opsum_{f.rsplit('_', 1)[0]}_error_pct"] = (sums[f"sum_{f}"] / meas[f] - 1.0) * 100.0
     if log_path is not None:
         with JsonlShard(log_path) as log:
             log.append(record)
@@ -246,10 +260,16 @@ def render(record: dict[str, Any]) -> str:
                          f"bound measured {record.get('measured_bound')}, predicted {record.get('predicted_bound')}")
     else:
         lines.append(f"  predicted: {record['prediction']}; run `gpurec validate --complete LOG` where it is")
-    if "opsum_time_error_pct" in record:
+    if "opsum_gpu_time_error_pct" in record:
+        lines.append(f"  sum of host-free operations: {record['opsum_sum_gpu_time_ms']:.3f} ms "
+                     f"({record['opsum_gpu_time_error_pct']:+.1f}% against the graph)"
+                     + (f", {record['opsum_sum_gpu_energy_mj']:.1f} mJ ({record['opsum_gpu_energy_error_pct']:+.1f}%)"
+                        if "opsum_gpu_energy_error_pct" in record else ""))
+    elif "opsum_time_error_pct" in record:
         lines.append(f"  sum of measured operations: {record['opsum_sum_time_ms']:.3f} ms "
-                     f"({record['opsum_time_error_pct']:+.1f}%), {record['opsum_sum_energy_mj']:.1f} mJ "
-                     f"({record['opsum_energy_error_pct']:+.1f}%)")
+                     f"({record['opsum_time_error_pct']:+.1f}%)"
+                     + (f", {record['opsum_sum_energy_mj']:.1f} mJ ({record['opsum_energy_error_pct']:+.1f}%)"
+                        if "opsum_energy_error_pct" in record else ""))
     else:
         lines.append(f"  sum of measured operations: {record.get('opsum_covered_ops', 0)}/{record.get('opsum_ops', 0)} "
                      "operations measured on this GPU, not comparable")
@@ -263,23 +283,29 @@ def load_log(path: Path | str = DEFAULT_LOG) -> list[dict[str, Any]]:
 
 
 def plot_log(path: Path | str, out_png: Path | str) -> None:
-    """Predicted against measured time and energy for every record in the log."""
+    """Predicted against measured eager time, host-free GPU time (records that have it) and
+    eager energy for every completed record in the log."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recs = load_log(path)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
-    for ax, (m, p, unit) in zip(axes, [("measured_time_ms", "predicted_time_ms", "ms"),
-                                       ("measured_energy_mj", "predicted_energy_mj", "mJ")], strict=True):
-        xs = [r[m] for r in recs]
-        ys = [r[p] for r in recs]
+    recs = [r for r in load_log(path) if "predicted_time_ms" in r]  # pending records have nothing to plot
+    panels = [("measured_time_ms", "predicted_time_ms", "eager time, ms"),
+              ("measured_gpu_time_ms", "predicted_gpu_time_ms", "GPU time (graph), ms"),
+              ("measured_energy_mj", "predicted_energy_mj", "eager energy, mJ")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4))
+    for ax, (m, p, label) in zip(axes, panels, strict=True):
+        pairs = [(r[m], r[p]) for r in recs if r.get(m) and r.get(p)]
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("measured")
+        ax.set_ylabel("predicted")
+        if not pairs:
+            continue
+        xs, ys = zip(*pairs, strict=True)
         ax.loglog(xs, ys, "o", ms=4)
         lo, hi = min(xs + ys), max(xs + ys)
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
-        ax.set_xlabel(f"measured ({unit})")
-        ax.set_ylabel(f"predicted ({unit})")
     fig.tight_layout()
     fig.savefig(out_png, dpi=90)
     plt.close(fig)
