@@ -210,6 +210,87 @@ def test_waiting_power_learnt_from_network_pairs(host_free: tuple[Path, dict]) -
     assert w["ratio_of_tdp"][H100] == pytest.approx(float(np.median(0.7 * nets["power_w"])) / 700.0, rel=1e-6)
 
 
+# -- how dispatch adds up inside a network ---------------------------------------------------------
+
+
+def _calibration_networks(law, n_fam: int = 5, per_fam: int = 4, seed: int = 0):
+    """Synthetic networks per mode whose 'measured' eager time follows ``law(d_ref, host_scale)``."""
+    from gpurec.model.timeline import simulate
+
+    rng = np.random.default_rng(seed)
+    gpu, ref, scales, eager, modes, fams = [], [], [], [], [], []
+    for mode in ("inference", "training"):
+        for f in range(n_fam):
+            for _ in range(per_fam):
+                n = int(rng.integers(20, 80))
+                g = rng.lognormal(np.log(0.03), 1.0, n)
+                d = rng.lognormal(np.log(0.02), 0.5, n)
+                s = float(rng.uniform(0.7, 2.0))
+                gpu.append(g)
+                ref.append(d)
+                scales.append(s)
+                eager.append(float(simulate(g, law(d, s, mode), np.array([0, n])).time_ms[0]))
+                modes.append(mode)
+                fams.append(f"fam{f}")
+    return gpu, ref, np.array(scales), np.array(eager), np.array(modes), np.array(fams)
+
+
+def test_network_calibration_recovers_a_known_host_law() -> None:
+    """Eager steps generated with dispatch (s x d + c) x scale**a: the fit finds (s, c, a) per mode,
+    keeps it because leave-one-family-out beats the uncalibrated sum, and applies it."""
+    from gpurec.model.host_model import CALIBRATION_GRID, fit_network_calibration
+
+    truth = {"inference": (CALIBRATION_GRID["scale"][21], 0.005, 0.25),
+             "training": (CALIBRATION_GRID["scale"][9], 0.002, 0.75)}
+
+    def law(d, s, mode):
+        k, c, a = truth[mode]
+        return (k * d + c) * s**a
+
+    calib, report = fit_network_calibration(*_calibration_networks(law))
+    for mode, (k, c, a) in truth.items():
+        assert report[mode]["kept"], report[mode]
+        assert (calib.scale[mode], calib.per_op_ms[mode], calib.host_exponent[mode]) == pytest.approx((k, c, a))
+        assert report[mode]["eager_mape_calibrated_lofo"] < 0.5 < report[mode]["eager_mape_uncalibrated"]
+    d = np.array([0.01, 0.02])
+    assert calib.apply(d, "inference", 2.0) == pytest.approx((truth["inference"][0] * d + 0.005) * 2.0**0.25)
+
+
+def test_network_calibration_keeps_the_sum_when_it_already_fits() -> None:
+    """Steps that follow the uncalibrated per-operation sum: nothing beats it out of sample, so the
+    identity stays, and the identity is exactly the rescaled sum."""
+    from gpurec.model.host_model import NetworkCalibration, fit_network_calibration
+
+    calib, report = fit_network_calibration(*_calibration_networks(lambda d, s, mode: d * s))
+    assert report["inference"]["eager_mape_uncalibrated"] == pytest.approx(0.0, abs=1e-9)
+    assert calib == NetworkCalibration()
+    assert NetworkCalibration().apply(np.array([0.5]), "training", 3.0) == pytest.approx([1.5])
+    assert NetworkCalibration.from_dict(calib.as_dict()) == calib
+
+
+def test_predictor_applies_the_saved_calibration(host_free: tuple[Path, dict]) -> None:
+    """The manifest carries the calibration and the predictor's in-network dispatch follows it:
+    doubling the per-operation cost plus 0.01 ms each, and a host exponent of 0 that makes a
+    slow host's profile irrelevant."""
+    from gpurec.model import load_predictor
+    from gpurec.model.host_model import NetworkCalibration
+
+    base, _ = host_free
+    m = json.loads((base / "m" / "manifest.json").read_text())
+    assert set(m["host"]["network_calibration"]) == {"scale", "per_op_ms", "host_exponent"}
+    p = load_predictor(base / "m", check_data=False)
+    p.host_model.calibration = NetworkCalibration()
+    plain = p.predict("squeezenet1_0", (1, 3, 224, 224), mode="inference", gpu="H100")
+    p.host_model.calibration = NetworkCalibration(scale={"inference": 2.0, "training": 1.0},
+                                                  per_op_ms={"inference": 0.01, "training": 0.0},
+                                                  host_exponent={"inference": 0.0, "training": 1.0})
+    p.clear_cache()
+    calibrated = p.predict("squeezenet1_0", (1, 3, 224, 224), mode="inference", gpu="H100")
+    assert calibrated.host_time_ms == pytest.approx(2 * plain.host_time_ms + 0.01 * plain.n_ops)
+    slow = p.predict("squeezenet1_0", (1, 3, 224, 224), mode="inference", gpu="H100", host=_profile("slow", 40))
+    assert slow.host_time_ms == pytest.approx(calibrated.host_time_ms)
+
+
 # -- the Estimate shape ---------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from gpurec.model._sets import MODES
 from gpurec.model.config import TARGETS, UNMEASURED_BAND_WIDENING, TrainConfig
 from gpurec.model.data import Prepared
 from gpurec.model.features import FEATURE_SCHEMA_VERSION, monotone_constraints, target_mask
+from gpurec.model.host_model import NetworkCalibration
 from gpurec.model.network import Correction
 from gpurec.model.provenance import library_versions
 from gpurec.model.regressors import Routed
@@ -95,8 +96,12 @@ def build_manifest(p: Prepared, cfg: TrainConfig, final: dict[str, Routed], corr
                         "eager_note": "time_low/high and energy_low/high (eager) = the GPU band x host.ratio"},
         "host": {"reference": p.reference.to_dict(), "reference_source": p.reference_source,
                  "model": host_report.get("model", "profile_prior"),
-                 "meaning": "per-operation dispatch is predicted on the reference host and multiplied by "
-                            "HostProfile.dispatch_scale(reference) for another host"},
+                 "network_calibration": host_report.get("network_calibration", {}).get(
+                     "calibration", NetworkCalibration().as_dict()),
+                 "meaning": "per-operation dispatch is predicted on the reference host; inside a network on "
+                            "another host it is (scale x dispatch + per_op_ms) x "
+                            "HostProfile.dispatch_scale(reference) ** host_exponent, per mode "
+                            "(gpurec.model.host_model.NetworkCalibration)"},
         "waiting_power": waiting,
         "ranges": {"features": list(cfg.feature.range_features), "tolerance": cfg.feature.range_tolerance,
                    "by_mode_kind": ranges(p, cfg)},

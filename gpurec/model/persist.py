@@ -28,7 +28,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2  # 2: every file hashed in file_sha256, the manifest sealed by manifest_sha256
+SCHEMA_VERSION = 3  # 2: every file hashed in file_sha256, the manifest sealed by manifest_sha256;
+#                    3: host.network_calibration (how dispatch adds up inside a network)
 MODELS_ENV = "GPUREC_MODELS"
 MANIFEST = "manifest.json"
 REPORT = "report.json"

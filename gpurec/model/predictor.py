@@ -41,7 +41,7 @@ from gpurec.model.features import (
     masked,
     target_mask,
 )
-from gpurec.model.host_model import HostDispatch
+from gpurec.model.host_model import HostDispatch, NetworkCalibration
 from gpurec.model.network import Correction, aggregate, waiting_power_w
 from gpurec.model.persist import check_manifest, default_model_dir, load_boosters, read_manifest
 from gpurec.model.timeline import bound_of, simulate
@@ -299,7 +299,8 @@ class Predictor:
         self._masks = {t: target_mask(t, names) for t in ("time", "power", "host")}
         host_info = manifest.get("host", {})
         self.reference_host = HostProfile.from_dict(host_info["reference"])
-        self.host_model = HostDispatch(self.reference_host, boosters.get("host"))
+        self.host_model = HostDispatch(self.reference_host, boosters.get("host"),
+                                       NetworkCalibration.from_dict(host_info["network_calibration"]))
         self.waiting_power = manifest.get("waiting_power", {})
         rng = manifest.get("ranges", {})
         self._range_tol = float(rng.get("tolerance", 2.0))

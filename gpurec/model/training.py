@@ -40,11 +40,13 @@ from gpurec.model.tuning import auto_nthread, tune_xgboost
 from gpurec.model.validation import (
     GPU_TARGETS,
     Suite,
+    fit_host_calibration,
     grouped_kfold,
     host_side_ratios,
     leave_one_family_out,
     leave_one_gpu_out,
     network_correction,
+    network_host_inputs,
     test_set,
 )
 
@@ -141,7 +143,9 @@ def train(data_root: Path | str | None = None, out_dir: Path | str = "models", t
     log("final models on all rows")
     final = suite.fit("xgboost", p, np.arange(n_rows))
     host, host_routed, report["host_dispatch"] = fit_host_model(p, cfg, log)
-    host_band = _host_band(host_side_ratios(p, final, host), cfg)
+    host_inputs = network_host_inputs(p, final, host)
+    host.calibration, report["host_dispatch"]["network_calibration"] = fit_host_calibration(p, host_inputs, log)
+    host_band = _host_band(host_side_ratios(host_inputs, host), cfg)
     report["host_dispatch"]["eager_band"] = host_band
     report["waiting_power"] = waiting = fit_waiting_power(p.nets)
     log(f"waiting power: {waiting['source']}")

@@ -406,21 +406,17 @@ def grouped_kfold(p: Prepared, suite: Suite, cfg: TrainConfig, log: Callable[[st
     return kfold, oof
 
 
-def host_side_ratios(p: Prepared, final: dict[str, Routed], host: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Per network measured both eager and host-free: (measured eager / host-free) over (simulated
-    eager / host-free) with the final models and the network's run host profile. The GPU side
-    cancels, so this is the host side's error; it widens the eager bands (in-sample for the GPU
-    models, out-of-sample for nothing: an optimistic floor, said so in the manifest)."""
-    from gpurec.model.timeline import simulate
-
-    none = (np.zeros(0), np.zeros(0, dtype=object))
+def network_host_inputs(p: Prepared, final: dict[str, Routed], host: Any) -> dict[str, Any] | None:
+    """Per network measured both eager and host-free: its row, per-operation GPU times (final
+    models), reference-host dispatch, run host scale and offsets into the concatenated arrays
+    (None when no network has both)."""
     if not len(p.nets) or p.targets.get("networks") != "host_free" or "time_ms" not in p.nets:
-        return none
+        return None
     eager = p.nets["time_ms"].to_numpy(dtype=np.float64)
     hf = p.nets["_t_gpu"].to_numpy(dtype=np.float64)
     rows = np.flatnonzero(np.isfinite(eager) & (eager > 0) & np.isfinite(hf) & (hf > 0))
     if not len(rows):
-        return none
+        return None
     idx = np.concatenate([np.arange(p.net_offsets[i], p.net_offsets[i + 1]) for i in rows])
     offsets = np.concatenate([[0], np.cumsum(np.diff(p.net_offsets)[rows])])
     modes = p.net_modes_ops[idx]
@@ -430,7 +426,48 @@ def host_side_ratios(p: Prepared, final: dict[str, Routed], host: Any) -> tuple[
         sel = modes == m
         if sel.any():
             d[sel] = host.reference_ms(p.net_X["host"][idx][sel], p.net_groups[idx][sel], m)
-    d *= np.repeat(p.net_host_scale[rows], np.diff(offsets))
-    tl = simulate(t, d, offsets)
-    ratios = (eager[rows] / hf[rows]) / (tl.time_ms / np.maximum(tl.gpu_time_ms, 1e-12))
+    return {"rows": rows, "gpu_ms": t, "ref_ms": d, "op_modes": modes, "offsets": offsets,
+            "host_scale": p.net_host_scale[rows], "eager_ms": eager[rows], "host_free_ms": hf[rows]}
+
+
+def fit_host_calibration(p: Prepared, inputs: dict[str, Any] | None,
+                         log: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
+    """The NetworkCalibration (gpurec.model.host_model) from the training architectures' networks:
+    each network's predicted per-operation GPU times are scaled to its measured host-free time,
+    so only the host side is fitted; unseen test architectures are never used."""
+    from gpurec.model.host_model import NetworkCalibration, fit_network_calibration
+
+    if inputs is None:
+        return NetworkCalibration(), {"note": "no network measured both eager and host-free: uncalibrated"}
+    train = np.flatnonzero(~p.nets["is_test"].to_numpy()[inputs["rows"]])
+    off = inputs["offsets"]
+    gpu, ref = [], []
+    for j in train:
+        g = inputs["gpu_ms"][off[j]:off[j + 1]]
+        gpu.append(g * inputs["host_free_ms"][j] / max(float(g.sum()), 1e-12))
+        ref.append(inputs["ref_ms"][off[j]:off[j + 1]])
+    rows = inputs["rows"][train]
+    return fit_network_calibration(gpu, ref, inputs["host_scale"][train], inputs["eager_ms"][train],
+                                   p.nets["mode"].to_numpy()[rows], p.nets["family"].to_numpy()[rows], log)
+
+
+def host_side_ratios(inputs: dict[str, Any] | None, host: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per network measured both eager and host-free: (measured eager / host-free) over (simulated
+    eager / host-free) with the final models, the host model and its network calibration, and the
+    network's run host profile. The GPU side cancels, so this is the host side's error; it widens
+    the eager bands (in-sample for the GPU models and the calibration: an optimistic floor, said
+    so in the manifest)."""
+    from gpurec.model.timeline import simulate
+
+    if inputs is None:
+        return np.zeros(0), np.zeros(0, dtype=object)
+    off = inputs["offsets"]
+    scale = np.repeat(inputs["host_scale"], np.diff(off))
+    d = np.empty(len(inputs["ref_ms"]))
+    for m in MODES:
+        sel = inputs["op_modes"] == m
+        if sel.any():
+            d[sel] = host.calibration.apply(inputs["ref_ms"][sel], m, scale[sel])
+    tl = simulate(inputs["gpu_ms"], d, off)
+    ratios = (inputs["eager_ms"] / inputs["host_free_ms"]) / (tl.time_ms / np.maximum(tl.gpu_time_ms, 1e-12))
     return ratios, tl.bound

@@ -232,6 +232,37 @@ def _f(x: Any, digits: int = 1, unit: str = "%") -> str:
     return "—" if v != v else f"{v:.{digits}f}{unit}"
 
 
+def _host_side(hd: dict[str, Any]) -> list[str]:
+    """How the host side was learnt: per-operation dispatch, then its calibration inside networks."""
+    L = ["### The host side", ""]
+    if "grouped_kfold" in hd:
+        L += [f"Per-operation dispatch (`host_ms` of {hd.get('rows', 0):,} operation rows, on the reference host): "
+              f"grouped-CV MAPE {_f(hd['grouped_kfold'].get('mape'))}, against "
+              f"{_f(hd.get('prior_error', {}).get('mape'))} for the `host-bench` prior alone.", ""]
+    cal = hd.get("network_calibration", {})
+    rows = [m for m in ("inference", "training") if "eager_mape_uncalibrated" in cal.get(m, {})]
+    if not rows:
+        return L + [f"Inside networks: {cal.get('note', 'not calibrated')}.", ""]
+    L += ["Inside a network, the isolated rows do not simply add up: a module call adds Python work per "
+          "operation, and in training one backward pass serves every operation where each isolated row paid "
+          "a backward call of its own (a scale above 1 below says the plain sum fell short, below 1 that it "
+          "overshot).  So per mode the dispatch is calibrated on the "
+          "training architectures' eager network times through the step simulation (`NetworkCalibration`): "
+          "(scale × per-operation dispatch + a cost per operation) × host-bench dispatch ratio ^ host "
+          "exponent, and kept only where leave-one-family-out beats the plain sum.", "",
+          "| mode | networks | scale | per operation | host exponent | eager MAPE, plain sum | calibrated, in sample "
+          "| calibrated, leave one family out | kept |", "|---|---|---|---|---|---|---|---|---|"]
+    for m in rows:
+        c = cal[m]
+        L.append(f"| {m} | {c['n']} | {c['scale']:.2f} | {1000 * c['per_op_ms']:.0f} µs | {c['host_exponent']:g} | "
+                 f"{_f(c['eager_mape_uncalibrated'])} | {_f(c['eager_mape_calibrated_in_sample'])} | "
+                 f"{_f(c['eager_mape_calibrated_lofo'])} | {'yes' if c['kept'] else 'no'} |")
+    L += ["", "A host exponent below 1 means the `host-bench` profile of the measuring machine explained only part of "
+          "how its steps' host time differed from the other machines' (`docs/validation.md` shows the same sets on "
+          "three H100 hosts)."]
+    return L
+
+
 def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any],
                      sources: dict[str, Any] | None = None) -> list[str]:
     """Issue 13: the GPU's work and the host's work predicted apart, on the unseen test
@@ -262,8 +293,8 @@ def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any],
     for r in tables["host_free"]:
         L.append(f"| {short(r['gpu'])} | {r['mode']} | {_f(r['gpu_time_mape'])} | {r['n_time']} | "
                  f"{_f(r['gpu_energy_mape'])} | {r['n_energy']} |")
-    L += ["", "Rows are 0 where the GPU has no host-free network measurement yet (the H200 was not lent this "
-          "session; its networks are eager only).", ""]
+    L += ["", "Rows are 0 where the GPU has no host-free network measurement yet (no H200 was lent to the "
+          "host-free collection; its networks are eager only).", ""]
     L += ["### Leave one GPU out, host-free (target ≤ 8%)", ""]
     logo = tables["leave_one_gpu_out"]
     if logo:
@@ -282,12 +313,12 @@ def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any],
             L.append(f"* {short(gpu)} held out, per operation ({per_op.get('n')} rows, trained on the other GPUs' "
                      f"{entry.get('train_ops')}): time {_f(per_op['time']['mape'])}, energy "
                      f"{_f(per_op['energy']['mape'])}.")
-    L += [""]
     L += ["", "### Eager time on the measuring host's profile, unseen test architectures", "",
           "| GPU | mode | measured bound | eager time MAPE | rows | rows predicted with their run's host profile |",
           "|---|---|---|---|---|---|"]
     L += [f"| {short(r['gpu'])} | {r['mode']} | {r['measured_bound']} | {_f(r['time_mape'])} | {r['n']} | "
           f"{r['with_run_host_profile']} |" for r in tables["eager"]]
+    L += ["", *_host_side(rep.get("host_dispatch", {}))]
     b = tables["bound"]
     o = b.get("overall", {})
     L += ["", "### Bound verdict (target ≥ 90% right where the verdict is clear)", "",
