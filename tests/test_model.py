@@ -79,6 +79,29 @@ def test_correction_recovers_known_terms() -> None:
     assert np.allclose(apply_time(sums, coef), measured, rtol=1e-3)
 
 
+def test_time_correction_spares_measured_operations() -> None:
+    """The time correction corrects model error: a network whose every operation was looked up
+    from measurements keeps its sum, a predicted one gets the full correction, and a half-measured
+    one half of it.  Power is corrected in full either way (its targets are isolated rows)."""
+    from gpurec.model.network import Correction, NetworkSums, aggregate
+
+    t = np.array([1.0, 2.0, 3.0, 4.0])
+    w = np.array([100.0, 200.0, 300.0, 400.0])
+    offsets = np.array([0, 2, 4])
+    corr = Correction("scale", "scale", {"*|inference": {"scale": 0.5}}, {"*|inference": {"scale": 0.9}}, {})
+    none = aggregate(t, w, offsets, 0.02)
+    ct, cw, key = corr.apply(none, "H100", "inference")
+    assert key == "*|inference" and ct == pytest.approx([1.5, 3.5])
+    every = aggregate(t, w, offsets, 0.02, np.array([True, True, True, True]))
+    ct, cw_all, _ = corr.apply(every, "H100", "inference")
+    assert ct == pytest.approx([3.0, 7.0]) and cw_all == pytest.approx(cw)
+    half = aggregate(t, w, offsets, 0.02, np.array([True, False, False, False]))  # 1 of 3 ms measured
+    assert half.measured_share == pytest.approx([1 / 3, 0.0])
+    ct, _, _ = corr.apply(half, "H100", "inference")
+    assert ct == pytest.approx([1.5 + (3.0 - 1.5) / 3, 3.5])
+    assert isinstance(half.take([1]), NetworkSums) and half.take([1]).measured_share == pytest.approx([0.0])
+
+
 def test_package_imports_lazily() -> None:
     code = ("import sys, gpurec, gpurec.model; "
             "bad = [m for m in ('xgboost', 'sklearn', 'optuna', 'torch') if m in sys.modules]; "

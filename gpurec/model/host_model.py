@@ -39,8 +39,8 @@ class NetworkCalibration:
     An operation dispatched alone in a loop is not an operation inside a network: inside one,
     the Python module call and tensor bookkeeping add a fixed cost per operation, and in
     training one backward pass serves every operation where the isolated rows paid a backward
-    call each.  Measured on the collection's networks, per-operation sums under-predicted
-    host-bound inference steps by ~1.5x and over-predicted training steps.  So, per mode,
+    call each.  On the H100 collection's networks (2026-11-26) the plain sums under-predicted
+    host-bound inference steps by a median 1.5x and over-predicted training steps.  So, per mode,
 
         dispatch_in_network = (scale x dispatch_on_reference + per_op_ms) x host_scale ** host_exponent
 
@@ -99,7 +99,8 @@ def fit_network_calibration(gpu_ms: Sequence[np.ndarray], ref_ms: Sequence[np.nd
     only where that leave-one-family-out error beats the uncalibrated sum."""
     grid = list(itertools.product(CALIBRATION_GRID["scale"], CALIBRATION_GRID["per_op_ms"],
                                   CALIBRATION_GRID["host_exponent"]))
-    calib = NetworkCalibration()
+    identity = NetworkCalibration()
+    scale, per_op, exponent = dict(identity.scale), dict(identity.per_op_ms), dict(identity.host_exponent)
     report: dict[str, Any] = {"grid": {k: list(v) for k, v in CALIBRATION_GRID.items()},
                               "objective": "mean |log(simulated eager / measured eager)| of the training "
                                            "architectures' networks, each with its run's host profile"}
@@ -129,11 +130,12 @@ def fit_network_calibration(gpu_ms: Sequence[np.ndarray], ref_ms: Sequence[np.nd
         entry["kept"] = entry["eager_mape_calibrated_lofo"] < entry["eager_mape_uncalibrated"]
         report[mode] = entry
         if entry["kept"]:
-            calib.scale[mode], calib.per_op_ms[mode], calib.host_exponent[mode] = s, c, a
+            scale[mode], per_op[mode], exponent[mode] = s, c, a
         if log is not None:
             log(f"host network calibration {mode}: scale {s:.2f}, +{c * 1000:.0f} us/op, host exponent {a:g}: "
                 f"eager MAPE {entry['eager_mape_uncalibrated']:.1f}% -> {entry['eager_mape_calibrated_lofo']:.1f}% "
                 f"(leave one family out, {len(sel)} networks){'' if entry['kept'] else ': not kept'}")
+    calib = NetworkCalibration(scale, per_op, exponent)
     report["calibration"] = calib.as_dict()
     return calib, report
 

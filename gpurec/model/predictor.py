@@ -425,7 +425,7 @@ class Predictor:
         hit = np.zeros(len(t), dtype=bool)
         if self.lookup is not None:
             t, w, hit = self.lookup.apply(t, w, block.signatures, nvml, mode)
-        sums = aggregate(t, w, offsets, self.small_op_ms)
+        sums = aggregate(t, w, offsets, self.small_op_ms, hit)
         t_net, w_net, key = self.correction.apply(sums, nvml, mode)
         # The correction rescales each network's GPU work; the timeline then places it behind the host.
         factor = np.repeat(t_net / np.maximum(sums.sum_time_ms, 1e-12), np.diff(offsets))

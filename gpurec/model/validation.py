@@ -79,13 +79,14 @@ def predict_networks(models: dict[str, Routed], p: Prepared, net_rows: np.ndarra
     offsets = np.concatenate([[0], np.cumsum(np.diff(p.net_offsets)[net_rows])])
     t = np.exp(models["time"].predict(p.net_X["time"][idx], p.net_margin["time"][idx], p.net_modes_ops[idx]))
     w = np.exp(models["power"].predict(p.net_X["power"][idx], p.net_margin["power"][idx], p.net_modes_ops[idx]))
+    hit = np.zeros(len(t), dtype=bool)
     if lookup is not None and len(lookup):
         for j, i in enumerate(net_rows):
             a, b = offsets[j], offsets[j + 1]
             sigs = p.net_signatures[p.net_offsets[i]:p.net_offsets[i + 1]]
-            t[a:b], w[a:b], _ = lookup.apply(t[a:b], w[a:b], sigs, str(p.nets["gpu"].iat[i]),
-                                             str(p.nets["mode"].iat[i]))
-    return aggregate(t, w, offsets, small_op_ms)
+            t[a:b], w[a:b], hit[a:b] = lookup.apply(t[a:b], w[a:b], sigs, str(p.nets["gpu"].iat[i]),
+                                                    str(p.nets["mode"].iat[i]))
+    return aggregate(t, w, offsets, small_op_ms, hit)
 
 
 def net_measured(p: Prepared, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

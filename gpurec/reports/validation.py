@@ -106,7 +106,7 @@ def _field_table(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
 
 def _summary(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
     """MAPE per field for training and unseen architectures, beside how far the same field moved
-    between two machines measuring the same set (the noise floor)."""
+    between machines measuring the same set (the noise floor)."""
     by_set: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in recs:
         by_set[(r["gpu"], r["model"], r["batch_size"], r["resolution"], r["mode"])].append(r)
@@ -132,7 +132,7 @@ def _summary(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
     cells.append(f"{flips} of {sum(len(rs) >= 2 for rs in by_set.values())} sets changed verdict between machines")
     rows.append(cells)
     return [table(["field", "training architectures: MAPE", "unseen architectures: MAPE",
-                   "same set, two machines: median |Δ| of the measurement"], rows), ""]
+                   "same set on several machines: median spread (max/min − 1) of the measurement"], rows), ""]
 
 
 def _two_hosts(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
@@ -313,11 +313,11 @@ def generate(root: Path | str = ".", warn: Callable[[str], None] | None = None) 
     ]
     if new:
         lines += ["## Field by field", "", *_summary(new_r, new_e),
-                  "The *two machines* column is the noise floor: the same set measured by the same code on two "
+                  "The last column is the noise floor: the same set measured by the same code on several "
                   "machines with the same GPU model.  The bound is `host` when the eager step is at least 20% "
                   "longer than the graph.", "",
                   *_field_table(new_r, new_e),
-                  "## The same sets on two hosts", "", *_two_hosts(new_r, new_e),
+                  "## The same sets on several hosts", "", *_two_hosts(new_r, new_e),
                   "## Which operations carry the GPU-time error", "", *_per_op(new_r, new_e),
                   "## Live measurements against the collected rows", "", *_against_collection(new_r, root),
                   "## The network as the sum of its isolated operations", "",
