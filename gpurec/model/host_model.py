@@ -1,8 +1,10 @@
 """Host dispatch time per operation: what the CPU spends to issue it (Python, ATen, autograd, launch).
 
-Expressed on the *reference host* and rescaled to any other host by the ratio of their
-``gpurec host-bench`` dispatch figures (``HostProfile.dispatch_scale``): a host that issues the
-benchmark's fixed calls 1.5x slower issues a network's operations about 1.5x slower too.
+Expressed on the *reference host*; inside a network on another host, the NetworkCalibration
+below turns it into in-network dispatch and applies the ratio of the two hosts' ``gpurec
+host-bench`` dispatch figures (``HostProfile.dispatch_scale``) raised to a fitted exponent: how
+much of a benchmark's speed difference really carries over to a network's steps is measured,
+not assumed.
 
 The starting point (the booster's margin, and the whole model when the data has no
 ``host_ms`` yet) is the *profile prior*: each operation costs what the benchmark call of its
