@@ -177,24 +177,24 @@ def _two_hosts(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
 def _per_op(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
     """Predicted per-operation GPU time against the in-network kernel time of the same position,
     summed by operation kind over every record (positions whose signature differs are counted apart)."""
+    from gpurec.validate import per_op_errors
+
     agg: dict[tuple[str, bool], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     mismatched = total = 0
     for r, est in zip(recs, ests, strict=True):
-        net = r.get("in_network")
-        if est is None or not net:
+        if est is None or not r.get("in_network"):
             continue
-        per_op = est.per_op
-        n = min(len(per_op), len(net["kernel_ms"]))
-        total += n
+        positions = per_op_errors(est, r["in_network"], top=None)
+        total += len(positions)
         unseen = r["model"] in TEST_ARCHS
-        for i in range(n):
-            if per_op["signature"].iloc[i] != net["op_signature"][i]:
+        for pos in positions:
+            if not pos["same_operation"]:
                 mismatched += 1
                 continue
-            a = agg[(str(per_op["kind"].iloc[i]), unseen)]
+            a = agg[(pos["kind"], unseen)]
             a[0] += 1
-            a[1] += float(net["kernel_ms"][i])
-            a[2] += float(per_op["time_ms"].iloc[i])
+            a[1] += pos["measured_ms"]
+            a[2] += pos["predicted_ms"]
     if not agg:
         return []
     abs_total = sum(abs(v[2] - v[1]) for v in agg.values()) or 1.0

@@ -199,9 +199,10 @@ def prediction_fields(est: Any, measured_time_ms: float, measured_energy_mj: flo
     return out
 
 
-def per_op_errors(est: Any, in_network: dict[str, list[Any]], top: int = 10) -> list[dict[str, Any]]:
+def per_op_errors(est: Any, in_network: dict[str, list[Any]], top: int | None = 10) -> list[dict[str, Any]]:
     """The operations that carry the GPU-time error: predicted GPU time against the kernel time
-    the in-network pass measured for the same position, largest absolute difference first."""
+    the in-network pass measured for the same position, largest absolute difference first
+    (``top`` of them; None: every position)."""
     per_op = est.per_op
     n = min(len(per_op), len(in_network.get("kernel_ms", [])))
     rows = []
@@ -211,7 +212,7 @@ def per_op_errors(est: Any, in_network: dict[str, list[Any]], top: int = 10) -> 
                      "diff_ms": pred - meas, "same_operation": per_op["signature"].iloc[i]
                      == in_network["op_signature"][i]})
     rows.sort(key=lambda r: -abs(r["diff_ms"]))
-    return rows[:top]
+    return rows if top is None else rows[:top]
 
 
 def _load_predictor_or_none() -> Any:
