@@ -80,15 +80,14 @@ CALIBRATION_GRID = {
 
 def _log_errors(gpu_ms: Sequence[np.ndarray], ref_ms: Sequence[np.ndarray], host_scale: np.ndarray,
                 eager_ms: np.ndarray, grid: list[tuple[float, float, float]]) -> np.ndarray:
-    """log(simulated / measured eager) per (grid point, network)."""
+    """log(simulated / measured eager) per (grid point, network): one simulation of all the
+    networks (concatenated, with offsets) per grid point."""
     from gpurec.model.timeline import simulate
 
-    err = np.empty((len(grid), len(gpu_ms)))
-    for j, (g, d) in enumerate(zip(gpu_ms, ref_ms, strict=True)):
-        bounds = np.array([0, len(g)])
-        for i, (s, c, a) in enumerate(grid):
-            err[i, j] = np.log(simulate(g, (s * d + c) * host_scale[j] ** a, bounds).time_ms[0] / eager_ms[j])
-    return err
+    offsets = np.concatenate([[0], np.cumsum([len(g) for g in gpu_ms])])
+    g, d = np.concatenate(gpu_ms), np.concatenate(ref_ms)
+    scale = np.repeat(np.asarray(host_scale, dtype=np.float64), np.diff(offsets))
+    return np.array([np.log(simulate(g, (s * d + c) * scale**a, offsets).time_ms / eager_ms) for s, c, a in grid])
 
 
 def fit_network_calibration(gpu_ms: Sequence[np.ndarray], ref_ms: Sequence[np.ndarray], host_scale: np.ndarray,
