@@ -258,6 +258,8 @@ def measure_network(step: Callable[[], None], monitor: EnergyMonitor, cfg: Windo
             host = timed_blocks(step, backend, 1, cfg.eager_blocks + 4)[0]
         row["host_ms"], row["host_iqr_ms"] = _median_iqr(host)
         row["host_min_ms"] = min(host)
+        # The step's peak device memory (after warm-up, so library workspaces are in it).
+        row["peak_memory_bytes"] = backend.peak_memory_bytes(step)
         row.update(host_free(step, backend, monitor, cfg, time_ms, idle_power_w, power_limit_w))
     if idle_power_w is not None:
         row["idle_power_w"] = idle_power_w

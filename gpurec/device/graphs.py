@@ -37,6 +37,8 @@ class StepBackend(Protocol):
 
     def mark(self) -> Mark: ...
 
+    def peak_memory_bytes(self, fn: Callable[[], None]) -> int | None: ...
+
 
 class _CudaReplay:
     def __init__(self, graph: Any, keep: list[Any]):
@@ -107,6 +109,17 @@ class CudaBackend:
         ev.record()
         return ev
 
+    def peak_memory_bytes(self, fn: Callable[[], None]) -> int | None:
+        """The allocator's peak over one call of ``fn`` (weights, inputs and everything the
+        call allocates), as ``torch.cuda.max_memory_allocated`` reports it."""
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated())
+
 
 class Paced:
     """Calls ``fn`` with at most ``depth`` calls queued on the GPU.
@@ -148,6 +161,11 @@ class CpuBackend:
 
     def mark(self) -> Any:
         return _NoMark()
+
+    def peak_memory_bytes(self, fn: Callable[[], None]) -> int | None:
+        """No device allocator to read on the CPU: the row says so with ``None``."""
+        fn()
+        return None
 
 
 class _NoMark:
