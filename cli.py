@@ -911,6 +911,15 @@ def tools_plan(out: Path = typer.Option(Path("datasets/plans/main.json"), "--out
     _print_json(_guard(write_main_plan, out))
 
 
+@tools_app.command("plan-peaks")
+def tools_plan_peaks(out: Path = typer.Option(Path("datasets/plans/peaks.json"), "--out",
+                                             help="where to write the plan JSON")) -> None:
+    """Write the peak-memory plan: one cheap item per network of the main plan."""
+    from gpurec.tools.plan import write_peaks_plan
+
+    _print_json(_guard(write_peaks_plan, out))
+
+
 @tools_app.command("gpu-time-sources")
 def tools_gpu_time_sources(
     data: Path = typer.Option(Path("datasets"), "--data", help="dataset root with one directory per GPU"),

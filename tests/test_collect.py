@@ -444,3 +444,27 @@ def test_done_ids_skips_failed_rows_only_when_retrying(tmp_path: Path) -> None:
         shard.append({"id": "op:a:inference:rep", "status": "ok", "repeat": True})
     assert done_ids(tmp_path) == {"op:a:inference", "op:b:inference"}
     assert done_ids(tmp_path, retry_failed=True) == {"op:a:inference"}
+
+
+def test_peak_items_are_measured_resumed_and_built_into_their_own_table(tmp_path: Path, fast_worker: FakeNVML) -> None:
+    from gpurec.collect.plan import peak_items
+    from gpurec.dataset.build import build_gpu_dataset
+    from gpurec.device.graphs import CpuBackend
+
+    class Peaks(CpuBackend):
+        def peak_memory_bytes(self, fn):  # noqa: ANN001, ANN201
+            fn()
+            return 12345
+
+    items = peak_items([SET])
+    assert [w.id for w in items] == [f"peak:{SET.key}:inference", f"peak:{SET.key}:training"]
+    raw = tmp_path / "h100" / "raw"
+    raw.mkdir(parents=True)
+    summary = run_worker(items, raw, _cfg(), device="cpu", log=lambda m: None, backend=Peaks())
+    assert summary["ok"] == 2 and summary["failed"] == 0
+    rows = [r for r in _rows(raw) if r["item"] == "peak"]
+    assert {r["mode"] for r in rows} == {"inference", "training"}
+    assert all(r["status"] == "ok" and r["peak_memory_bytes"] == 12345 for r in rows)
+    assert done_ids(raw) == {w.id for w in items}
+    counts = build_gpu_dataset(tmp_path / "h100")
+    assert counts["peaks"] == 2 and counts["networks"] == 0 and counts["operations"] == 0

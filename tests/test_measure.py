@@ -278,3 +278,47 @@ def test_backward_without_a_forward_owner_is_reported() -> None:
             e["args"]["Sequence number"] = 99
     fwd, bwd = host_times_us(trace["traceEvents"])
     assert bwd == {"(unattributed)": 60.0} and fwd["conv1"] == 100.0
+
+
+class _PeakGraphs(FakeGraphs):
+    """A capture backend whose allocator peak is the number of calls it has seen times a step's
+    bytes: a peak read over the wrong call (or none) gives another number."""
+
+    STEP_BYTES = 1 << 20
+
+    def __init__(self, board: FakeBoard):
+        super().__init__(board)
+        self.calls = 0
+
+    def peak_memory_bytes(self, fn: Callable[[], None]) -> int | None:
+        before = self.calls
+        fn()
+        return (self.calls - before) * self.STEP_BYTES
+
+
+def test_network_row_records_the_peak_memory_of_one_step(board: FakeBoard) -> None:
+    graphs = _PeakGraphs(board)
+    step = _step(board, graphs)
+
+    def counted() -> None:
+        graphs.calls += 1
+        step()
+
+    with Sampler(open_gpu(0)) as s:
+        row = measure_network(counted, EnergyMonitor(s, 10.0), CFG, graphs, inference=True,
+                              idle_power_w=IDLE_W, power_limit_w=700.0)
+    assert row["peak_memory_bytes"] == _PeakGraphs.STEP_BYTES
+
+
+def test_peak_item_runs_a_first_call_then_reads_the_peak_over_one_step(board: FakeBoard) -> None:
+    graphs = _PeakGraphs(board)
+    seen: list[str] = []
+
+    def step() -> None:
+        seen.append("call")
+        graphs.calls += 1
+
+    row = measure_mod.measure_peak(step, graphs, inference=False)
+    assert seen == ["call", "call"]  # the first call's allocations and workspaces come before the peak
+    assert row["peak_memory_bytes"] == _PeakGraphs.STEP_BYTES and row["first_call_ms"] >= 0
+    assert CpuBackend().peak_memory_bytes(lambda: None) is None  # the CPU has no device allocator

@@ -228,6 +228,19 @@ def measure_op(step: Callable[[], None], monitor: EnergyMonitor, cfg: WindowConf
     return row
 
 
+def measure_peak(step: Callable[[], None], backend: StepBackend, inference: bool) -> dict[str, Any]:
+    """A step's peak device memory alone: a first call (allocations, library workspaces), then
+    the allocator's peak over a second one.  Cheap, so networks measured before rows carried
+    ``peak_memory_bytes`` get it without a full three-way measurement."""
+    import torch
+
+    ctx = torch.inference_mode() if inference else torch.enable_grad()
+    with ctx:
+        row = _first_call(step, backend)
+        row["peak_memory_bytes"] = backend.peak_memory_bytes(step)
+    return row
+
+
 def measure_network(step: Callable[[], None], monitor: EnergyMonitor, cfg: WindowConfig, backend: StepBackend,
                     inference: bool, idle_power_w: float | None = None,
                     power_limit_w: float | None = None) -> dict[str, Any]:

@@ -96,6 +96,12 @@ def build_plan(sets: Sequence[ModelInputSet], modes: Sequence[str] = MODES, netw
     return items
 
 
+def peak_items(sets: Sequence[ModelInputSet], modes: Sequence[str] = MODES) -> list[WorkItem]:
+    """One peak-memory item per (set, mode): a cheap pass that records the step's peak device
+    memory for networks measured before rows carried it."""
+    return [WorkItem("peak", s.key, m, "peak", s.key, [s.key]) for s in sets for m in modes]
+
+
 def parse_shard(text: str | None) -> tuple[int, int]:
     """``"i/n"``; falls back to torchrun (RANK/WORLD_SIZE) and Slurm array variables."""
     if text:

@@ -24,6 +24,7 @@ from gpurec.collect.measure import (
     measure_idle,
     measure_network,
     measure_op,
+    measure_peak,
     tick_period_s,
 )
 from gpurec.collect.plan import ModelInputSet, WorkItem
@@ -321,7 +322,7 @@ def _measure_item(w: WorkItem, ctx: _Ctx, idle_power_w: float) -> dict[str, Any]
         row["op_signature"] = w.key
     unit = None
     try:
-        if w.item == "network":
+        if w.item in ("network", "peak"):
             s = ModelInputSet.parse(w.key)
             unit = NetworkUnit(s.arch, s.input_shape, w.mode, device, seed=cfg.seed)
         else:
@@ -332,7 +333,9 @@ def _measure_item(w: WorkItem, ctx: _Ctx, idle_power_w: float) -> dict[str, Any]
         row["backward"] = bool(getattr(unit, "backward", False))
         ctx.backend.sync()
         row["setup_ms"] = (time.perf_counter() - t0) * 1000.0
-        if w.item == "network":
+        if w.item == "peak":
+            row.update(measure_peak(unit.step, ctx.backend, inference))
+        elif w.item == "network":
             row.update(measure_network(unit.step, monitor, cfg.window, ctx.backend, inference, idle_power_w,
                                        ctx.power_limit_w))
             if cfg.in_network and getattr(device, "type", str(device)) == "cuda":

@@ -6,6 +6,7 @@ Layout per GPU (``datasets/<tag>/``):
   networks.parquet                          one row per measured (model-input set, mode)
   in_network.parquet                        per (network row, position): kernel and host time of
                                             each operation inside the real step (issue 12)
+  peaks.parquet                             per (model-input set, mode): the step's peak device memory
   repeats.parquet                           re-measurements (repeatability)
   idle.parquet                              idle power readings
 
@@ -104,6 +105,7 @@ def build_gpu_dataset(gpu_dir: Path | str, *, allow_corrupt: bool = False) -> di
     if "in_network" in nets:
         nets = nets.drop(columns="in_network")
     for name, part in (("operations", main[main["item"] == "op"]), ("networks", nets),
+                       ("peaks", main[main["item"] == "peak"]),
                        ("in_network", in_network),
                        ("repeats", df[is_repeat & (df["item"] != "idle")]), ("idle", idle)):
         if "in_network" in part:

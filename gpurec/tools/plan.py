@@ -38,3 +38,28 @@ def write_main_plan(out: Path | str = DEFAULT_PLAN) -> dict[str, int]:
     for w in items:
         kinds[w.item] = kinds.get(w.item, 0) + 1
     return kinds
+
+
+PEAKS_PLAN = Path("datasets") / "plans" / "peaks.json"
+
+
+def write_peaks_plan(out: Path | str = PEAKS_PLAN) -> dict[str, int]:
+    """Write the peak-memory plan: one item per network of the main plan (every dataset and
+    test set, both modes)."""
+    import torch
+
+    from gpurec.collect.plan import (
+        DATASET_ARCHS,
+        DATASET_BATCH_SIZES,
+        MODES,
+        TEST_ARCHS,
+        TEST_BATCH_SIZES,
+        model_input_sets,
+        peak_items,
+    )
+    from gpurec.dataset.store import atomic_write_json
+
+    sets = model_input_sets(DATASET_ARCHS, DATASET_BATCH_SIZES) + model_input_sets(TEST_ARCHS, TEST_BATCH_SIZES)
+    items = peak_items(sets, MODES)
+    atomic_write_json(Path(out), {"torch": torch.__version__, "items": [w.as_dict() for w in items]})
+    return {"items": len(items), "peak": len(items)}
