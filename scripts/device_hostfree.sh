@@ -16,7 +16,7 @@ say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "
 say "host-free collection on $(nvidia-smi -L | tr '\n' ' ')"
 nvidia-smi --query-gpu=index,name,uuid,clocks.sm,power.draw,power.limit,temperature.gpu --format=csv >> "$LOG" 2>&1
 if [ -d "datasets/$TAG/raw" ] && [ ! -e "$COL/.seeded" ]; then
-  for f in datasets/$TAG/raw/rows-*.jsonl; do grep -q '"schema":2' "$f" && cp "$f" "$COL/seed-$(basename "$f")"; done
+  for f in datasets/$TAG/raw/rows-*.jsonl datasets/$TAG/raw/rows-*.jsonl.gz; do [ -e "$f" ] && zgrep -q '"schema":2' "$f" && cp "$f" "$COL/seed-$(basename "$f")"; done
   touch "$COL/.seeded"
 fi
 NGPU=$(nvidia-smi -L | wc -l); DEVS=$(seq -s, 0 $((NGPU - 1)))

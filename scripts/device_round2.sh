@@ -19,7 +19,7 @@ say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "
 say "round-2 collection on $(nvidia-smi -L | tr '\n' ' ')"
 nvidia-smi --query-gpu=index,name,uuid,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv >> "$LOG" 2>&1
 if [ -d "datasets/$TAG/raw" ] && [ ! -e "$COL/.seeded" ]; then
-  for f in datasets/$TAG/raw/rows-*.jsonl; do grep -q '"schema":2' "$f" && cp "$f" "$COL/seed-$(basename "$f")"; done
+  for f in datasets/$TAG/raw/rows-*.jsonl datasets/$TAG/raw/rows-*.jsonl.gz; do [ -e "$f" ] && zgrep -q '"schema":2' "$f" && cp "$f" "$COL/seed-$(basename "$f")"; done
   touch "$COL/.seeded"
 fi
 VAR="PLANS_$(echo "$TAG" | tr a-z A-Z)"

@@ -10,7 +10,7 @@ COL="out/$TAG"; mkdir -p "$COL" "$OUT"
 LOG="$OUT/log_x1.txt"
 say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
 say "x1 on $(nvidia-smi -L)"
-if [ -d "datasets/$TAG/raw" ] && [ ! -e "$COL/.seeded" ]; then for f in datasets/$TAG/raw/rows-*.jsonl; do cp "$f" "$COL/seed-$(basename "$f")"; done; touch "$COL/.seeded"; fi
+if [ -d "datasets/$TAG/raw" ] && [ ! -e "$COL/.seeded" ]; then for f in datasets/$TAG/raw/rows-*.jsonl datasets/$TAG/raw/rows-*.jsonl.gz; do [ -e "$f" ] && cp "$f" "$COL/seed-$(basename "$f")"; done; touch "$COL/.seeded"; fi
 if [ "$CALIB_S" -gt 0 ]; then timeout $((CALIB_S + 120)) bash scripts/device_calibrate.sh 0 "$CALIB_S" > /tmp/calib_stdout.txt 2>&1; say "calibration rc=$?"; fi
 left=$(( TOTAL_S - ( $(date +%s) - START ) - 15 ))
 say "collect for $left s"

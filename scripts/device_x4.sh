@@ -17,7 +17,7 @@ say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "
 say "phase $PHASE on $(nvidia-smi -L | tr '\n' ' ')"
 nvidia-smi --query-gpu=index,name,clocks.sm,power.draw,temperature.gpu --format=csv >> "$LOG" 2>&1
 # seed the output with what earlier sessions collected (resume across sessions)
-if [ -d "datasets/$TAG/raw" ] && [ ! -e "$COL/.seeded" ]; then for f in datasets/$TAG/raw/rows-*.jsonl; do cp "$f" "$COL/seed-$(basename "$f")"; done; touch "$COL/.seeded"; fi
+if [ -d "datasets/$TAG/raw" ] && [ ! -e "$COL/.seeded" ]; then for f in datasets/$TAG/raw/rows-*.jsonl datasets/$TAG/raw/rows-*.jsonl.gz; do [ -e "$f" ] && cp "$f" "$COL/seed-$(basename "$f")"; done; touch "$COL/.seeded"; fi
 if [ "$PHASE" = 1 ]; then
   python3 cli.py collect --out "$COL" --plan datasets/plans/main.json --devices 0,1 --time-budget-s "$BUDGET_S" > /tmp/collect_p1.txt 2>&1 &
   ( CUDA_VISIBLE_DEVICES=2 GPUREC_PROFILE_BUDGET_S=$((BUDGET_S - 60)) timeout $((BUDGET_S + 20)) bash scripts/device_profile.sh > /tmp/profile_stdout.txt 2>&1 ) &

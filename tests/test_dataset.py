@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 import gpurec
 from gpurec.dataset.build import build_all, build_gpu_dataset
 from gpurec.dataset.load import DATASET_DIR_ENV, default_root, load_dataset
-from gpurec.dataset.store import JsonlShard, atomic_write_json, json_safe
+from gpurec.dataset.store import JsonlShard, atomic_write_json, json_safe, raw_row_files
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = "NVIDIA H100 80GB HBM3"
@@ -189,7 +190,7 @@ def test_run_worker_rows_build_and_load(tmp_path: Path, monkeypatch: pytest.Monk
 
 # -- the shipped measurements ------------------------------------------------------------------
 
-SHIPPED_GPU_DIRS = sorted(p.parent for p in (ROOT / "datasets").glob("*/raw") if any(p.glob("rows-*.jsonl")))
+SHIPPED_GPU_DIRS = sorted(p.parent for p in (ROOT / "datasets").glob("*/raw") if raw_row_files(p))
 
 
 def _raw_expectations(gpu_dir: Path) -> dict[str, int]:
@@ -197,8 +198,9 @@ def _raw_expectations(gpu_dir: Path) -> dict[str, int]:
     measured id, counted as ok when any of its measurements succeeded."""
     status: dict[tuple[str, str], set[str]] = {}
     counts = {"repeats": 0, "idle": 0, "lines": 0}
-    for shard in sorted((gpu_dir / "raw").glob("rows-*.jsonl")):
-        for line in shard.read_text().splitlines():
+    for shard in raw_row_files(gpu_dir / "raw"):
+        text = gzip.open(shard, "rt").read() if shard.suffix == ".gz" else shard.read_text()
+        for line in text.splitlines():
             if not line.strip():
                 continue
             r = json.loads(line)  # a damaged shipped line fails here, loudly
@@ -290,3 +292,27 @@ def test_json_safe_gives_strict_json_for_numpy_pandas_and_paths() -> None:
                     "ok": [True, False, "s", None]}
     assert json.loads(json.dumps(safe, allow_nan=False)) == safe
     assert type(safe["a"][0]) is int and type(safe["ok"][1]) is bool
+
+
+def test_compressed_raw_shards_read_build_and_merge_like_plain_ones(tmp_path: Path) -> None:
+    import gzip
+
+    from gpurec.dataset.build import build_gpu_dataset
+    from gpurec.dataset.merge import merge_shards
+    from gpurec.dataset.store import raw_row_files
+
+    rows = [{"id": f"op:s{i}:inference", "item": "op", "mode": "inference", "status": "ok", "op_kind": "ReLU",
+             "op_signature": f"s{i}", "time_ms": 0.1 + i, "run_id": "r", "t_unix": float(i)} for i in range(3)]
+    raw = tmp_path / "h100" / "raw"
+    raw.mkdir(parents=True)
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (raw / "rows-a.jsonl").write_text(text[: len(text) // 3 and text.index("\n") + 1])
+    with gzip.open(raw / "rows-b.jsonl.gz", "wt") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in rows[1:]))
+    assert [p.name for p in raw_row_files(raw)] == ["rows-a.jsonl", "rows-b.jsonl.gz"]
+    counts = build_gpu_dataset(tmp_path / "h100")
+    assert counts["operations"] == 3
+    result = merge_shards([raw], tmp_path / "merged" / "h100")
+    merged = tmp_path / "merged" / "h100" / "raw"
+    assert sorted(p.name for p in merged.iterdir() if p.name.startswith("rows-")) == ["rows-a.jsonl", "rows-b.jsonl"]
+    assert (merged / "rows-b.jsonl").read_text().count("\n") == 2 and result["tables"]["operations"] == 3

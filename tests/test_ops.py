@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpurec.dataset.store import raw_row_files, read_jsonl
 from gpurec.ops import (
     ExtractionError,
     Operation,
@@ -335,12 +336,8 @@ def plan_items() -> frozenset[tuple[str, str]]:
 def measured() -> dict[tuple[str, str], set[str]]:
     """Operation signatures the GPU machines' torch 2.11 measured, by (set key, mode)."""
     out: dict[tuple[str, str], set[str]] = {}
-    for raw in sorted(DATASETS.glob("*/raw/rows-*.jsonl")):
-        for line in raw.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+    for raw_dir in sorted(DATASETS.glob("*/raw")):
+        for r in (r for p in raw_row_files(raw_dir) for r in read_jsonl(p, allow_corrupt=True)):
             if r.get("item") == "op" and r.get("status") == "ok" and not r.get("repeat"):
                 for key in r.get("model_sets") or [r["set_key"]]:
                     out.setdefault((key, r["mode"]), set()).add(r["op_signature"])

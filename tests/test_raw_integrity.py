@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +19,9 @@ from gpurec.dataset.store import CorruptShardError, JsonlShard, TornLineRepaired
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "20260101T000000-0of1-abcdef"
 GPU = "NVIDIA H100 80GB HBM3"
-SHIPPED_SHARD = ROOT / "datasets" / "h100" / "raw" / "rows-20261126-smoke-1of40.jsonl"
+# Shipped shards are stored compressed; the test damages a plain copy of one.
+SHIPPED_SHARD_GZ = ROOT / "datasets" / "h100" / "raw" / "rows-20261126-smoke-1of40.jsonl.gz"
+SHIPPED_SHARD = Path(SHIPPED_SHARD_GZ.name[: -len(".gz")])
 
 
 def _row(i: int, **kw: object) -> dict:
@@ -130,8 +132,8 @@ def test_cli_build_on_a_damaged_copy_of_shipped_data(tmp_path: Path) -> None:
     """The issue's case: a damaged line in a copy of real raw data fails the build or is counted."""
     raw = tmp_path / "h100" / "raw"
     raw.mkdir(parents=True)
-    shutil.copy(SHIPPED_SHARD, raw / SHIPPED_SHARD.name)
-    n_rows = len(_lines(SHIPPED_SHARD))
+    (raw / SHIPPED_SHARD.name).write_bytes(gzip.decompress(SHIPPED_SHARD_GZ.read_bytes()))
+    n_rows = len(_lines(raw / SHIPPED_SHARD.name))
     res = CliRunner().invoke(cli.app, ["dataset", "build", "--root", str(tmp_path)])
     assert res.exit_code == 0, res.output
     clean = json.loads(res.stdout)["h100"]

@@ -28,7 +28,7 @@ from gpurec.collect.measure import (
     tick_period_s,
 )
 from gpurec.collect.plan import ModelInputSet, WorkItem
-from gpurec.dataset.store import JsonlShard, atomic_write_json, read_jsonl
+from gpurec.dataset.store import JsonlShard, atomic_write_json, raw_row_files, read_jsonl
 from gpurec.device.graphs import CpuBackend, StepBackend
 from gpurec.device.window import EnergyMonitor
 from gpurec.host import host_cpu, run_host_bench
@@ -156,7 +156,7 @@ def done_ids(out_dir: Path, retry_failed: bool = False, min_schema: int = 1) -> 
     Rows of an older measuring method (``schema`` below ``min_schema``; rows without one are
     schema 1, eager only) are kept in the data but do not count as done."""
     ids: set[str] = set()
-    for p in sorted(out_dir.glob("*rows-*.jsonl")):  # includes seed-rows-* copied from datasets/
+    for p in raw_row_files(out_dir, prefix="*"):  # includes seed-rows-* copied from datasets/
         for row in read_jsonl(p):
             if row.get("repeat") or (retry_failed and row.get("status") != "ok"):
                 continue

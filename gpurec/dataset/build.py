@@ -22,12 +22,17 @@ summary the build returns.
 
 from __future__ import annotations
 
-import glob
 import json
 from pathlib import Path
 from typing import Any
 
-from gpurec.dataset.store import BadLine, atomic_write_parquet, count_torn_fragments, read_jsonl
+from gpurec.dataset.store import (
+    BadLine,
+    atomic_write_parquet,
+    count_torn_fragments,
+    raw_row_files,
+    read_jsonl,
+)
 
 
 def _provenance(raw: Path) -> dict[str, dict[str, Any]]:
@@ -62,7 +67,7 @@ def build_gpu_dataset(gpu_dir: Path | str, *, allow_corrupt: bool = False) -> di
     raw = gpu_dir / "raw"
     rows: list[dict[str, Any]] = []
     bad: list[BadLine] = []
-    for p in sorted(glob.glob(str(raw / "rows-*.jsonl"))):
+    for p in raw_row_files(raw):
         for r in read_jsonl(p, allow_corrupt=allow_corrupt, bad_lines=bad):
             r["source_file"] = Path(p).name
             rows.append(r)

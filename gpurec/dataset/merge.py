@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from gpurec.dataset.build import build_gpu_dataset
-from gpurec.dataset.store import BadLine, atomic_write_bytes, read_jsonl_lines, repair_torn_tail
+from gpurec.dataset.store import (
+    BadLine,
+    atomic_write_bytes,
+    raw_row_files,
+    read_jsonl_lines,
+    repair_torn_tail,
+)
 
 RowKey = tuple[Any, Any, Any]
 
@@ -34,7 +40,7 @@ def _source_files(shards: Iterable[Path | str]) -> list[Path]:
     files: list[Path] = []
     for s in map(Path, shards):
         if s.is_dir():
-            files += sorted(s.glob("rows-*.jsonl")) + sorted(s.glob("provenance-*.json"))
+            files += raw_row_files(s) + sorted(s.glob("provenance-*.json"))
         elif s.exists():
             files.append(s)
         else:
@@ -105,7 +111,8 @@ def merge_shards(shards: Iterable[Path | str], out: Path | str, *, allow_corrupt
     result: dict[str, Any] = {"copied": {}, "added_rows": {}, "unchanged": [], "conflicts": []}
     bad: list[BadLine] = []
     for f in files:
-        dest = raw / f.name
+        # A compressed source merges into a plain shard: merged shards are appended to.
+        dest = raw / (f.name[:-3] if f.name.endswith(".jsonl.gz") else f.name)
         if f.resolve() == dest.resolve():
             result["unchanged"].append(dest.name)
         elif f.name.startswith("provenance-"):

@@ -12,6 +12,7 @@ reports) are written to a temporary name and renamed, which is atomic on POSIX.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -154,7 +155,7 @@ def read_jsonl_lines(path: Path | str, *, allow_corrupt: bool = False, bad_lines
     p = Path(path)
     if not p.exists():
         return
-    with open(p, "rb") as fh:
+    with (gzip.open(p, "rb") if p.suffix == ".gz" else open(p, "rb")) as fh:
         for line_no, raw in enumerate(fh, start=1):
             if not raw.strip():
                 continue
@@ -303,3 +304,13 @@ def atomic_write_parquet(path: Path | str, df: Any) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+RAW_ROW_PATTERNS = ("rows-*.jsonl", "rows-*.jsonl.gz")
+
+
+def raw_row_files(directory: Path | str, prefix: str = "") -> list[Path]:
+    """A directory's row shards, plain and gzip-compressed (closed shards under ``datasets/``
+    are stored compressed: the bytes of every line are kept, only the file is smaller)."""
+    d = Path(directory)
+    return sorted(p for pat in RAW_ROW_PATTERNS for p in d.glob(prefix + pat))

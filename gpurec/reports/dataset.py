@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpurec.dataset.store import atomic_write_text, read_jsonl
+from gpurec.dataset.store import atomic_write_text, raw_row_files, read_jsonl
 from gpurec.reports.markdown import table
 
 TINY_MS = 0.02  # ops faster than 20 us per call are launch-bound
@@ -211,7 +211,7 @@ def load_gpu(path: Path) -> GpuData:
         g.prov.append(d)
     g.prov.sort(key=lambda d: str(d.get("date", "")))
     ids: dict[str, set[str]] = {"op": set(), "network": set()}
-    for p in sorted(raw.glob("rows-*.jsonl")) if raw.exists() else []:
+    for p in raw_row_files(raw) if raw.exists() else []:
         for r in read_jsonl(p):
             if r.get("item") in ids and not r.get("repeat"):
                 ids[r["item"]].add(str(r.get("id")))
@@ -329,7 +329,7 @@ def section_layout(gpus: list[GpuData]) -> str:
     rows = []
     for g in gpus:
         raw = g.path / "raw"
-        n_rows = len(list(raw.glob("rows-*.jsonl"))) if raw.exists() else 0
+        n_rows = len(raw_row_files(raw)) if raw.exists() else 0
         sizes = ", ".join(f"{t} {len(g.t(t))}" for t in TABLES)
         extra = [p.name for p in sorted(g.path.iterdir()) if p.is_dir() and p.name != "raw"]
         extra_s = "; ".join(f"`{e}/` ({EXTRA_DIRS.get(e, 'other material')})" for e in extra) or "—"
