@@ -227,6 +227,7 @@ BATCH_HELP = "comma-separated batch sizes (default 1,8,32,128)"
 DEVICES_HELP = "one worker per local GPU, e.g. 0,1,2,3 (each its own shard)"
 SHARD_HELP = "this machine's share of the plan, i/n"
 BUDGET_HELP = "stop starting new rows after this many seconds"
+PRECISION_HELP = "fp32 (default), tf32, bf16-mixed, fp16-mixed (torch.autocast), bf16 or fp16 (module cast)"
 PLAN_HELP = "a precomputed plan JSON (skips planning; datasets/plans/main.json is the shipped one)"
 
 
@@ -253,6 +254,8 @@ def collect(
     sm_clocks: str = typer.Option(None, "--sm-clocks", help="lock the SM clock at each MHz in turn (owned GPUs "
                                   "only, with --i-own-this-gpu)"),
     i_own_this_gpu: bool = typer.Option(False, "--i-own-this-gpu", help="confirm clock locking is allowed here"),
+    precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP + " (of a plan built here; "
+                                  "a --plan file's items carry their own)"),
 ) -> None:
     """Measure per-operation and whole-network time, power and energy on this machine's GPUs:
     eager, host-free (CUDA graphs) and in-network. Resumable; progress on stderr."""
@@ -262,7 +265,7 @@ def collect(
                             time_budget_s=time_budget_s, repeat_every=repeat_every, shard=shard,
                             devices=_csv_list(devices, int, "--devices"), plan_only=plan_only,
                             retry_failed=retry_failed, sm_clocks=_csv_list(sm_clocks, int, "--sm-clocks"),
-                            i_own_this_gpu=i_own_this_gpu)
+                            i_own_this_gpu=i_own_this_gpu, precision=precision)
     _run_collect(opts)
 
 
@@ -906,16 +909,22 @@ def report(
 def tools_plan(out: Path = typer.Option(None, "--out",
                                        help="where to write the plan JSON (default datasets/plans/main.json, "
                                             "or targeted.json with --targeted)"),
+               precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP + "; the main plan's "
+                                             "sets and modes at that precision"),
+               preset: str = typer.Option(None, "--preset", help="a plan of several precisions: "
+                                          "'precision' (the round's precision collection)"),
                targeted: bool = typer.Option(False, "--targeted",
                                              help="the plan of the hand-written architectures and operation sweeps "
                                                   "(gpurec.sets SYNTH_ARCHS, SWEEP_ARCHS)")) -> None:
     """Write the collection plan (work order) with the local torch."""
-    from gpurec.tools.plan import write_main_plan, write_targeted_plan
+    from gpurec.tools.plan import write_main_plan, write_preset_plan, write_targeted_plan
 
-    if targeted:
+    if preset is not None:
+        _print_json(_guard(write_preset_plan, preset, out, progress=_progress))
+    elif targeted:
         _print_json(_guard(write_targeted_plan, out or Path("datasets/plans/targeted.json")))
     else:
-        _print_json(_guard(write_main_plan, out or Path("datasets/plans/main.json")))
+        _print_json(_guard(write_main_plan, out or Path("datasets/plans/main.json"), precision=precision))
 
 
 @tools_app.command("plan-peaks")

@@ -50,8 +50,12 @@ class CollectOptions:
     sm_clocks: list[int] | None = None
     i_own_this_gpu: bool = False
     device: str = "cuda:0"
+    precision: str = "fp32"  # of a plan built here (a plan file's items carry their own)
 
     def __post_init__(self) -> None:
+        from gpurec.ops.precision import check_precision
+
+        check_precision(self.precision)
         if self.what not in WHAT:
             raise ValueError(f"--what must be one of {', '.join(WHAT)}, not '{self.what}'")
         bad = [m for m in self.modes if m not in MODES]
@@ -79,7 +83,7 @@ def load_or_build_plan(opts: CollectOptions) -> list[Any]:
         return [WorkItem(**d) for d in data["items"]]
     sets = model_input_sets(opts.models, opts.batch_sizes, opts.resolutions)
     return build_plan(sets, opts.modes, networks=opts.what in ("all", "networks"),
-                      operations=opts.what in ("all", "ops"))
+                      operations=opts.what in ("all", "ops"), precision=opts.precision)
 
 
 def collect(opts: CollectOptions, log: Callable[[str], None] = print) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """What to measure, in which order, and which worker measures it.
 
 Work items are distinct (operation signature, mode) pairs over a list of model-input sets,
-plus one whole-network item per (set, mode).  The order is round-robin over
-(architecture, batch size, mode) groups, and within a group over operation kinds, so a run
-stopped at any point holds a balanced sample; sharding takes every n-th item of that order.
+plus one whole-network item per (set, mode), at one precision (gpurec.ops.precision; an
+item's id ends in its precision unless it is fp32, so fp32 ids are as they always were).
+The order is round-robin over (architecture, batch size, mode) groups, and within a group
+over operation kinds, so a run stopped at any point holds a balanced sample; sharding takes
+every n-th item of that order.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from gpurec.ops.precision import DEFAULT_PRECISION, check_precision, item_id
 
 # The sets and architecture lists live in gpurec.sets (shared with the CPU side); re-exported here.
 from gpurec.sets import (  # noqa: F401
@@ -38,13 +42,17 @@ class WorkItem:
     kind: str
     set_key: str  # a model-input set that contains it (where to extract it from)
     model_sets: list[str] = field(default_factory=list)
+    precision: str = DEFAULT_PRECISION
 
     @property
     def id(self) -> str:
-        return f"{self.item}:{self.key}:{self.mode}"
+        return item_id(self.item, self.key, self.mode, self.precision)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.precision == DEFAULT_PRECISION:
+            del d["precision"]  # fp32 plans stay as they were written before precision existed
+        return d
 
 
 def _round_robin(groups: Sequence[Sequence[Any]]) -> list[Any]:
@@ -55,20 +63,31 @@ def _round_robin(groups: Sequence[Sequence[Any]]) -> list[Any]:
 
 
 def build_plan(sets: Sequence[ModelInputSet], modes: Sequence[str] = MODES, networks: bool = True,
-               operations: bool = True, extract: Any = None) -> list[WorkItem]:
-    """Deduplicated, balanced work list.  ``extract(arch, shape, mode)`` defaults to gpurec.ops."""
+               operations: bool = True, extract: Any = None, precision: str = DEFAULT_PRECISION) -> list[WorkItem]:
+    """Deduplicated, balanced work list at ``precision``.  ``extract(arch, shape, mode)``
+    (given ``precision=`` too when it is not fp32) defaults to gpurec.ops.
+
+    Operation items are the operations whose own precision is ``precision``: under "tf32"
+    only the matrix products (the rest are fp32 operations, the main plan's)."""
+    check_precision(precision)
     if extract is None:
         from gpurec.ops import extract_operations
 
-        def extract(arch: str, shape: tuple[int, ...], mode: str) -> Any:
-            return extract_operations(arch, shape, mode=mode, keep_sources=False)
+        def extract(arch: str, shape: tuple[int, ...], mode: str, precision: str = DEFAULT_PRECISION) -> Any:
+            return extract_operations(arch, shape, mode=mode, keep_sources=False, precision=precision)
+
+    def extracted(arch: str, shape: tuple[int, ...], mode: str) -> Any:
+        if precision == DEFAULT_PRECISION:
+            return extract(arch, shape, mode)
+        return [op for op in extract(arch, shape, mode, precision=precision)
+                if getattr(op, "precision", DEFAULT_PRECISION) == precision]
 
     # Group order interleaves architectures and batch sizes, so round-robin is balanced.
     order = sorted(sets, key=lambda s: (s.resolution, s.batch, s.arch))
     order = _round_robin([[s for s in order if s.batch == b] for b in sorted({s.batch for s in order})])
     items: list[WorkItem] = []
     if networks:
-        items.extend(WorkItem("network", s.key, m, "network", s.key, [s.key]) for s in order for m in modes)
+        items.extend(WorkItem("network", s.key, m, "network", s.key, [s.key], precision) for s in order for m in modes)
     if not operations:
         return items
     owners: dict[tuple[str, str], list[str]] = defaultdict(list)
@@ -77,13 +96,13 @@ def build_plan(sets: Sequence[ModelInputSet], modes: Sequence[str] = MODES, netw
     for mode in modes:
         for s in order:
             by_kind: OrderedDict[str, list[WorkItem]] = OrderedDict()
-            for op in extract(s.arch, s.input_shape, mode):
+            for op in extracted(s.arch, s.input_shape, mode):
                 k = (op.signature, mode)
                 if s.key not in owners[k]:
                     owners[k].append(s.key)
                 if k in first:
                     continue
-                w = WorkItem("op", op.signature, mode, op.kind, s.key)
+                w = WorkItem("op", op.signature, mode, op.kind, s.key, precision=precision)
                 first[k] = w
                 by_kind.setdefault(op.kind, []).append(w)
             groups.append(_round_robin(list(by_kind.values())))

@@ -6,6 +6,7 @@ own shard file; ``gpurec dataset build`` merges shards into Parquet.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -33,6 +34,7 @@ from gpurec.device.graphs import CpuBackend, StepBackend
 from gpurec.device.window import EnergyMonitor
 from gpurec.host import host_cpu, run_host_bench
 from gpurec.ops.cache import SetOperations
+from gpurec.ops.precision import CAST, DEFAULT_PRECISION, check_precision
 
 L2_BYTES_DEFAULT = 50 * 2**20
 
@@ -108,12 +110,19 @@ OperationSource = SetOperations
 
 
 class NetworkUnit:
-    """A whole network as one step (forward, or forward + backward with a random gradient)."""
+    """A whole network as one step (forward, or forward + backward with a random gradient).
 
-    def __init__(self, arch: str, input_shape: tuple[int, ...], mode: str, device: Any, seed: int = 0):
+    At a cast precision ("bf16", "fp16") the model and its input are in that dtype; a mixed
+    precision or "tf32" is the :meth:`scope` its calls run inside (entered once around the
+    timing, as a user enters autocast once around the step)."""
+
+    def __init__(self, arch: str, input_shape: tuple[int, ...], mode: str, device: Any, seed: int = 0,
+                 precision: str = DEFAULT_PRECISION):
         import torch
         import torchvision.models as tvm
         from torch.utils._pytree import tree_flatten
+
+        from gpurec.ops.precision import low_dtype
 
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
@@ -126,16 +135,29 @@ class NetworkUnit:
         with torch.device(device):
             model = build_synthetic(arch) if arch in SYNTH_BUILDERS else tvm.get_model(arch, weights=None, **kwargs)
         self.training = mode == "training"
+        self.precision = check_precision(precision)
+        self.device = device
         model.train(self.training)
-        self.model = model
         self.x = torch.randn(input_shape, device=device, generator=gen)
+        if precision in CAST:
+            model = model.to(low_dtype(precision))
+            self.x = self.x.to(low_dtype(precision))
+        self.model = model
         self.backward = self.training
         self._flatten = tree_flatten
         if self.training:
-            outs = [t for t in tree_flatten(model(self.x))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
-            self._grads = [torch.randn(t.shape, device=device, generator=gen) for t in outs]
+            with self.scope():
+                outs = [t for t in tree_flatten(model(self.x))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+            # output gradients in each output's dtype (bf16 under autocast or a cast model)
+            self._grads = [torch.randn(t.shape, device=device, generator=gen).to(t.dtype) for t in outs]
             model.zero_grad(set_to_none=True)
         self.instances = 1
+
+    def scope(self) -> Any:
+        """Enter once around the calls of :meth:`step` (gpurec.ops.units.precision_scope)."""
+        from gpurec.ops.units import precision_scope
+
+        return precision_scope(self.precision, self.device)
 
     def step(self) -> None:
         import torch
@@ -170,10 +192,10 @@ def _grouped_by_set(items: list[WorkItem]) -> list[WorkItem]:
     """Items of one (set, mode) together, sets in plan order: each set is extracted once per
     worker while its rows are measured (extraction takes ~1 s a set on the GPU hosts, which
     the plan's round-robin order paid again and again)."""
-    first: dict[tuple[str, str], int] = {}
+    first: dict[tuple[str, str, str], int] = {}
     for i, w in enumerate(items):
-        first.setdefault((w.set_key, w.mode), i)
-    return sorted(items, key=lambda w: first[(w.set_key, w.mode)])
+        first.setdefault((w.set_key, w.mode, w.precision), i)
+    return sorted(items, key=lambda w: first[(w.set_key, w.mode, w.precision)])
 
 
 def _match_nvml_index(cuda_index: int) -> int:
@@ -319,32 +341,37 @@ def _measure_item(w: WorkItem, ctx: _Ctx, idle_power_w: float) -> dict[str, Any]
 
     t0 = time.perf_counter()
     row: dict[str, Any] = {"id": w.id, "schema": ROW_SCHEMA, "item": w.item, "mode": w.mode, "op_kind": w.kind,
-                           "set_key": w.set_key, "model_sets": w.model_sets, "t_unix": time.time()}
+                           "set_key": w.set_key, "model_sets": w.model_sets, "precision": w.precision,
+                           "t_unix": time.time()}
     if w.item == "op":
         row["op_signature"] = w.key
     unit = None
     try:
         if w.item in ("network", "peak"):
             s = ModelInputSet.parse(w.key)
-            unit = NetworkUnit(s.arch, s.input_shape, w.mode, device, seed=cfg.seed)
+            unit = NetworkUnit(s.arch, s.input_shape, w.mode, device, seed=cfg.seed, precision=w.precision)
         else:
-            op = source.get(w.set_key, w.mode, w.key)
+            op = (source.get(w.set_key, w.mode, w.key) if w.precision == DEFAULT_PRECISION
+                  else source.get(w.set_key, w.mode, w.key, precision=w.precision))
             param_bytes = op.params * torch.empty((), dtype=getattr(torch, op.dtype)).element_size()
             unit = op.materialize(device=device, instances=auto_instances(param_bytes, cfg), seed=cfg.seed)
         row["instances"] = unit.instances
         row["backward"] = bool(getattr(unit, "backward", False))
         ctx.backend.sync()
         row["setup_ms"] = (time.perf_counter() - t0) * 1000.0
-        if w.item == "peak":
-            row.update(measure_peak(unit.step, ctx.backend, inference))
-        elif w.item == "network":
-            row.update(measure_network(unit.step, monitor, cfg.window, ctx.backend, inference, idle_power_w,
-                                       ctx.power_limit_w))
-            if cfg.in_network and getattr(device, "type", str(device)) == "cuda":
-                row.update(in_network_fields(unit, source, w.key, w.mode))
-        else:
-            row.update(measure_op(unit.step, monitor, cfg.window, ctx.backend, inference, idle_power_w,
-                                  ctx.power_limit_w, instances=unit.instances))
+        # autocast / TF32 around the whole measurement (a unit without a scope is fp32)
+        scope = unit.scope() if hasattr(unit, "scope") else contextlib.nullcontext()
+        with scope:
+            if w.item == "peak":
+                row.update(measure_peak(unit.step, ctx.backend, inference))
+            elif w.item == "network":
+                row.update(measure_network(unit.step, monitor, cfg.window, ctx.backend, inference, idle_power_w,
+                                           ctx.power_limit_w))
+                if cfg.in_network and getattr(device, "type", str(device)) == "cuda":
+                    row.update(in_network_fields(unit, source, w.key, w.mode, w.precision))
+            else:
+                row.update(measure_op(unit.step, monitor, cfg.window, ctx.backend, inference, idle_power_w,
+                                      ctx.power_limit_w, instances=unit.instances))
         row["status"] = "ok"
     except torch.cuda.OutOfMemoryError as exc:
         row.update({"status": "failed", "error": f"CUDA out of memory: {str(exc)[:300]}"})
@@ -360,14 +387,17 @@ def _measure_item(w: WorkItem, ctx: _Ctx, idle_power_w: float) -> dict[str, Any]
     return row
 
 
-def in_network_fields(unit: NetworkUnit, source: OperationSource, set_key: str, mode: str) -> dict[str, Any]:
+def in_network_fields(unit: NetworkUnit, source: OperationSource, set_key: str, mode: str,
+                      precision: str = DEFAULT_PRECISION) -> dict[str, Any]:
     """A network row's in-network attribution (collection and validation); its failure is
-    recorded on the row, never a lost row."""
+    recorded on the row, never a lost row.  At a mixed precision the kernels of the casts
+    autocast inserts are attributed to the operation whose call made them."""
     from gpurec.collect.in_network import columnar, profile_network
 
     inference = mode == "inference"
     try:
-        ops = source.operations(set_key, mode)
+        ops = source.operations(set_key, mode) if precision == DEFAULT_PRECISION else \
+            source.operations(set_key, mode, precision)
         rows, summary = profile_network(unit.model, unit.x, None if inference else unit._grads, ops, inference)
     except Exception as exc:
         return {"in_network_error": f"{type(exc).__name__}: {str(exc)[:400]}"}

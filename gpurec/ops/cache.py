@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from gpurec.ops.operation import Operation
+from gpurec.ops.precision import DEFAULT_PRECISION
 from gpurec.sets import ModelInputSet
 
 
@@ -25,21 +26,23 @@ class SetOperations:
             raise ValueError(f"max_sets must be at least 1 or None, not {max_sets}")
         self.keep_sources = keep_sources
         self.max_sets = max_sets
-        self._ops: OrderedDict[tuple[str, str], list[Operation]] = OrderedDict()
-        self._by_signature: dict[tuple[str, str], dict[str, Operation]] = {}
+        # keyed by (set key, mode), plus the precision where it is not fp32
+        self._ops: OrderedDict[tuple[str, ...], list[Operation]] = OrderedDict()
+        self._by_signature: dict[tuple[str, ...], dict[str, Operation]] = {}
         self.extractions = 0  # how many times a set was actually extracted (not served from the cache)
 
-    def operations(self, set_key: str, mode: str) -> list[Operation]:
-        """Every operation of the set in ``mode``, in execution order (extraction errors propagate)."""
+    def operations(self, set_key: str, mode: str, precision: str = DEFAULT_PRECISION) -> list[Operation]:
+        """Every operation of the set in ``mode`` at ``precision``, in execution order
+        (extraction errors propagate)."""
         from gpurec.ops.extract import extract_operations
 
-        k = (set_key, mode)
+        k = (set_key, mode) if precision == DEFAULT_PRECISION else (set_key, mode, precision)
         hit = self._ops.get(k)
         if hit is not None:
             self._ops.move_to_end(k)
             return hit
         s = ModelInputSet.parse(set_key)
-        ops = extract_operations(s.arch, s.input_shape, mode=mode, keep_sources=self.keep_sources)
+        ops = extract_operations(s.arch, s.input_shape, mode=mode, keep_sources=self.keep_sources, precision=precision)
         self.extractions += 1
         self._ops[k] = ops
         by_sig: dict[str, Operation] = {}
@@ -51,12 +54,14 @@ class SetOperations:
             self._by_signature.pop(old, None)
         return ops
 
-    def find(self, set_key: str, mode: str, signature: str) -> Operation:
+    def find(self, set_key: str, mode: str, signature: str, precision: str = DEFAULT_PRECISION) -> Operation:
         """The set's first operation with ``signature``; LookupError if the set has none."""
-        self.operations(set_key, mode)
-        op = self._by_signature[(set_key, mode)].get(signature)
+        self.operations(set_key, mode, precision)
+        k = (set_key, mode) if precision == DEFAULT_PRECISION else (set_key, mode, precision)
+        op = self._by_signature[k].get(signature)
         if op is None:
-            raise LookupError(f"signature {signature} not found in {set_key} ({mode}): extraction differs "
+            where = mode if precision == DEFAULT_PRECISION else f"{mode}, {precision}"
+            raise LookupError(f"signature {signature} not found in {set_key} ({where}): extraction differs "
                               "between the planning and measuring torch versions")
         return op
 

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gpurec.ops.operation import ActRef, Operation, ParamRef, canonical_value
+from gpurec.ops.precision import CAST, DEFAULT_PRECISION, MIXED, check_precision, low_dtype
 from gpurec.sets import MODES
 
 # Graph nodes that are pure Python bookkeeping (no kernel, no data movement).
@@ -496,6 +497,32 @@ class _NodeFlops(TorchDispatchMode):
         return out
 
 
+class _NodeTrace(_NodeFlops):
+    """_NodeFlops that also records what precision needs: each dtype-changing copy (the casts
+    autocast inserts reach the dispatch modes as ``_to_copy``, below the autocast key, so these
+    are torch's own decisions) and which ATen operators ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.casts: list[tuple[torch.Tensor, torch.dtype]] = []
+        self.packets: set[Any] = set()
+
+    def reset(self) -> None:
+        self.current = 0
+        self.casts = []
+        self.packets = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        packet = func._overloadpacket
+        self.packets.add(packet)
+        if packet is torch.ops.aten._to_copy and args and _is_tensor(args[0]):
+            to = kwargs.get("dtype")
+            if to is not None and to != args[0].dtype:
+                self.casts.append((args[0], to))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
 def _is_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor)
 
@@ -630,6 +657,107 @@ def _normalise_input_shape(input_shape: Sequence[int] | int) -> tuple[int, ...]:
     return shape
 
 
+@dataclasses.dataclass
+class _Precise:
+    """How a non-fp32 extraction makes and reads its tensors (see _precision_scope)."""
+
+    precision: str
+    mixed: bool
+    low: torch.dtype
+
+    def like(self, t: torch.Tensor) -> torch.Tensor:
+        """A placeholder of ``t``'s shape in this precision: a fake CUDA tensor under autocast,
+        a meta tensor (floats in the low dtype for a cast precision) otherwise."""
+        dtype = self.low if self.precision in CAST and t.is_floating_point() else t.dtype
+        made = torch.empty(tuple(t.shape), dtype=dtype, device="cuda" if self.mixed else "meta")
+        return nn.Parameter(made, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else made
+
+    def input(self, t: torch.Tensor) -> torch.Tensor:
+        return self.like(t)
+
+    def is_placeholder(self, t: torch.Tensor) -> bool:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return isinstance(t, FakeTensor) if self.mixed else t.device.type == "meta"
+
+
+@contextlib.contextmanager
+def _cuda_autocast_state(dtype: torch.dtype) -> Any:
+    """CUDA autocast switched on without CUDA (``torch.autocast("cuda")`` refuses on a machine
+    without it): torch's CUDA autocast kernels then run on fake CUDA tensors.  The cast cache
+    is off, as in collection (CUDA-graph capture), so every use of a weight casts it.  The
+    previous state is restored, also on errors."""
+    enabled, previous, cache = (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
+                                torch.is_autocast_cache_enabled())
+    torch.set_autocast_enabled("cuda", True)
+    torch.set_autocast_dtype("cuda", dtype)
+    torch.set_autocast_cache_enabled(False)
+    torch.autocast_increment_nesting()
+    try:
+        yield
+    finally:
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        torch.set_autocast_enabled("cuda", enabled)
+        torch.set_autocast_dtype("cuda", previous)
+        torch.set_autocast_cache_enabled(cache)
+
+
+@contextlib.contextmanager
+def _swapped_tensors(root: nn.Module, make: Any) -> Any:
+    """Every parameter and buffer reachable from ``root`` replaced by ``make(t)`` (tied ones stay
+    tied), the originals put back on exit, also on errors (as _swapped_to_meta)."""
+    memo: dict[int, torch.Tensor] = {}
+    saved: list[tuple[dict[str, Any], str, torch.Tensor]] = []
+    try:
+        for mod in root.modules():
+            for store in (mod._parameters, mod._buffers):
+                for key, t in list(store.items()):
+                    if t is None:
+                        continue
+                    if id(t) not in memo:
+                        memo[id(t)] = make(t)
+                    saved.append((store, key, t))
+                    store[key] = memo[id(t)]
+        yield root
+    finally:
+        for store, key, t in reversed(saved):
+            store[key] = t
+
+
+@contextlib.contextmanager
+def _precision_scope(precision: str, root: nn.Module) -> Any:
+    """What a non-fp32 extraction runs under: fake CUDA tensors and CUDA autocast for a mixed
+    precision, the module's tensors in the low dtype for a cast one; yields the _Precise."""
+    precise = _Precise(precision, precision in MIXED, low_dtype(precision))
+    with contextlib.ExitStack() as stack:
+        if precise.mixed:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            stack.enter_context(_cuda_autocast_state(precise.low))
+        stack.enter_context(_swapped_tensors(root, precise.like))
+        yield precise
+
+
+# Methods that are themselves a dtype conversion (their copy is the operation, not a cast
+# autocast inserted).
+_EXPLICIT_CASTS = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as"})
+
+
+@functools.lru_cache(maxsize=1)
+def _matmul_packets() -> frozenset[Any]:
+    """ATen operators that run cuBLAS matrix products (what TF32 matmul changes): those
+    FlopCounterMode counts, less the convolutions (cuDNN, TF32 already by default)."""
+    from torch.utils.flop_counter import flop_registry
+
+    return frozenset(p for p in flop_registry if "conv" not in str(p))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 def extract_operations(
     model: str | nn.Module,
     input_shape: Sequence[int] | None = None,
@@ -637,6 +765,7 @@ def extract_operations(
     dtype: torch.dtype = torch.float32,
     keep_sources: bool = True,
     example_inputs: Any = None,
+    precision: str = DEFAULT_PRECISION,
 ) -> list[Operation]:
     """Every operation the forward of ``model`` executes on ``input_shape``, in order.
 
@@ -648,9 +777,21 @@ def extract_operations(
     classifiers, BatchNorm in train mode) and marks which inputs require grad.  With
     ``keep_sources`` each operation holds the module / function it came from so it can be
     materialised and benchmarked.
+
+    ``precision`` (gpurec.ops.precision) is the math mode the step runs in.  Under
+    ``"bf16-mixed"``/``"fp16-mixed"`` the graph runs on fake CUDA tensors with CUDA autocast
+    switched on, so torch's own autocast kernels decide each operation's dtype, and the casts
+    autocast inserts on an operation's inputs and weights become operations themselves
+    (kind ``autocast_cast``).  ``"bf16"``/``"fp16"`` run the module and its float inputs in that
+    dtype.  ``"tf32"`` marks the operations that run cuBLAS matrix products (the rest stay fp32
+    operations: TF32 changes nothing else).
     """
     if mode not in MODES:
         raise ExtractionError(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
+    try:
+        check_precision(precision)
+    except ValueError as exc:
+        raise ExtractionError(str(exc)) from None
     inputs, described = _meta_inputs(input_shape, dtype, example_inputs)
     floats = [t.dtype for t in inputs if t.is_floating_point()]
     compute = dtype if dtype.is_floating_point else (floats[0] if floats else torch.float32)
@@ -676,7 +817,12 @@ def extract_operations(
             scope.enter_context(_in_mode(model, training))
             traced = _trace(model, len(inputs))
         try:
-            ops, _ = _interpret(traced, inputs, compute, training, keep_sources)
+            if precision == DEFAULT_PRECISION:
+                ops, _ = _interpret(traced, inputs, compute, training, keep_sources)
+            else:
+                precise = scope.enter_context(_precision_scope(precision, traced.root))
+                ops, _ = _interpret(traced, [precise.input(t) for t in inputs], compute, training, keep_sources,
+                                    precise=precise)
         except ExtractionError:
             raise
         except Exception as exc:  # shape errors surface here: the model cannot take this input
@@ -688,12 +834,14 @@ def extract_operations(
 
 
 def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, training: bool,
-               keep_sources: bool, input_grads: Sequence[bool] = ()) -> tuple[list[Operation], Any]:
-    """The graph's operations and its output, run on meta with ``inputs`` as its placeholders."""
+               keep_sources: bool, input_grads: Sequence[bool] = (), precise: _Precise | None = None
+               ) -> tuple[list[Operation], Any]:
+    """The graph's operations and its output, run on meta with ``inputs`` as its placeholders
+    (on the placeholders of ``precise`` for a precision other than fp32)."""
     env: dict[str, Any] = {}
     grad: dict[str, bool] = {}  # does the node's value require grad in training?
     ops: list[Operation] = []
-    counter = _NodeFlops()
+    counter = _NodeFlops() if precise is None else _NodeTrace()
     modules = dict(traced.root.named_modules())
     metas: dict[int, torch.Tensor] = {}  # parameters and buffers read by get_attr, as meta tensors
     placeholders_seen = 0
@@ -726,7 +874,10 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             continue
         if node.op == "get_attr":
             value = operator.attrgetter(node.target)(traced.root)
-            if _is_tensor(value) and value.device.type != "meta" and _is_param_or_buffer(modules, node.target):
+            if precise is not None:
+                if _is_tensor(value) and not precise.is_placeholder(value):  # a plain tensor attribute
+                    value = metas.get(id(value)) or metas.setdefault(id(value), precise.like(value))
+            elif _is_tensor(value) and value.device.type != "meta" and _is_param_or_buffer(modules, node.target):
                 value = metas.get(id(value)) or metas.setdefault(id(value), _meta_like(value))
             env[node.name] = value
             grad[node.name] = training and isinstance(value, nn.Parameter) and value.requires_grad
@@ -741,6 +892,9 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             grad[node.name] = in_grad
             continue
         if node.op == "call_module" and isinstance(modules[node.target], _RECURRENT):
+            if precise is not None:
+                raise ExtractionError(f"{type(modules[node.target]).__name__} is extracted in fp32 only; "
+                                      f"precision {precise.precision!r} is not supported for recurrent layers yet")
             sub_ops, env[node.name] = _unroll(modules[node.target], node, args, grad, dtype, training, keep_sources)
             ops.extend(sub_ops)
             grad[node.name] = training
@@ -748,7 +902,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         # Settings of a leaf module: computed once, used by the memo key and the record.
         named_params = _named_params(modules[node.target]) if node.op == "call_module" else []
         settings = _module_settings(modules[node.target], named_params) if node.op == "call_module" else {}
-        out, mm_flops = _run_counted(modules, node, args, kwargs, counter, training, settings)
+        out, mm_flops = _run_counted(modules, node, args, kwargs, counter, training, settings,
+                                     exact=precise is not None)
         env[node.name] = out
         has_params = False
         if node.op == "call_module":
@@ -766,6 +921,9 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             kind = _function_kind(node)
         # Split the arguments into activation inputs, parameters and constants.
         split = _ArgSplitter(env, training)
+        if precise is not None:  # parameters read by functions: in the dtype the kernel reads them
+            assert isinstance(counter, _NodeTrace)
+            split.cast_to = {id(src): to for src, to in counter.casts}
         arg_template = _map_nodes(node.args, split)
         kwarg_template = _map_nodes(dict(node.kwargs), split)
         act_nodes, act_values = split.act_nodes, split.act_values
@@ -814,8 +972,109 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
                 op.source = ("module", modules[node.target], arg_template, kwarg_template)
             else:
                 op.source = (node.op.replace("call_", ""), node.target, arg_template, kwarg_template)
+        if precise is not None:
+            assert isinstance(counter, _NodeTrace)
+            explicit = node.op == "call_method" and node.target in _EXPLICIT_CASTS
+            ops.extend(_apply_precision(op, precise, counter, split, modules[node.target] if node.op == "call_module"
+                                        else None, out_tensors, explicit, keep_sources))
         ops.append(op)
     return ops, None
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype, device="meta").element_size()
+
+
+def _apply_precision(op: Operation, precise: _Precise, counter: _NodeTrace, split: _ArgSplitter,
+                     module: nn.Module | None, out_tensors: list[torch.Tensor], explicit: bool,
+                     keep_sources: bool) -> list[Operation]:
+    """Give ``op`` (extracted at a precision other than fp32) its precision, the dtypes its kernel
+    reads and its byte counts in those dtypes; return the casts autocast ran on its inputs and
+    weights, as operations that run before it.
+
+    A cast of one of the operation's own inputs (an activation, a weight) is an operation of its
+    own, and the operation then reads the cast copy; a cast of a tensor made inside the call
+    (MultiheadAttention's internal softmax input) stays part of the operation's own work."""
+    if precise.precision == "tf32":
+        # Only the operators TF32 changes; the others are the fp32 operations, signatures and all.
+        if counter.packets & _matmul_packets():
+            op.precision = "tf32"
+            op.input_dtypes = [_dtype_name(t.dtype) for t in split.act_values]
+        return []
+    op.precision = precise.precision
+    input_dtypes = [t.dtype for t in split.act_values]
+    named: dict[str, torch.Tensor] = {}
+    if module is not None:
+        named.update(module.named_parameters())
+        named.update(module.named_buffers())
+    name_of = {id(t): n for n, t in named.items()}
+    read_params = {id(t) for _, t in split.param_values}
+    act_index = {id(t): j for j, t in enumerate(split.act_values)}
+    kernel_dtype: dict[str, torch.dtype] = {}  # module tensor -> the dtype its kernel reads
+    casts: list[Operation] = []
+    for src, to in ([] if explicit or not precise.mixed else counter.casts):
+        j = act_index.get(id(src))
+        if j is not None:
+            input_dtypes[j] = to
+            requires_grad, producer = op.input_requires_grad[j], op.input_nodes[j]
+        elif id(src) in name_of or id(src) in read_params:
+            if id(src) in name_of:
+                kernel_dtype[name_of[id(src)]] = to
+            requires_grad = op.mode == "training" and isinstance(src, nn.Parameter) and src.requires_grad
+            producer = None
+        else:
+            continue  # made inside the call: part of the operation's own time
+        cast = _cast_operation(src, to, op, len(casts), bool(requires_grad), producer, keep_sources)
+        if j is not None:
+            op.input_nodes[j] = cast.node  # the operation reads the cast copy
+        casts.append(cast)
+    op.input_dtypes = [_dtype_name(d) for d in input_dtypes]
+    op.param_dtypes = {}
+    for n, t in sorted(named.items()):
+        d = kernel_dtype.get(n, t.dtype)
+        if t.is_floating_point() and d != torch.float32:
+            op.param_dtypes[n] = _dtype_name(d)
+    floats = [t.dtype for t in out_tensors if t.is_floating_point()] or [d for d in input_dtypes if d.is_floating_point]
+    op.dtype = _dtype_name(floats[0]) if floats else "float32"
+    read = sum(t.numel() * _element_size(d) for t, d in zip(split.act_values, input_dtypes, strict=True))
+    if module is not None:
+        read += sum(p.numel() * _element_size(kernel_dtype.get(n, p.dtype)) for n, p in module.named_parameters())
+    else:
+        cast_to = split.cast_to or {}
+        read += sum(t.numel() * _element_size(cast_to.get(id(t), t.dtype)) for _, t in split.param_values)
+    op.bytes_read = int(read)
+    op.bytes_written = int(sum(t.numel() * t.element_size() for t in out_tensors))
+    return casts
+
+
+def _cast_operation(src: torch.Tensor, to: torch.dtype, consumer: Operation, k: int, requires_grad: bool,
+                    producer: str | None, keep_sources: bool) -> Operation:
+    """The copy autocast makes of ``src`` in dtype ``to`` before ``consumer`` reads it."""
+    numel = src.numel()
+    cast = Operation(
+        kind="autocast_cast",
+        category="autocast",
+        settings={"from_dtype": _dtype_name(src.dtype), "to_dtype": _dtype_name(to)},
+        input_shapes=[list(_shape(src))],
+        input_requires_grad=[requires_grad],
+        output_shapes=[list(_shape(src))],
+        dtype=_dtype_name(to),
+        mode=consumer.mode,
+        params=0,
+        flops=0,
+        flops_elementwise=0,
+        flops_bwd=0,
+        bytes_read=int(numel * src.element_size()),
+        bytes_written=int(numel * _element_size(to)),
+        name=f"{consumer.name}.cast",
+        node=f"{consumer.node}.cast{k}",
+        input_nodes=[producer] if producer else [],
+        precision=consumer.precision,
+        input_dtypes=[_dtype_name(src.dtype)],
+    )
+    if keep_sources:
+        cast.source = ("method", "to", (ActRef(0),), {"dtype": to})
+    return cast
 
 
 def _unroll(rnn: nn.RNNBase, node: torch.fx.Node, args: Any, grad: dict[str, bool], dtype: torch.dtype,
@@ -913,6 +1172,10 @@ class _ArgSplitter:
         self.act_nodes: list[str] = []
         self.act_values: list[torch.Tensor] = []
         self.has_params = False
+        # Non-fp32 precisions: the dtype a tensor is cast to before the kernel reads it (by id),
+        # and the parameters read, with the name of the get_attr node that read each.
+        self.cast_to: dict[int, torch.dtype] | None = None
+        self.param_values: list[tuple[str, torch.Tensor]] = []
 
     def __call__(self, a: Any) -> Any:
         if not isinstance(a, torch.fx.Node):
@@ -921,7 +1184,10 @@ class _ArgSplitter:
         if a.op == "get_attr" and _is_tensor(value):
             if isinstance(value, nn.Parameter) and value.requires_grad:
                 self.has_params = True
-            return ParamRef(tuple(_shape(value)), str(value.dtype).replace("torch.", ""),
+            dtype = value.dtype if self.cast_to is None else self.cast_to.get(id(value), value.dtype)
+            if self.cast_to is not None:
+                self.param_values.append((str(a.target), value))
+            return ParamRef(tuple(_shape(value)), str(dtype).replace("torch.", ""),
                             bool(self.training and isinstance(value, nn.Parameter)))
         if _is_tensor(value):
             if a.name not in self.act_nodes:
@@ -988,8 +1254,18 @@ def _leaf_key(mod: nn.Module, args: Any, kwargs: Any, training: bool, settings: 
 
 
 def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, kwargs: Any, counter: _NodeFlops,
-                 training: bool, settings: dict[str, Any]) -> tuple[Any, int]:
-    """Run one node on meta and count its FLOPs, reusing memoised leaf-module results."""
+                 training: bool, settings: dict[str, Any], exact: bool = False) -> tuple[Any, int]:
+    """Run one node on meta and count its FLOPs, reusing memoised leaf-module results.
+
+    ``exact`` (a precision other than fp32): every node runs through ``counter``, with no memo
+    and no analytic shortcut, and its tensors are used as they are (already swapped by the
+    caller), because the dtypes, casts and operators it records depend on the real call."""
+    if exact:
+        assert isinstance(counter, _NodeTrace)
+        counter.reset()
+        with counter:
+            out = _run_node(modules, node, args, kwargs, swap=False)
+        return out, counter.current
     key = (_leaf_key(modules[node.target], args, kwargs, training, settings)
            if node.op == "call_module" else None)
     hit = _LEAF_MEMO.get(key) if key is not None else None
@@ -1102,8 +1378,10 @@ def _analytic_binary(args: Any, kwargs: Any) -> tuple[torch.Tensor, int] | None:
     return out, 0
 
 
-def _run_node(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
+def _run_node(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, kwargs: Any, swap: bool = True) -> Any:
     if node.op == "call_module":
+        if not swap:
+            return modules[node.target](*args, **kwargs)
         with _swapped_to_meta(modules[node.target]):  # a no-op where its tensors are on meta already
             return modules[node.target](*args, **kwargs)
     if node.op == "call_function":

@@ -90,10 +90,17 @@ class Operation:
     node: str = ""  # this call's unique name in the traced graph
     input_nodes: list[str] = field(default_factory=list)  # producers of input_shapes, in order
     in_place: bool = False  # writes into its first input (ReLU(inplace=True), ``x += y``)
+    # The math mode it runs in (gpurec.ops.precision); with it, the dtype each activation input
+    # arrives in and the dtype of each module parameter/buffer its kernel reads where that is not
+    # float32 (a bf16 copy of the weight under autocast, a module cast to bf16).  Part of the
+    # identity only when the precision is not fp32, so fp32 signatures never change.
+    precision: str = "fp32"
+    input_dtypes: list[str] = field(default_factory=list)
+    param_dtypes: dict[str, str] = field(default_factory=dict)
 
     # -- identity ---------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
-        return {
+        ident = {
             "v": SIGNATURE_VERSION,
             "kind": self.kind,
             "category": self.category,
@@ -102,6 +109,12 @@ class Operation:
             "input_requires_grad": self.input_requires_grad,
             "dtype": self.dtype,
         }
+        if self.precision != "fp32":
+            ident["precision"] = self.precision
+            ident["input_dtypes"] = self.input_dtypes
+            if self.param_dtypes:
+                ident["param_dtypes"] = self.param_dtypes
+        return ident
 
     @property
     def signature(self) -> str:
@@ -137,6 +150,9 @@ class Operation:
             "dtype": self.dtype,
             "settings": json.dumps(self.settings, sort_keys=True, default=str),
         })
+        if self.precision != "fp32":  # fp32 records stay as they were
+            rec["precision"] = self.precision
+            rec["input_dtypes"] = json.dumps(self.input_dtypes)
         return rec
 
     def materialize(self, device: Any = "cpu", instances: int = 1, seed: int = 0) -> Any:

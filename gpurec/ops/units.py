@@ -7,13 +7,19 @@ per activation, as the method prescribes.  ``step()`` runs one call:
 * inference: forward only; the caller wraps the loop in ``eval`` + ``torch.inference_mode``;
 * training: forward, then backward of a preinitialised random output gradient, and the
   gradients are reset (set to None) so they never accumulate.
+
+Inputs and weights are made in the dtypes the operation's kernel reads (its precision's
+``input_dtypes``/``param_dtypes``).  A mixed precision's step runs under ``torch.autocast``,
+and TF32 under the TF32 matmul setting: callers enter :meth:`Unit.scope` once around their
+timing loop (as a user enters autocast once per step, not once per operation).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -21,6 +27,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from gpurec.ops.operation import ActRef, Operation, ParamRef
+from gpurec.ops.precision import MIXED, check_precision, low_dtype
 
 # In-place forms cannot run backward on a leaf input; training uses the out-of-place twin.
 _OUT_OF_PLACE_FUNCTIONS: dict[Any, Any] = {
@@ -60,26 +67,67 @@ def _init_module(m: nn.Module, generator: torch.Generator) -> None:
                 b.zero_()  # index buffers: zeros are always in range
 
 
+@contextlib.contextmanager
+def precision_scope(precision: str, device: Any) -> Iterator[None]:
+    """What a step at ``precision`` runs under: ``torch.autocast`` on the device's type for a
+    mixed precision (cast cache off, so the step can be captured as a CUDA graph), TF32 matmul
+    for ``"tf32"`` (the previous setting restored), nothing otherwise."""
+    check_precision(precision)
+    if precision in MIXED:
+        with torch.autocast(torch.device(device).type, dtype=low_dtype(precision), cache_enabled=False):
+            yield
+        return
+    if precision == "tf32":
+        before = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = before
+        return
+    yield
+
+
+def _cast_tensors(module: nn.Module, dtypes: dict[str, str]) -> None:
+    """Module parameters and buffers in the dtypes the kernel reads (``param_dtypes``)."""
+    for name, dtype_name in dtypes.items():
+        owner_path, _, attr = name.rpartition(".")
+        owner = module.get_submodule(owner_path) if owner_path else module
+        t = getattr(owner, attr)
+        cast = t.detach().to(_dtype(dtype_name))
+        if isinstance(t, nn.Parameter):
+            owner._parameters[attr] = nn.Parameter(cast, requires_grad=t.requires_grad)
+        else:
+            owner._buffers[attr] = cast
+
+
 class Unit:
-    """A materialised operation; call :meth:`step` in a loop."""
+    """A materialised operation; call :meth:`step` in a loop, inside :meth:`scope`."""
 
     def __init__(self, op: Operation, calls: list[Callable[[], Any]], inputs: list[torch.Tensor],
                  params: list[list[torch.Tensor]], training: bool, device: Any, generator: torch.Generator):
         self.op = op
         self.training = training
         self.inputs = inputs
+        self.precision = getattr(op, "precision", "fp32")
+        self.device = device
         self._calls = calls
         self._params = params
         self._i = 0
         self.backward = False
         self._grads: list[torch.Tensor] = []
         if training:
-            out = calls[0]()
+            with self.scope():
+                out = calls[0]()
             outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
             self.backward = bool(outs)
             self._grads = [torch.randn(t.shape, dtype=t.dtype, device=t.device, generator=generator) for t in outs]
             del out, outs
             self._reset_grads()
+
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        """Enter once around the calls of :meth:`step` (see :func:`precision_scope`)."""
+        return precision_scope(self.precision, self.device)
 
     @property
     def instances(self) -> int:
@@ -117,8 +165,9 @@ def materialize(op: Operation, device: Any = "cpu", instances: int = 1, seed: in
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     inputs = []
-    for shape, rg in zip(op.input_shapes, op.input_requires_grad, strict=True):
-        x = _random_tensor(shape, dtype, device, gen)
+    dtypes = [_dtype(d) for d in op.input_dtypes] if op.input_dtypes else [dtype] * len(op.input_shapes)
+    for shape, rg, in_dtype in zip(op.input_shapes, op.input_requires_grad, dtypes, strict=True):
+        x = _random_tensor(shape, in_dtype, device, gen)
         if training and rg:
             x.requires_grad_(True)
         inputs.append(x)
@@ -151,6 +200,7 @@ def materialize(op: Operation, device: Any = "cpu", instances: int = 1, seed: in
             module = copy.deepcopy(target)
             module = module.to_empty(device=device)
             _init_module(module, gen)
+            _cast_tensors(module, op.param_dtypes)
             module.train(training)
             if training:
                 for sub in module.modules():

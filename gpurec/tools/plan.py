@@ -8,16 +8,17 @@ signature agreement between torch versions is checked in the field.  Run through
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_PLAN = Path("datasets") / "plans" / "main.json"
 
 
-def write_main_plan(out: Path | str = DEFAULT_PLAN) -> dict[str, int]:
+def write_main_plan(out: Path | str = DEFAULT_PLAN, precision: str = "fp32") -> dict[str, int]:
     """Write the plan: network rows of every dataset and test set, then operation rows of the
-    dataset sets.  Returns how many items of each kind it holds."""
-    import torch
-
+    dataset sets, at ``precision``.  Returns how many items of each kind it holds."""
     from gpurec.collect.plan import (
         DATASET_ARCHS,
         DATASET_BATCH_SIZES,
@@ -27,16 +28,94 @@ def write_main_plan(out: Path | str = DEFAULT_PLAN) -> dict[str, int]:
         build_plan,
         model_input_sets,
     )
-    from gpurec.dataset.store import atomic_write_json
 
     sets = model_input_sets(DATASET_ARCHS, DATASET_BATCH_SIZES)
-    items = build_plan(sets, MODES, networks=True, operations=False)
-    items += build_plan(model_input_sets(TEST_ARCHS, TEST_BATCH_SIZES), MODES, networks=True, operations=False)
-    items += build_plan(sets, MODES, networks=False, operations=True)
+    items = build_plan(sets, MODES, networks=True, operations=False, precision=precision)
+    items += build_plan(model_input_sets(TEST_ARCHS, TEST_BATCH_SIZES), MODES, networks=True, operations=False,
+                        precision=precision)
+    items += build_plan(sets, MODES, networks=False, operations=True, precision=precision)
+    return _write(out, items)
+
+
+@dataclass(frozen=True)
+class PlanPart:
+    """One precision's share of a plan: which sets, in which modes, networks and/or operations."""
+
+    precision: str
+    archs: Sequence[str]
+    batch_sizes: Sequence[int]
+    networks: bool = True
+    operations: bool = True
+    modes: Sequence[str] = ("inference", "training")
+
+
+def _issue21_parts() -> list[PlanPart]:
+    """Issue 21's collection: bf16-mixed on every dataset set (operations) and every dataset
+    and test set (networks), both modes; TF32 matrix products of the dataset sets; and bf16
+    (cast) and fp16-mixed operations and networks on a few sets that span convolutions,
+    depthwise blocks and transformers."""
+    from gpurec.sets import DATASET_ARCHS, DATASET_BATCH_SIZES, TEST_ARCHS, TEST_BATCH_SIZES
+
+    few = ("resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vit_b_16", "swin_t")
+    return [
+        PlanPart("bf16-mixed", DATASET_ARCHS, DATASET_BATCH_SIZES),
+        PlanPart("bf16-mixed", TEST_ARCHS, TEST_BATCH_SIZES, operations=False),
+        PlanPart("tf32", DATASET_ARCHS, DATASET_BATCH_SIZES, networks=False),
+        PlanPart("bf16", few, (8, 32)),
+        PlanPart("fp16-mixed", few, (8, 32)),
+    ]
+
+
+PRESETS: dict[str, Callable[[], list[PlanPart]]] = {"precision": _issue21_parts}
+
+
+def build_parts_plan(parts: Sequence[PlanPart], extract: Any = None,
+                     progress: Callable[[str], None] | None = None) -> list[Any]:
+    """One plan of several precisions: every part's networks first (in part order), then the
+    operations of the parts round-robin, so a run stopped anywhere holds some of each."""
+    from gpurec.collect.plan import _round_robin, build_plan, model_input_sets
+
+    networks: list[Any] = []
+    operations: list[list[Any]] = []
+    for part in parts:
+        sets = model_input_sets(part.archs, part.batch_sizes)
+        if part.networks:
+            networks += build_plan(sets, part.modes, networks=True, operations=False, precision=part.precision)
+        if part.operations:
+            if progress:
+                progress(f"plan: {part.precision} operations of {len(sets)} sets ...")
+            operations.append(build_plan(sets, part.modes, networks=False, operations=True, extract=extract,
+                                         precision=part.precision))
+    seen: set[str] = set()
+    items = []
+    for w in networks + _round_robin(operations):
+        if w.id not in seen:  # parts may overlap: each item once
+            seen.add(w.id)
+            items.append(w)
+    return items
+
+
+def write_preset_plan(preset: str, out: Path | str, progress: Callable[[str], None] | None = None
+                      ) -> dict[str, int]:
+    """Write the plan of a named preset (PRESETS); returns how many items of each kind and
+    precision it holds."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown plan preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    return _write(out, build_parts_plan(PRESETS[preset](), progress=progress))
+
+
+def _write(out: Path | str, items: Sequence[Any]) -> dict[str, int]:
+    import torch
+
+    from gpurec.dataset.store import atomic_write_json
+
     atomic_write_json(Path(out), {"torch": torch.__version__, "items": [w.as_dict() for w in items]})
     kinds: dict[str, int] = {"items": len(items)}
     for w in items:
         kinds[w.item] = kinds.get(w.item, 0) + 1
+        if w.precision != "fp32":
+            key = f"{w.item}:{w.precision}"
+            kinds[key] = kinds.get(key, 0) + 1
     return kinds
 
 

@@ -1,0 +1,282 @@
+"""Precision as a dimension: extraction follows torch's autocast policy, units run in the
+recorded dtypes, and collection plans, measures and resumes per precision (on the CPU, with
+the fake board of tests/fakes.py standing in for NVML)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from fakes import FakeNVML
+from torch import nn
+
+from gpurec.collect import CollectConfig, ModelInputSet, WindowConfig, WorkItem, build_plan, run_worker
+from gpurec.collect import runner as runner_mod
+from gpurec.collect.runner import done_ids
+from gpurec.dataset.store import read_jsonl
+from gpurec.ops.extract import ExtractionError, extract_operations
+from gpurec.ops.precision import PRECISIONS, item_id
+from gpurec.tools.plan import PlanPart, build_parts_plan
+
+SET = ModelInputSet("resnet18", 2, 32)
+FAST = WindowConfig(min_window_s=0.05, tick_timeout_s=10.0, gpu_blocks=3, gpu_min_block_ms=1.0)
+
+
+class Block(nn.Module):
+    """A convolution, a linear layer, a layer norm and a softmax: each autocast class once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.fc = nn.Linear(4 * 8 * 8, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.relu(self.conv(x)).flatten(1)
+        return torch.softmax(self.norm(self.fc(y)), -1)
+
+
+def _by_kind(ops: list) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for op in ops:
+        out.setdefault(op.kind, []).append(op)
+    return out
+
+
+# -- extraction -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("precision, low", [("bf16-mixed", "bfloat16"), ("fp16-mixed", "float16")])
+def test_autocast_extraction_follows_torch_policy(precision: str, low: str) -> None:
+    ops = extract_operations(Block(), (2, 3, 8, 8), mode="training", precision=precision)
+    kinds = _by_kind(ops)
+    for kind in ("Conv2d", "Linear"):  # autocast's lower-precision list
+        (op,) = kinds[kind]
+        assert op.dtype == low and op.input_dtypes == [low] and op.precision == precision
+        assert op.param_dtypes == {"bias": low, "weight": low}  # its weights arrive cast
+    assert kinds["ReLU"][0].dtype == low  # runs in its input's dtype
+    for kind in ("LayerNorm", "softmax"):  # autocast's fp32 list
+        (op,) = kinds[kind]
+        assert op.dtype == "float32" and op.input_dtypes == ["float32"]
+    assert all(op.precision == precision for op in ops)
+
+
+def test_autocast_casts_are_operations_before_their_consumer() -> None:
+    ops = extract_operations(Block(), (2, 3, 8, 8), mode="training", precision="bf16-mixed")
+    casts = [op for op in ops if op.kind == "autocast_cast"]
+    moves = {(op.settings["from_dtype"], op.settings["to_dtype"], tuple(op.input_shapes[0])) for op in casts}
+    assert ("float32", "bfloat16", (2, 3, 8, 8)) in moves  # the network's input, into the convolution
+    assert ("float32", "bfloat16", (4, 3, 3, 3)) in moves  # the convolution's weight, every call
+    assert ("float32", "bfloat16", (16, 256)) in moves  # the linear layer's weight
+    assert ("bfloat16", "float32", (2, 16)) in moves  # the linear output into LayerNorm
+    assert len(casts) == 6  # conv: input, weight, bias; fc: weight, bias (input already bf16); norm: input
+    names = [op.node for op in ops]
+    conv = names.index("conv")
+    assert {"conv.cast0", "conv.cast1", "conv.cast2"} <= set(names[:conv])
+    (conv_op,) = [op for op in ops if op.kind == "Conv2d"]
+    assert conv_op.input_nodes[0].startswith("conv.cast")  # it reads the cast copy
+    weight_cast = next(op for op in casts if op.input_shapes[0] == [4, 3, 3, 3])
+    assert weight_cast.input_requires_grad == [True] and weight_cast.bytes_read == 2 * weight_cast.bytes_written
+    input_cast = next(op for op in casts if op.input_shapes[0] == [2, 3, 8, 8])
+    assert input_cast.input_requires_grad == [False] and input_cast.input_nodes == ["x"]
+
+
+def test_autocast_state_is_restored_also_after_an_error() -> None:
+    before = (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"), torch.is_autocast_cache_enabled())
+    extract_operations(Block(), (2, 3, 8, 8), precision="bf16-mixed")
+    with pytest.raises(ExtractionError):
+        extract_operations(Block(), (2, 5, 8, 8), precision="bf16-mixed")  # wrong channel count
+    after = (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"), torch.is_autocast_cache_enabled())
+    assert after == before
+
+
+def test_fp32_signatures_are_unchanged_and_other_precisions_differ() -> None:
+    default = extract_operations("resnet18", (2, 3, 32, 32), mode="training")
+    fp32 = extract_operations("resnet18", (2, 3, 32, 32), mode="training", precision="fp32")
+    assert [op.signature for op in fp32] == [op.signature for op in default]
+    assert all("precision" not in op.identity() and op.precision == "fp32" for op in fp32)
+    fp32_sigs = {op.signature for op in fp32}
+    for precision in ("bf16-mixed", "fp16-mixed", "bf16", "fp16"):
+        ops = extract_operations("resnet18", (2, 3, 32, 32), mode="training", precision=precision)
+        assert not fp32_sigs & {op.signature for op in ops}, precision
+    bf16 = {op.signature for op in extract_operations("resnet18", (2, 3, 32, 32), precision="bf16-mixed")}
+    fp16 = {op.signature for op in extract_operations("resnet18", (2, 3, 32, 32), precision="fp16-mixed")}
+    assert not bf16 & fp16
+
+
+def test_tf32_marks_only_the_matrix_products() -> None:
+    fp32 = extract_operations(Block(), (2, 3, 8, 8), mode="training")
+    tf32 = extract_operations(Block(), (2, 3, 8, 8), mode="training", precision="tf32")
+    assert [op.kind for op in tf32] == [op.kind for op in fp32]  # no casts: nothing changes dtype
+    for a, b in zip(fp32, tf32, strict=True):
+        if a.kind == "Linear":
+            assert b.precision == "tf32" and b.signature != a.signature
+        else:  # convolutions use TF32 by default already; the rest are the fp32 operations
+            assert b.precision == "fp32" and b.signature == a.signature
+
+
+@pytest.mark.parametrize("precision, low", [("bf16", "bfloat16"), ("fp16", "float16")])
+def test_cast_precision_runs_module_and_inputs_in_the_low_dtype(precision: str, low: str) -> None:
+    ops = extract_operations(Block(), (2, 3, 8, 8), precision=precision)
+    assert not [op for op in ops if op.kind == "autocast_cast"]
+    assert all(op.dtype == low and op.precision == precision for op in ops)
+    (norm,) = _by_kind(ops)["LayerNorm"]
+    assert norm.param_dtypes == {"bias": low, "weight": low}
+    (fc,) = _by_kind(ops)["Linear"]
+    fp32_fc = _by_kind(extract_operations(Block(), (2, 3, 8, 8)))["Linear"][0]
+    assert fc.bytes_read * 2 == fp32_fc.bytes_read and fc.bytes_written * 2 == fp32_fc.bytes_written
+
+
+def test_a_caller_module_is_left_as_it_was() -> None:
+    block = Block()
+    weight = block.fc.weight
+    extract_operations(block, (2, 3, 8, 8), precision="bf16-mixed", keep_sources=False)
+    extract_operations(block, (2, 3, 8, 8), precision="bf16", keep_sources=False)
+    assert block.fc.weight is weight and weight.dtype == torch.float32 and weight.device.type == "cpu"
+
+
+def test_unknown_precision_is_refused() -> None:
+    with pytest.raises(ExtractionError, match="precision must be one of fp32, tf32"):
+        extract_operations(Block(), (2, 3, 8, 8), precision="bf32")
+
+
+# -- units ----------------------------------------------------------------------------------------
+
+def test_units_take_the_recorded_dtypes_and_train_under_autocast() -> None:
+    ops = extract_operations(Block(), (2, 3, 8, 8), mode="training", precision="bf16-mixed")
+    fc = next(op for op in ops if op.kind == "Linear")
+    unit = fc.materialize("cpu")
+    assert [x.dtype for x in unit.inputs] == [torch.bfloat16]
+    assert {p.dtype for group in unit._params for p in group} == {torch.bfloat16}
+    assert unit.backward and [g.dtype for g in unit._grads] == [torch.bfloat16]
+    with unit.scope():
+        assert torch.is_autocast_enabled("cpu")
+        unit.step()
+    assert not torch.is_autocast_enabled("cpu")
+    cast = next(op for op in ops if op.kind == "autocast_cast" and op.input_shapes[0] == [16, 256])
+    unit = cast.materialize("cpu")
+    assert unit.inputs[0].dtype == torch.float32 and unit.inputs[0].requires_grad
+    with unit.scope():
+        unit.step()  # forward and backward of the cast
+    norm = next(op for op in ops if op.kind == "LayerNorm")
+    assert norm.materialize("cpu").inputs[0].dtype == torch.float32
+
+
+def test_tf32_scope_sets_and_restores_the_matmul_flag() -> None:
+    ops = extract_operations(Block(), (2, 3, 8, 8), precision="tf32")
+    unit = next(op for op in ops if op.precision == "tf32").materialize("cpu")
+    before = torch.backends.cuda.matmul.allow_tf32
+    with unit.scope():
+        assert torch.backends.cuda.matmul.allow_tf32 is True
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+
+
+# -- plans ----------------------------------------------------------------------------------------
+
+def test_ids_carry_the_precision_except_fp32() -> None:
+    assert item_id("op", "abc", "training") == "op:abc:training"
+    assert item_id("op", "abc", "training", "bf16-mixed") == "op:abc:training:bf16-mixed"
+    w = WorkItem("network", SET.key, "inference", "network", SET.key, [SET.key], "fp16")
+    assert w.id == f"network:{SET.key}:inference:fp16" and w.as_dict()["precision"] == "fp16"
+    assert "precision" not in WorkItem("op", "abc", "inference", "ReLU", SET.key).as_dict()
+    assert WorkItem(**w.as_dict()) == w
+
+
+def _fake_extract(arch: str, shape: tuple[int, ...], mode: str, precision: str = "fp32") -> list:
+    ops = [SimpleNamespace(signature=f"{arch}-{shape[0]}-{k}-{precision}", kind=k, precision=precision)
+           for k in ("Conv2d", "ReLU", "add")]
+    if precision == "tf32":  # only matrix products change under TF32
+        ops = [SimpleNamespace(signature=o.signature, kind=o.kind, precision="tf32" if o.kind == "Conv2d" else "fp32")
+               for o in ops]
+    return ops
+
+
+def test_build_plan_at_a_precision_keeps_that_precision_s_operations() -> None:
+    sets = [ModelInputSet("archA", 1), ModelInputSet("archB", 8)]
+    fp32 = build_plan(sets, extract=lambda a, s, m: _fake_extract(a, s, m))
+    bf16 = build_plan(sets, extract=_fake_extract, precision="bf16-mixed")
+    assert len(bf16) == len(fp32) and all(w.precision == "bf16-mixed" for w in bf16)
+    assert all(w.id.endswith(":bf16-mixed") for w in bf16) and not {w.id for w in fp32} & {w.id for w in bf16}
+    tf32 = [w for w in build_plan(sets, extract=_fake_extract, precision="tf32") if w.item == "op"]
+    assert {w.kind for w in tf32} == {"Conv2d"}
+    with pytest.raises(ValueError, match="precision must be one of"):
+        build_plan(sets, extract=_fake_extract, precision="int8")
+
+
+def test_a_plan_of_several_precisions_puts_networks_first_then_operations_round_robin() -> None:
+    parts = [PlanPart("bf16-mixed", ["archA", "archB"], [1, 8]), PlanPart("bf16", ["archA"], [8], networks=False),
+             PlanPart("fp16-mixed", ["archA"], [8], operations=False)]
+    items = build_parts_plan(parts, extract=_fake_extract)
+    nets = [w for w in items if w.item == "network"]
+    assert items[:len(nets)] == nets and len(nets) == 4 * 2 + 2
+    assert {w.precision for w in nets} == {"bf16-mixed", "fp16-mixed"}
+    ops = [w for w in items if w.item == "op"]
+    assert [w.precision for w in ops[:2]] == ["bf16-mixed", "bf16"]  # round-robin over the parts
+    assert len(ops) == 2 * (4 * 3) + 2 * 3 and len({w.id for w in items}) == len(items)
+
+
+# -- collection -----------------------------------------------------------------------------------
+
+def _cfg() -> CollectConfig:
+    return CollectConfig(window=FAST, repeat_every=0, max_consecutive_failures=5)
+
+
+def test_a_bf16_mixed_plan_runs_through_the_runner_and_resumes(tmp_path: Path, fast_worker: FakeNVML,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = build_plan([SET], precision="bf16-mixed")
+    nets = [w for w in plan if w.item == "network" and w.mode == "inference"]
+    casts = [w for w in plan if w.item == "op" and w.kind == "autocast_cast"][:2]
+    convs = [w for w in plan if w.item == "op" and w.kind == "Conv2d"][:2]
+    items = nets + casts + convs
+    assert {w.mode for w in casts + convs} == {"inference", "training"}
+    # What the step sees while it is measured: autocast on, the unit's inputs in their dtypes.
+    seen: list[tuple[bool, object]] = []
+    real_op, real_net = runner_mod.measure_op, runner_mod.measure_network
+
+    def spy(real):  # noqa: ANN001, ANN202
+        def measure(step, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+            unit = step.__self__
+            x = unit.inputs[0] if hasattr(unit, "inputs") else unit.x
+            seen.append((torch.is_autocast_enabled("cpu"), x.dtype))
+            return real(step, *a, **kw)
+        return measure
+
+    monkeypatch.setattr(runner_mod, "measure_op", spy(real_op))
+    monkeypatch.setattr(runner_mod, "measure_network", spy(real_net))
+    s1 = run_worker(items, tmp_path, _cfg(), device="cpu", log=lambda m: None)
+    assert s1["ok"] == len(items) and s1["failed"] == 0
+    assert all(enabled for enabled, _ in seen) and len(seen) == len(items)
+    assert (True, torch.bfloat16) in seen  # the convolutions read bf16 inputs
+    rows = [r for p in tmp_path.glob("rows-*.jsonl") for r in read_jsonl(p) if r["item"] != "idle"]
+    assert sorted(r["id"] for r in rows) == sorted(w.id for w in items)
+    assert all(r["precision"] == "bf16-mixed" and r["id"].endswith(":bf16-mixed") for r in rows)
+    assert done_ids(tmp_path) == {w.id for w in items}
+    # the fp32 twin of a measured network is not done; the bf16-mixed one is
+    fp32_net = WorkItem("network", SET.key, "inference", "network", SET.key, [SET.key])
+    s2 = run_worker([*items, fp32_net], tmp_path, _cfg(), device="cpu", log=lambda m: None)
+    assert s2["ok"] == 1 and s2["failed"] == 0
+    rows2 = [r for p in tmp_path.glob("rows-*.jsonl") for r in read_jsonl(p) if r["item"] != "idle"]
+    assert [r for r in rows2 if r["id"] == fp32_net.id][0]["precision"] == "fp32"
+    assert not seen[-1][0]  # the fp32 network ran without autocast
+
+
+def test_cast_network_unit_runs_in_the_low_dtype() -> None:
+    unit = runner_mod.NetworkUnit("resnet18", (2, 3, 32, 32), "training", "cpu", precision="bf16")
+    assert unit.x.dtype == torch.bfloat16 and {p.dtype for p in unit.model.parameters()} == {torch.bfloat16}
+    assert [g.dtype for g in unit._grads] == [torch.bfloat16]
+    with unit.scope():
+        unit.step()
+
+
+def test_every_precision_name_is_accepted_by_the_options(tmp_path: Path) -> None:
+    from gpurec.collect.api import CollectOptions
+
+    for precision in PRECISIONS:
+        assert CollectOptions(out=str(tmp_path), precision=precision).precision == precision
+    with pytest.raises(ValueError, match="precision must be one of"):
+        CollectOptions(out=str(tmp_path), precision="bfloat16")
+    opts = CollectOptions(out=str(tmp_path), precision="tf32")
+    assert json.loads(opts.write(tmp_path / "spec.json").read_text())["precision"] == "tf32"
