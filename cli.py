@@ -903,12 +903,18 @@ def report(
 
 
 @tools_app.command("plan")
-def tools_plan(out: Path = typer.Option(Path("datasets/plans/main.json"), "--out",
-                                       help="where to write the plan JSON")) -> None:
+def tools_plan(out: Path = typer.Option(None, "--out",
+                                       help="where to write the plan JSON (default datasets/plans/<sets>.json)"),
+               sets: str = typer.Option("main", "--sets",
+                                        help="main: the torchvision sets; seq: the sequence-model sets")) -> None:
     """Write the collection plan (work order) with the local torch."""
-    from gpurec.tools.plan import write_main_plan
+    from gpurec.tools.plan import DEFAULT_PLAN, SEQ_PLAN, write_main_plan, write_seq_plan
 
-    _print_json(_guard(write_main_plan, out))
+    writers = {"main": (write_main_plan, DEFAULT_PLAN), "seq": (write_seq_plan, SEQ_PLAN)}
+    if sets not in writers:
+        _fail(f"--sets must be one of {', '.join(writers)}, not {sets!r}", 2)
+    write, default = writers[sets]
+    _print_json(_guard(write, out or default))
 
 
 @tools_app.command("gpu-time-sources")

@@ -21,10 +21,18 @@ from gpurec.sets import (  # noqa: F401
     DATASET_ARCHS,
     DATASET_BATCH_SIZES,
     MODES,
+    SEQ_DATASET_ARCHS,
+    SEQ_SHAPES,
+    SEQ_TEST_ARCHS,
+    SEQ_TEST_SHAPES,
     TEST_ARCHS,
     TEST_BATCH_SIZES,
+    AnyInputSet,
     ModelInputSet,
+    SequenceInputSet,
     model_input_sets,
+    parse_set_key,
+    sequence_input_sets,
 )
 
 
@@ -54,9 +62,10 @@ def _round_robin(groups: Sequence[Sequence[Any]]) -> list[Any]:
     return out
 
 
-def build_plan(sets: Sequence[ModelInputSet], modes: Sequence[str] = MODES, networks: bool = True,
+def build_plan(sets: Sequence[AnyInputSet], modes: Sequence[str] = MODES, networks: bool = True,
                operations: bool = True, extract: Any = None) -> list[WorkItem]:
-    """Deduplicated, balanced work list.  ``extract(arch, shape, mode)`` defaults to gpurec.ops."""
+    """Deduplicated, balanced work list over image and/or sequence sets (a sequence set's shape is
+    (batch, seq_len) of token ids).  ``extract(arch, shape, mode)`` defaults to gpurec.ops."""
     if extract is None:
         from gpurec.ops import extract_operations
 
@@ -64,7 +73,7 @@ def build_plan(sets: Sequence[ModelInputSet], modes: Sequence[str] = MODES, netw
             return extract_operations(arch, shape, mode=mode, keep_sources=False)
 
     # Group order interleaves architectures and batch sizes, so round-robin is balanced.
-    order = sorted(sets, key=lambda s: (s.resolution, s.batch, s.arch))
+    order = sorted(sets, key=lambda s: (s.resolution, getattr(s, "seq_len", 0), s.batch, s.arch))
     order = _round_robin([[s for s in order if s.batch == b] for b in sorted({s.batch for s in order})])
     items: list[WorkItem] = []
     if networks:

@@ -26,7 +26,7 @@ from gpurec.collect.measure import (
     measure_op,
     tick_period_s,
 )
-from gpurec.collect.plan import ModelInputSet, WorkItem
+from gpurec.collect.plan import WorkItem, parse_set_key
 from gpurec.dataset.store import JsonlShard, atomic_write_json, read_jsonl
 from gpurec.device.graphs import CpuBackend, StepBackend
 from gpurec.device.window import EnergyMonitor
@@ -107,25 +107,38 @@ OperationSource = SetOperations
 
 
 class NetworkUnit:
-    """A whole network as one step (forward, or forward + backward with a random gradient)."""
+    """A whole network as one step (forward, or forward + backward with a random gradient).
+
+    A torchvision architecture takes a random float image batch; a sequence architecture
+    (gpurec.seqmodels) takes random int64 token ids in [0, vocab), shape (batch, seq_len)."""
 
     def __init__(self, arch: str, input_shape: tuple[int, ...], mode: str, device: Any, seed: int = 0):
         import torch
-        import torchvision.models as tvm
         from torch.utils._pytree import tree_flatten
+
+        from gpurec.sets import is_sequence_arch
 
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
         torch.manual_seed(seed)
         # Built directly on the device: the real initialisers are fast there and set index
         # buffers (e.g. Swin's relative_position_index) that random init would corrupt.
-        kwargs = {"init_weights": False} if arch in ("googlenet", "inception_v3") else {}
-        with torch.device(device):
-            model = tvm.get_model(arch, weights=None, **kwargs)
+        if is_sequence_arch(arch):
+            from gpurec import seqmodels
+
+            with torch.device(device):
+                model = seqmodels.build(arch)
+            self.x = seqmodels.random_token_ids(model, input_shape, device=device, generator=gen)
+        else:
+            import torchvision.models as tvm
+
+            kwargs = {"init_weights": False} if arch in ("googlenet", "inception_v3") else {}
+            with torch.device(device):
+                model = tvm.get_model(arch, weights=None, **kwargs)
+            self.x = torch.randn(input_shape, device=device, generator=gen)
         self.training = mode == "training"
         model.train(self.training)
         self.model = model
-        self.x = torch.randn(input_shape, device=device, generator=gen)
         self.backward = self.training
         self._flatten = tree_flatten
         if self.training:
@@ -322,7 +335,7 @@ def _measure_item(w: WorkItem, ctx: _Ctx, idle_power_w: float) -> dict[str, Any]
     unit = None
     try:
         if w.item == "network":
-            s = ModelInputSet.parse(w.key)
+            s = parse_set_key(w.key)
             unit = NetworkUnit(s.arch, s.input_shape, w.mode, device, seed=cfg.seed)
         else:
             op = source.get(w.set_key, w.mode, w.key)

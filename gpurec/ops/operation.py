@@ -90,10 +90,17 @@ class Operation:
     node: str = ""  # this call's unique name in the traced graph
     input_nodes: list[str] = field(default_factory=list)  # producers of input_shapes, in order
     in_place: bool = False  # writes into its first input (ReLU(inplace=True), ``x += y``)
+    # Dtypes of the activation inputs where one differs from ``dtype`` (int64 token ids, bool
+    # masks); None: all are ``dtype``.  Part of the identity only when set.
+    input_dtypes: list[str] | None = None
+    # Launches no kernel (a view, ``contiguous()`` of a contiguous tensor, dropout with p=0):
+    # derived from the identity, so not part of it; the predictor gives it no GPU time.
+    kernel_free: bool = False
+    backend: str = ""  # scaled_dot_product_attention: the kernel it takes (gpurec.ops.extract.sdpa_backend)
 
     # -- identity ---------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
-        return {
+        ident = {
             "v": SIGNATURE_VERSION,
             "kind": self.kind,
             "category": self.category,
@@ -102,6 +109,9 @@ class Operation:
             "input_requires_grad": self.input_requires_grad,
             "dtype": self.dtype,
         }
+        if self.input_dtypes is not None:
+            ident["input_dtypes"] = self.input_dtypes
+        return ident
 
     @property
     def signature(self) -> str:
