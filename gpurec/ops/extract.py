@@ -17,6 +17,7 @@ import functools
 import gc
 import operator
 import re
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -632,6 +633,17 @@ def extract_operations(
     """
     if mode not in MODES:
         raise ExtractionError(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
+    with _EXTRACTION_LOCK:
+        return _extract_operations(model, input_shape, mode, dtype, keep_sources, example_inputs)
+
+
+# torch.fx tracing patches module-level state (its CURRENT_PATCHER), and the fast path swaps the
+# caller's tensors to meta: one extraction at a time in a process, from any thread.
+_EXTRACTION_LOCK = threading.RLock()
+
+
+def _extract_operations(model: str | nn.Module, input_shape: Sequence[int] | None, mode: str, dtype: torch.dtype,
+                        keep_sources: bool, example_inputs: Any) -> list[Operation]:
     if isinstance(model, str) and example_inputs is None and is_sequence_arch(model) and dtype.is_floating_point:
         # a sequence architecture by name takes int64 token ids; ``dtype`` is its activations'
         inputs, described = _meta_inputs(input_shape, torch.int64, None)
