@@ -224,3 +224,43 @@ def test_network_unit_feeds_token_ids_in_range() -> None:
     assert 0 <= int(unit.x.min()) and int(unit.x.max()) < unit.model.vocab_size and len(unit.x.unique()) > 20
     unit.step()
     assert all(p.grad is None for p in unit.model.parameters())  # gradients reset after the step
+
+
+# -- capture --------------------------------------------------------------------------------------
+
+class _PositionalTable(nn.Module):
+    """The commonest way a positional table is written: sliced to the input's length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(1000, 64)
+        self.pos = nn.Parameter(torch.zeros(1, 512, 64))
+        self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 4, 128, batch_first=True), 2,
+                                         enable_nested_tensor=False)
+        self.head = nn.Linear(64, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids) + self.pos[:, : ids.shape[1]]
+        return self.head(self.enc(x)[:, 0])
+
+
+@pytest.mark.parametrize("keep_sources", [True, False])
+def test_positional_table_sliced_to_the_input_length_extracts(keep_sources: bool) -> None:
+    ops = extract_operations(_PositionalTable(), (4, 100), mode="training", dtype=torch.long,
+                             keep_sources=keep_sources)
+    add = next(op for op in ops if op.kind == "add")
+    assert add.input_shapes == [[4, 100, 64], [1, 100, 64]]  # the table cut to the 100 tokens
+    sliced = next(op for op in ops if op.kind == "getitem" and not op.input_shapes)
+    assert sliced.kernel_free and sliced.settings["args"][1][1] == {"slice": [None, 100, None]}
+    assert ops[-1].output_shapes == [[4, 3]]
+
+
+def test_control_flow_on_tensor_values_is_a_clear_error() -> None:
+    from gpurec.ops.extract import ExtractionError
+
+    class Branchy(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x if x.sum() > 0 else -x
+
+    with pytest.raises(ExtractionError, match="branches with if/while on a tensor"):
+        extract_operations(Branchy(), (2, 8))

@@ -402,7 +402,11 @@ def _trace(root: nn.Module, n_inputs: int = 1) -> _Traced:
     try:
         graph = tracer.trace(root)
     except Exception as exc:
-        raise ExtractionError(f"torch.fx could not trace {type(root).__name__}: {exc}") from exc
+        hint = ""
+        if "control flow" in str(exc):
+            hint = (" (forward branches with if/while on a tensor or its shape; extraction sees shapes, never "
+                    "values: move the branch out of forward or make it a constant attribute)")
+        raise ExtractionError(f"torch.fx could not trace {type(root).__name__}: {exc}{hint}") from exc
     return _Traced(root, graph)
 
 
@@ -837,11 +841,14 @@ def _map_nodes(a: Any, fn: Any) -> Any:
     """``fn`` applied to every fx Node in an fx argument structure (tuples, lists, dicts).
 
     A lighter torch.utils._pytree.tree_map for the shapes fx arguments take (it was a quarter
-    of extraction time); like tree_map it leaves slices and other leaves as they are, and it
-    gives fx's immutable lists and dicts back as plain ones.
+    of extraction time); it gives fx's immutable lists and dicts back as plain ones.  Slices
+    are looked into, as fx's own map_arg does: ``self.pos[:, : ids.shape[1]]`` puts the node
+    of ``ids.shape[1]`` in a slice, which becomes the concrete length when interpreted.
     """
     if isinstance(a, torch.fx.Node):
         return fn(a)
+    if type(a) is slice and any(isinstance(v, torch.fx.Node) for v in (a.start, a.stop, a.step)):
+        return slice(_map_nodes(a.start, fn), _map_nodes(a.stop, fn), _map_nodes(a.step, fn))
     if isinstance(a, tuple) and not isinstance(a, torch.Size):
         mapped = [_map_nodes(x, fn) for x in a]
         return type(a)(*mapped) if hasattr(a, "_fields") else tuple(mapped)
