@@ -907,33 +907,45 @@ def report(
 
 @tools_app.command("plan")
 def tools_plan(out: Path = typer.Option(None, "--out",
-                                       help="where to write the plan JSON (default datasets/plans/main.json, "
-                                            "or targeted.json with --targeted)"),
+                                       help="where to write the plan JSON (default datasets/plans/<sets>.json)"),
+               sets: str = typer.Option("main", "--sets",
+                                        help="main: the torchvision sets; seq: the sequence-model sets; "
+                                             "targeted: the hand-written architectures and operation sweeps "
+                                             "(gpurec.sets SYNTH_ARCHS, SWEEP_ARCHS); peaks: one peak-memory "
+                                             "item per network of the main plan"),
                precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP + "; the main plan's "
                                              "sets and modes at that precision"),
                preset: str = typer.Option(None, "--preset", help="a plan of several precisions: "
-                                          "'precision' (the round's precision collection)"),
-               targeted: bool = typer.Option(False, "--targeted",
-                                             help="the plan of the hand-written architectures and operation sweeps "
-                                                  "(gpurec.sets SYNTH_ARCHS, SWEEP_ARCHS)")) -> None:
+                                          "'precision' (the round's precision collection)")) -> None:
     """Write the collection plan (work order) with the local torch."""
-    from gpurec.tools.plan import write_main_plan, write_preset_plan, write_targeted_plan
+    from gpurec.tools.plan import (
+        DEFAULT_PLAN,
+        PEAKS_PLAN,
+        SEQ_PLAN,
+        TARGETED_PLAN,
+        write_main_plan,
+        write_peaks_plan,
+        write_preset_plan,
+        write_seq_plan,
+        write_targeted_plan,
+    )
 
     if preset is not None:
+        if out is None:
+            _fail("--preset needs --out (where to write the plan)", 2)
         _print_json(_guard(write_preset_plan, preset, out, progress=_progress))
-    elif targeted:
-        _print_json(_guard(write_targeted_plan, out or Path("datasets/plans/targeted.json")))
-    else:
-        _print_json(_guard(write_main_plan, out or Path("datasets/plans/main.json"), precision=precision))
-
-
-@tools_app.command("plan-peaks")
-def tools_plan_peaks(out: Path = typer.Option(Path("datasets/plans/peaks.json"), "--out",
-                                             help="where to write the plan JSON")) -> None:
-    """Write the peak-memory plan: one cheap item per network of the main plan."""
-    from gpurec.tools.plan import write_peaks_plan
-
-    _print_json(_guard(write_peaks_plan, out))
+        return
+    if sets == "main":
+        _print_json(_guard(write_main_plan, out or DEFAULT_PLAN, precision=precision))
+        return
+    if precision != "fp32":
+        _fail(f"--precision applies to the main sets only (or use --preset); not to --sets {sets}", 2)
+    writers = {"seq": (write_seq_plan, SEQ_PLAN), "targeted": (write_targeted_plan, TARGETED_PLAN),
+               "peaks": (write_peaks_plan, PEAKS_PLAN)}
+    if sets not in writers:
+        _fail(f"--sets must be one of main, {', '.join(writers)}, not {sets!r}", 2)
+    write, default = writers[sets]
+    _print_json(_guard(write, out or default))
 
 
 @tools_app.command("gpu-time-sources")

@@ -45,6 +45,8 @@ class ModelInputSet:
     batch: int
     resolution: int = 224
 
+    input_dtype = "float32"  # a class constant, not a field: images are float (batch, 3, r, r)
+
     @property
     def key(self) -> str:
         return f"{self.arch}:b{self.batch}:r{self.resolution}"
@@ -71,3 +73,97 @@ def model_input_sets(archs: Iterable[str], batch_sizes: Iterable[int],
     batch_sizes = list(batch_sizes)
     resolutions = list(resolutions)
     return [ModelInputSet(a, b, r) for a in archs for r in resolutions for b in batch_sizes]
+
+
+# -- sequence models (token-id inputs), built by gpurec.seqmodels -------------------------------
+# Families by name prefix: "bert" encoders, "gpt" causal decoders, "lstm"/"gru" recurrent models.
+# Measured per operation (training set) ...
+SEQ_DATASET_ARCHS: tuple[str, ...] = (
+    "bert_d256_post", "bert_d512_pre", "bert_d768_post", "bert_d1024_pre",
+    "gpt_d512", "gpt_d1024", "gpt_d1536",
+    "lstm_lm_2x512", "lstm_lm_1x1024", "gru_lm_1x1024", "gru_lm_2x256", "lstm_cls_bi_1x256", "gru_cls_bi_3x512",
+)
+# ... and held out: only ever measured as whole networks, never trained on.
+SEQ_TEST_ARCHS: tuple[str, ...] = ("bert_d384_pre", "gpt_d768", "lstm_lm_3x768", "gru_cls_bi_2x384")
+# (batch sizes, sequence lengths) per family; the test shapes differ from the training ones on purpose.
+SEQ_SHAPES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "bert": ((1, 8, 32), (64, 128, 512)),
+    "gpt": ((1, 4, 16), (128, 512, 1024)),
+    "rnn": ((1, 8, 32, 128), (32, 128, 512)),
+}
+SEQ_TEST_SHAPES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "bert": ((4, 16), (128, 384)),
+    "gpt": ((2, 8), (256, 768)),
+    "rnn": ((8, 64), (96, 384)),
+}
+
+
+def seq_family(arch: str) -> str:
+    """"bert", "gpt" or "rnn" (LSTM and GRU models) from a sequence architecture's name."""
+    head = arch.split("_", 1)[0]
+    if head in ("bert", "gpt"):
+        return head
+    if head in ("lstm", "gru", "rnn"):
+        return "rnn"
+    raise ValueError(f"{arch!r} is not a sequence architecture (names start with bert_, gpt_, lstm_ or gru_)")
+
+
+def is_sequence_arch(arch: str) -> bool:
+    return arch in SEQ_DATASET_ARCHS or arch in SEQ_TEST_ARCHS
+
+
+@dataclass(frozen=True)
+class SequenceInputSet:
+    """A sequence architecture on ``batch`` sequences of ``seq_len`` token ids (int64):
+    ``arch:bBATCH:sSEQ`` as a key.  Same protocol as ModelInputSet (key, input_shape, parse)."""
+
+    arch: str
+    batch: int
+    seq_len: int
+
+    input_dtype = "int64"  # class constants, not fields
+    resolution = 0  # no image: sorts before every image set in a plan
+
+    @property
+    def key(self) -> str:
+        return f"{self.arch}:b{self.batch}:s{self.seq_len}"
+
+    @property
+    def input_shape(self) -> tuple[int, int]:
+        return (self.batch, self.seq_len)
+
+    @staticmethod
+    def parse(key: str) -> SequenceInputSet:
+        """The set of a key such as ``gpt_d512:b4:s1024``; ValueError names a malformed key."""
+        try:
+            arch, b, s = key.split(":")
+            if not (b.startswith("b") and s.startswith("s")):
+                raise ValueError
+            return SequenceInputSet(arch, int(b[1:]), int(s[1:]))
+        except ValueError:
+            raise ValueError(f"a sequence set key looks like 'gpt_d512:b4:s1024', not {key!r}") from None
+
+
+AnyInputSet = ModelInputSet | SequenceInputSet
+
+
+def parse_set_key(key: str) -> AnyInputSet:
+    """An image set (``arch:bB:rR``) or a sequence set (``arch:bB:sS``) from its key."""
+    parts = key.split(":")
+    if len(parts) == 3 and parts[2].startswith("s"):
+        return SequenceInputSet.parse(key)
+    try:
+        return ModelInputSet.parse(key)
+    except ValueError:
+        raise ValueError(f"a model-input set key looks like 'resnet50:b32:r224' or 'gpt_d512:b4:s1024', "
+                         f"not {key!r}") from None
+
+
+def sequence_input_sets(archs: Iterable[str], shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
+                        ) -> list[SequenceInputSet]:
+    """Every (architecture, sequence length, batch size) of each architecture's family shapes."""
+    out = []
+    for a in archs:
+        batches, lengths = shapes[seq_family(a)]
+        out.extend(SequenceInputSet(a, b, s) for s in lengths for b in batches)
+    return out

@@ -578,22 +578,6 @@ def test_transformer_decoder_and_full_transformer_take_example_inputs() -> None:
     assert sum(op.flops for op in ops) == _flop_counter(tr, src, tgt)
 
 
-@pytest.mark.parametrize("cls, gates", [(nn.LSTM, 4), (nn.GRU, 3), (nn.RNN, 1)])
-@pytest.mark.parametrize("bidirectional", [False, True])
-def test_recurrent_layers_are_unrolled_over_time(cls: type[nn.Module], gates: int, bidirectional: bool) -> None:
-    """Defect 2: nn.LSTM failed to trace. Unrolled: one input projection, then one step per time step."""
-    rnn = cls(16, 24, num_layers=2, batch_first=True, bidirectional=bidirectional)
-    n, seq, d = 3, 7, 2 if bidirectional else 1
-    ops = extract_operations(rnn, (n, seq, 16), mode="training", keep_sources=False)
-    linears = [op for op in ops if op.kind == "Linear"]
-    assert len(linears) == 2 * d * (1 + seq)  # per layer and direction
-    expected = sum(2 * n * seq * gates * 24 * (in_f + 24) for in_f in (16, 24 * d)) * d
-    assert sum(op.flops for op in ops) == expected
-    assert all(op.flops_bwd > 0 for op in linears)  # the weights need gradients
-    if cls is not nn.LSTM:  # FlopCounterMode counts GRU and RNN cells, not the fused LSTM
-        assert expected == _flop_counter(rnn.eval(), torch.randn(n, seq, 16))
-
-
 def test_token_id_inputs_with_an_integer_dtype() -> None:
     """Defect 2: models taking integer token ids failed: inputs were always float."""
     import gpurec

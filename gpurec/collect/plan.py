@@ -25,10 +25,18 @@ from gpurec.sets import (  # noqa: F401
     DATASET_ARCHS,
     DATASET_BATCH_SIZES,
     MODES,
+    SEQ_DATASET_ARCHS,
+    SEQ_SHAPES,
+    SEQ_TEST_ARCHS,
+    SEQ_TEST_SHAPES,
     TEST_ARCHS,
     TEST_BATCH_SIZES,
+    AnyInputSet,
     ModelInputSet,
+    SequenceInputSet,
     model_input_sets,
+    parse_set_key,
+    sequence_input_sets,
 )
 
 
@@ -62,10 +70,11 @@ def _round_robin(groups: Sequence[Sequence[Any]]) -> list[Any]:
     return out
 
 
-def build_plan(sets: Sequence[ModelInputSet], modes: Sequence[str] = MODES, networks: bool = True,
+def build_plan(sets: Sequence[AnyInputSet], modes: Sequence[str] = MODES, networks: bool = True,
                operations: bool = True, extract: Any = None, precision: str = DEFAULT_PRECISION) -> list[WorkItem]:
-    """Deduplicated, balanced work list at ``precision``.  ``extract(arch, shape, mode)``
-    (given ``precision=`` too when it is not fp32) defaults to gpurec.ops.
+    """Deduplicated, balanced work list over image and/or sequence sets (a sequence set's shape is
+    (batch, seq_len) of token ids) at ``precision``.  ``extract(arch, shape, mode)`` (given
+    ``precision=`` too when it is not fp32) defaults to gpurec.ops.
 
     Operation items are the operations whose own precision is ``precision``: under "tf32"
     only the matrix products (the rest are fp32 operations, the main plan's)."""
@@ -83,7 +92,7 @@ def build_plan(sets: Sequence[ModelInputSet], modes: Sequence[str] = MODES, netw
                 if getattr(op, "precision", DEFAULT_PRECISION) == precision]
 
     # Group order interleaves architectures and batch sizes, so round-robin is balanced.
-    order = sorted(sets, key=lambda s: (s.resolution, s.batch, s.arch))
+    order = sorted(sets, key=lambda s: (s.resolution, getattr(s, "seq_len", 0), s.batch, s.arch))
     order = _round_robin([[s for s in order if s.batch == b] for b in sorted({s.batch for s in order})])
     items: list[WorkItem] = []
     if networks:

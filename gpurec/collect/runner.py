@@ -28,7 +28,7 @@ from gpurec.collect.measure import (
     measure_peak,
     tick_period_s,
 )
-from gpurec.collect.plan import ModelInputSet, WorkItem
+from gpurec.collect.plan import WorkItem, parse_set_key
 from gpurec.dataset.store import JsonlShard, atomic_write_json, raw_row_files, read_jsonl
 from gpurec.device.graphs import CpuBackend, StepBackend
 from gpurec.device.window import EnergyMonitor
@@ -112,6 +112,9 @@ OperationSource = SetOperations
 class NetworkUnit:
     """A whole network as one step (forward, or forward + backward with a random gradient).
 
+    A torchvision architecture takes a random float image batch; a sequence architecture
+    (gpurec.seqmodels) takes random int64 token ids in [0, vocab), shape (batch, seq_len).
+
     At a cast precision ("bf16", "fp16") the model and its input are in that dtype; a mixed
     precision or "tf32" is the :meth:`scope` its calls run inside (entered once around the
     timing, as a user enters autocast once around the step)."""
@@ -119,29 +122,40 @@ class NetworkUnit:
     def __init__(self, arch: str, input_shape: tuple[int, ...], mode: str, device: Any, seed: int = 0,
                  precision: str = DEFAULT_PRECISION):
         import torch
-        import torchvision.models as tvm
         from torch.utils._pytree import tree_flatten
 
         from gpurec.ops.precision import low_dtype
+        from gpurec.sets import is_sequence_arch
 
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
         torch.manual_seed(seed)
         # Built directly on the device: the real initialisers are fast there and set index
         # buffers (e.g. Swin's relative_position_index) that random init would corrupt.
-        from gpurec.synthsets import SYNTH_BUILDERS, build_synthetic
+        if is_sequence_arch(arch):
+            from gpurec import seqmodels
 
-        kwargs = {"init_weights": False} if arch in ("googlenet", "inception_v3") else {}
-        with torch.device(device):
-            model = build_synthetic(arch) if arch in SYNTH_BUILDERS else tvm.get_model(arch, weights=None, **kwargs)
+            with torch.device(device):
+                model = seqmodels.build(arch)
+            self.x = seqmodels.random_token_ids(model, input_shape, device=device, generator=gen)
+        else:
+            import torchvision.models as tvm
+
+            from gpurec.synthsets import SYNTH_BUILDERS, build_synthetic
+
+            kwargs = {"init_weights": False} if arch in ("googlenet", "inception_v3") else {}
+            with torch.device(device):
+                model = (build_synthetic(arch) if arch in SYNTH_BUILDERS
+                         else tvm.get_model(arch, weights=None, **kwargs))
+            self.x = torch.randn(input_shape, device=device, generator=gen)
         self.training = mode == "training"
         self.precision = check_precision(precision)
         self.device = device
         model.train(self.training)
-        self.x = torch.randn(input_shape, device=device, generator=gen)
         if precision in CAST:
             model = model.to(low_dtype(precision))
-            self.x = self.x.to(low_dtype(precision))
+            if self.x.is_floating_point():
+                self.x = self.x.to(low_dtype(precision))
         self.model = model
         self.backward = self.training
         self._flatten = tree_flatten
@@ -348,7 +362,7 @@ def _measure_item(w: WorkItem, ctx: _Ctx, idle_power_w: float) -> dict[str, Any]
     unit = None
     try:
         if w.item in ("network", "peak"):
-            s = ModelInputSet.parse(w.key)
+            s = parse_set_key(w.key)
             unit = NetworkUnit(s.arch, s.input_shape, w.mode, device, seed=cfg.seed, precision=w.precision)
         else:
             op = (source.get(w.set_key, w.mode, w.key) if w.precision == DEFAULT_PRECISION

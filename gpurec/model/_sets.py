@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from gpurec.sets import DATASET_ARCHS, MODES, TEST_ARCHS, ModelInputSet
+from gpurec.sets import DATASET_ARCHS, MODES, TEST_ARCHS, AnyInputSet, parse_set_key
 
 __all__ = ["MODES", "dataset_arch_names", "parse_set", "test_arch_names"]
 
@@ -16,6 +16,6 @@ def test_arch_names() -> tuple[str, ...]:
     return tuple(TEST_ARCHS)
 
 
-def parse_set(set_key: str) -> ModelInputSet:
-    """A ``ModelInputSet`` from its key (``arch:b<batch>:r<resolution>``)."""
-    return ModelInputSet.parse(set_key)
+def parse_set(set_key: str) -> AnyInputSet:
+    """A model-input set from its key (``arch:b<batch>:r<resolution>`` or ``arch:b<batch>:s<seq>``)."""
+    return parse_set_key(set_key)

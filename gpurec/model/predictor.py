@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -62,6 +63,23 @@ class GPUEntry:
     short_name: str
     measured: bool
     networks_measured: bool = False  # whole networks measured (a GPU-specific network correction exists)
+
+
+@dataclass(frozen=True)
+class CandidateError:
+    """What ``predict_many`` returns in place of an Estimate for a candidate it could not
+    estimate (untraceable, a shape the model refuses, ...): which one and why.  The other
+    candidates are answered; ``predict`` raises ``exception`` instead."""
+
+    index: int  # position among the candidates
+    model: str
+    error: str  # the exception's type, e.g. "ExtractionError"
+    reason: str
+    exception: BaseException = field(repr=False, compare=False)
+    ok: bool = field(default=False, init=False)
+
+    def __str__(self) -> str:
+        return f"candidate {self.index} ({self.model}): {self.error}: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -140,6 +158,8 @@ class Estimate:
     measured_share: float = 0.0  # share of operations whose values are measurements, not predictions
     _ops: _OpDetail | None = field(default=None, init=False, repr=False, compare=False)
     _per_op: Any = field(default=None, init=False, repr=False, compare=False)
+
+    ok = True  # a class constant: an Estimate, not a CandidateError (predict_many's list holds both)
 
     @property
     def gpu_power_w(self) -> float:
@@ -242,12 +262,19 @@ def structure_key(module: nn.Module) -> str:
         for key in sorted(d.keys() - skip):  # skip nn.Module's own bookkeeping in C, not key by key
             value = d[key]
             vt = type(value)
-            if key.startswith("_"):
-                continue
             if vt in _SIMPLE_TYPES or ((vt is tuple or vt is list) and all(type(v) in _SIMPLE_TYPES for v in value)):
-                attrs.append(f"{key}={value!r}")
+                if not key.startswith("_"):
+                    attrs.append(f"{key}={value!r}")
             elif isinstance(value, torch.Tensor):
-                attrs.append(f"{key}=T{tuple(value.shape)}{value.dtype}")
+                if not key.startswith("_"):
+                    attrs.append(f"{key}=T{tuple(value.shape)}{value.dtype}")
+            elif callable(value) and not isinstance(value, nn.Module):
+                # an activation or other function kept as an attribute (private ones too): forward calls it
+                attrs.append(f"{key}=F{_callable_token(value)}")
+            elif not key.startswith("_") and vt.__repr__ is not object.__repr__ and not isinstance(value, nn.Module):
+                text = repr(value)  # a config object (dataclass, enum) forward may branch on
+                if " at 0x" not in text:  # never an address: identical fresh instances share a key
+                    attrs.append(f"{key}=O{text}")
         for tag, store in (("p", m._parameters), ("b", m._buffers)):
             for key, value in store.items():
                 attrs.append(f"{tag}:{key}=None" if value is None else
@@ -259,6 +286,20 @@ def structure_key(module: nn.Module) -> str:
 
 
 _SIMPLE_TYPES = frozenset({bool, int, float, str, type(None)})
+
+
+def _callable_token(fn: Any) -> str:
+    """What identifies a function attribute: its qualified name and, for Python functions
+    (lambdas included, which share one name), its code and constants; partials recursively."""
+    if isinstance(fn, functools.partial):
+        return f"partial({_callable_token(fn.func)},{fn.args!r},{sorted(fn.keywords.items())!r})"
+    inner = getattr(fn, "__func__", fn)  # a bound method: its function
+    name = f"{getattr(inner, '__module__', '')}.{getattr(inner, '__qualname__', type(inner).__qualname__)}"
+    code = getattr(inner, "__code__", None)
+    if code is None:
+        return name
+    digest = hashlib.sha1(code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode())
+    return f"{name}#{digest.hexdigest()[:12]}"
 
 
 @functools.cache
@@ -309,6 +350,9 @@ class Predictor:
                         for m, kinds in rng.get("by_mode_kind", {}).items()}
         self._cache: OrderedDict[tuple[Any, ...], _OpsEntry] = OrderedDict()
         self._cache_size = cache_size
+        # One prediction at a time per predictor: the operation cache, and extraction (torch.fx
+        # tracing patches module-level state), are not safe to use from several threads at once.
+        self._lock = threading.RLock()
         self._hw: dict[str, tuple[str, np.ndarray]] = {}
 
     # -- GPUs -------------------------------------------------------------------------------------
@@ -330,20 +374,30 @@ class Predictor:
 
     # -- operations -------------------------------------------------------------------------------
     def _entry(self, model: str | nn.Module | Sequence[Any], input_shape: Sequence[int] | None, mode: str,
-               dtype: Any = None) -> tuple[_OpsEntry, tuple[int, ...]]:
-        shape = tuple(int(s) for s in (input_shape if input_shape is not None else DEFAULT_INPUT_SHAPE))
-        if isinstance(model, str):
-            key: tuple[Any, ...] = ("name", model, shape, mode, str(dtype))
+               dtype: Any = None, example_inputs: Any = None) -> tuple[_OpsEntry, tuple[int, ...]]:
+        inputs: tuple[Any, ...] = ()
+        if example_inputs is not None:
+            inputs = example_input_tuple(example_inputs)
+            shape = tuple(int(s) for s in inputs[0].shape)
+            described: Any = tuple((tuple(t.shape), str(t.dtype)) for t in inputs)
         else:
-            key = ("module", structure_key(model), shape, mode, str(dtype))
+            shape = tuple(int(s) for s in (input_shape if input_shape is not None else DEFAULT_INPUT_SHAPE))
+            described = (shape, str(dtype))
+        if isinstance(model, str):
+            key: tuple[Any, ...] = ("name", model, described, mode)
+        else:
+            key = ("module", structure_key(model), described, mode)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return hit, shape
         from gpurec.ops import extract_operations
 
-        ops = extract_operations(model, shape, mode=mode, keep_sources=False,
-                                 **({"dtype": dtype} if dtype is not None else {}))
+        if inputs:
+            ops = extract_operations(model, mode=mode, keep_sources=False, example_inputs=inputs)
+        else:
+            ops = extract_operations(model, shape, mode=mode, keep_sources=False,
+                                     **({"dtype": dtype} if dtype is not None else {}))
         label = model if isinstance(model, str) else type(model).__name__
         entry = self._make_entry(label, OpBlock.from_operations(ops, mode), mode)
         self._cache[key] = entry
@@ -377,30 +431,54 @@ class Predictor:
 
     # -- prediction -------------------------------------------------------------------------------
     def predict(self, model: str | nn.Module, input_shape: Sequence[int] | None = None, mode: str = "inference",
-                gpu: str = "H100", host: HostProfile | str | Path | None = None, dtype: Any = None) -> Estimate:
-        """Estimate one network (a torchvision model name or an nn.Module) on one GPU.
+                gpu: str = "H100", host: HostProfile | str | Path | None = None, dtype: Any = None,
+                example_inputs: Any = None) -> Estimate:
+        """Estimate one network (a torchvision model name, a gpurec.sets sequence architecture or
+        an nn.Module) on one GPU.
 
         ``host``: None = the reference host (``Predictor.reference_host``, the median of the
         collection hosts), ``"local"`` = this machine (``run_host_bench(use_gpu=False)``, once per
         process), a ``gpurec host-bench`` JSON path, or a HostProfile.  ``dtype`` is the input's
-        dtype (e.g. torch.long for token ids; default float32).  Warns
-        (gpurec.LowCoverageWarning) when under 90% of the FLOPs are in known operations."""
-        return self.predict_many([(model, input_shape)], mode=mode, gpu=gpu, host=host, dtype=dtype)[0]
+        dtype (e.g. torch.long for token ids; default float32).  ``example_inputs`` (a tensor or a
+        tuple of tensors, e.g. ``(src, tgt)`` for nn.Transformer; only shapes and dtypes are used)
+        replaces ``input_shape`` and ``dtype``.  Raises what made the model unpredictable (e.g.
+        ExtractionError).  Warns (gpurec.LowCoverageWarning) when under 90% of the FLOPs are in
+        known operations."""
+        item = (model, input_shape) if example_inputs is None else (model, example_input_tuple(example_inputs))
+        out = self.predict_many([item], mode=mode, gpu=gpu, host=host, dtype=dtype)[0]
+        if isinstance(out, CandidateError):
+            raise out.exception
+        return out
 
     def predict_many(self, candidates: Iterable[Any], mode: str = "inference", gpu: str = "H100",
-                     host: HostProfile | str | Path | None = None, dtype: Any = None) -> list[Estimate]:
-        """Estimate many networks at once (NAS loops): items are (model, input_shape) or just a model.
+                     host: HostProfile | str | Path | None = None, dtype: Any = None,
+                     example_inputs: Any = None) -> list[Estimate | CandidateError]:
+        """Estimate many networks at once (NAS loops): items are a model, (model, input_shape) or
+        (model, example inputs: a tensor or a tuple of tensors); ``example_inputs`` applies to
+        every item that gives neither.
 
-        All operations of all candidates go through each booster in a single call.
+        One result per candidate, in order: an Estimate, or a CandidateError (its index and the
+        reason) for a candidate that cannot be estimated; the others are still answered.  An
+        unknown ``gpu``, ``mode`` or ``host`` raises.  All operations of all candidates go
+        through each booster in a single call.  Safe to call from several threads (they take
+        turns on this predictor).
         """
         mode = _check_mode(mode)
-        nvml, hw = self._gpu(gpu)
-        profile = resolve_host(host, self.reference_host)
-        entries: list[tuple[_OpsEntry, tuple[int, ...]]] = []
-        for c in candidates:
-            model, shape = c if isinstance(c, tuple) and len(c) == 2 and not isinstance(c[1], str) else (c, None)
-            entries.append(self._entry(model, shape, mode, dtype))
-        return self._estimate(entries, mode, nvml, hw, profile)
+        with self._lock:
+            nvml, hw = self._gpu(gpu)
+            profile = resolve_host(host, self.reference_host)
+            entries: list[tuple[_OpsEntry, tuple[int, ...]]] = []
+            results: list[Estimate | CandidateError | None] = []
+            for i, c in enumerate(candidates):
+                model, shape, inputs = _split_candidate(c, example_inputs)
+                try:
+                    entries.append(self._entry(model, shape, mode, dtype, inputs))
+                    results.append(None)
+                except Exception as exc:  # one bad candidate must not cost the others their answers
+                    label = model if isinstance(model, str) else type(model).__name__
+                    results.append(CandidateError(i, label, type(exc).__name__, str(exc), exc))
+            estimates = iter(self._estimate(entries, mode, nvml, hw, profile))
+            return [next(estimates) if r is None else r for r in results]
 
     def host_scale(self, host: HostProfile) -> float:
         """How much slower ``host`` dispatches than the reference host (1 for the reference itself)."""
@@ -473,6 +551,36 @@ class Predictor:
         cv = self.manifest.get("cv", {})
         return (f"Predictor({self.model_dir}, measured GPUs: {', '.join(self.measured) or 'none'}, "
                 f"{len(self.builder.kinds)} op kinds, cv: {list(cv)})")
+
+
+def _is_tensor_input(x: Any) -> bool:
+    """A tensor, or a non-empty tuple/list of tensors (example inputs, not a shape)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False  # torch never imported: nothing can be a tensor
+    if isinstance(x, torch.Tensor):
+        return True
+    return isinstance(x, (tuple, list)) and bool(x) and all(isinstance(t, torch.Tensor) for t in x)
+
+
+def example_input_tuple(example_inputs: Any) -> tuple[Any, ...]:
+    if not _is_tensor_input(example_inputs):
+        raise ValueError("example_inputs must be a tensor or a tuple of tensors")
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def _split_candidate(c: Any, example_inputs: Any) -> tuple[Any, Sequence[int] | None, Any]:
+    """(model, input_shape, example inputs) of one predict_many item."""
+    if isinstance(c, tuple) and len(c) == 2 and not isinstance(c[1], str):
+        model, second = c
+        if _is_tensor_input(second):
+            return model, None, second
+        if second is None and example_inputs is not None:
+            return model, None, example_inputs
+        return model, second, None
+    return c, None, example_inputs
 
 
 def _distinct_rows(block: OpBlock) -> tuple[np.ndarray | None, np.ndarray | None]:

@@ -10,11 +10,11 @@ from collections import OrderedDict
 
 from gpurec.ops.operation import Operation
 from gpurec.ops.precision import DEFAULT_PRECISION
-from gpurec.sets import ModelInputSet
+from gpurec.sets import parse_set_key
 
 
 class SetOperations:
-    """Operations of model-input sets by key (``resnet50:b32:r224``), extracted once each.
+    """Operations of model-input sets by key (``resnet50:b32:r224``, ``gpt_d512:b4:s128``), extracted once each.
 
     ``keep_sources`` keeps each operation's module so it can be materialised (collection
     needs it; features do not).  ``max_sets`` bounds how many (set, mode) extractions stay in
@@ -41,7 +41,7 @@ class SetOperations:
         if hit is not None:
             self._ops.move_to_end(k)
             return hit
-        s = ModelInputSet.parse(set_key)
+        s = parse_set_key(set_key)  # an image set, or a sequence set (int64 token ids by name)
         ops = extract_operations(s.arch, s.input_shape, mode=mode, keep_sources=self.keep_sources, precision=precision)
         self.extractions += 1
         self._ops[k] = ops

@@ -17,6 +17,7 @@ import functools
 import gc
 import operator
 import re
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gpurec.ops.operation import ActRef, Operation, ParamRef, canonical_value
 from gpurec.ops.precision import CAST, DEFAULT_PRECISION, MIXED, check_precision, low_dtype
-from gpurec.sets import MODES
+from gpurec.sets import MODES, SEQ_DATASET_ARCHS, SEQ_TEST_ARCHS, is_sequence_arch
 
 # Graph nodes that are pure Python bookkeeping (no kernel, no data movement).
 _DROP_FUNCTIONS = {
@@ -101,8 +102,8 @@ class _Tracer(torch.fx.Tracer):
     PyTorch's composite modules (Transformer layers and stacks) are traced through as the
     modules they call, with the slow-path forward written out in _DECOMPOSITIONS, as the
     blocks of torchvision's ViT are: their operations are MultiheadAttention, Linear,
-    LayerNorm, dropout and additions, which the models know. Recurrent layers stay one node
-    here and are unrolled over time when interpreted (their loop needs the sequence length).
+    LayerNorm, dropout and additions, which the models know. Recurrent layers (nn.LSTM,
+    nn.GRU, nn.RNN) stay whole, one operation each, as cuDNN runs them.
     """
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
@@ -205,80 +206,6 @@ _DECOMPOSITIONS: dict[type, Any] = {
 _RECURRENT: tuple[type[nn.Module], ...] = (nn.LSTM, nn.GRU, nn.RNN)
 
 
-class _UnrolledRNN(nn.Module):
-    """An nn.LSTM/GRU/RNN written out over a known sequence length as the kernels it runs.
-
-    Per layer and direction: one input projection over the whole sequence (a Linear, as
-    cuDNN does), then per time step a recurrent Linear, the gate additions and activations.
-    The parameters are the recurrent module's own (shared, not copied). Projections
-    (``proj_size``) are not supported.
-    """
-
-    def __init__(self, rnn: nn.RNNBase, seq_len: int, batch: int) -> None:
-        super().__init__()
-        if getattr(rnn, "proj_size", 0):
-            raise ExtractionError("nn.LSTM with proj_size is not supported; remove proj_size or pass a custom cell")
-        self.kind, self.seq_len, self.batch = rnn.mode, seq_len, batch
-        self.hidden, self.layers_n = rnn.hidden_size, rnn.num_layers
-        self.directions = 2 if rnn.bidirectional else 1
-        self.batch_first, self.dropout_p = rnn.batch_first, float(rnn.dropout)
-        gates = {"LSTM": 4, "GRU": 3}.get(rnn.mode, 1)
-        self.ih, self.hh = nn.ModuleList(), nn.ModuleList()
-        for layer in range(rnn.num_layers):
-            for direction in range(self.directions):
-                sfx = f"_l{layer}" + ("_reverse" if direction else "")
-                w_ih, w_hh = getattr(rnn, f"weight_ih{sfx}"), getattr(rnn, f"weight_hh{sfx}")
-                for store, w, b in ((self.ih, w_ih, f"bias_ih{sfx}"), (self.hh, w_hh, f"bias_hh{sfx}")):
-                    lin = nn.Linear(w.shape[1], gates * self.hidden, bias=rnn.bias, device="meta", dtype=w.dtype)
-                    lin.weight = w
-                    if rnn.bias:
-                        lin.bias = getattr(rnn, b)
-                    store.append(lin)
-        self.sigmoid = nn.Sigmoid()
-        self.act = nn.ReLU() if rnn.mode == "RNN_RELU" else nn.Tanh()
-        self.tanh = nn.Tanh()
-
-    def _cell(self, gi: Any, h: Any, c: Any, hh: nn.Module) -> tuple[Any, Any]:
-        gh = hh(h)
-        if self.kind == "LSTM":
-            i, f, g, o = (gi + gh).chunk(4, 1)
-            c = self.sigmoid(f) * c + self.sigmoid(i) * self.tanh(g)
-            return self.sigmoid(o) * self.tanh(c), c
-        if self.kind == "GRU":
-            i_r, i_z, i_n = gi.chunk(3, 1)
-            h_r, h_z, h_n = gh.chunk(3, 1)
-            r, z = self.sigmoid(i_r + h_r), self.sigmoid(i_z + h_z)
-            n = self.tanh(i_n + r * h_n)
-            return n + z * (h - n), c
-        return self.act(gi + gh), c
-
-    def forward(self, x: Any, hx: Any = None) -> Any:
-        if self.batch_first:
-            x = x.transpose(0, 1)
-        finals_h, finals_c = [], []
-        for layer in range(self.layers_n):
-            outs = []
-            for direction in range(self.directions):
-                k = layer * self.directions + direction
-                gi = self.ih[k](x)
-                h = x.new_zeros((self.batch, self.hidden))
-                c = x.new_zeros((self.batch, self.hidden)) if self.kind == "LSTM" else None
-                steps = range(self.seq_len - 1, -1, -1) if direction else range(self.seq_len)
-                seq = [None] * self.seq_len
-                for t in steps:
-                    h, c = self._cell(gi[t], h, c, self.hh[k])
-                    seq[t] = h
-                outs.append(torch.stack(seq, 0))
-                finals_h.append(h)
-                finals_c.append(c)
-            x = torch.cat(outs, 2) if self.directions == 2 else outs[0]
-            if self.dropout_p and self.training and layer < self.layers_n - 1:
-                x = nn.functional.dropout(x, self.dropout_p, True)
-        out = x.transpose(0, 1) if self.batch_first else x
-        h_n = torch.stack(finals_h, 0)
-        return (out, (h_n, torch.stack(finals_c, 0))) if self.kind == "LSTM" else (out, h_n)
-
-
 @functools.lru_cache(maxsize=64)
 def _build_torchvision_meta(name: str) -> nn.Module:
     from gpurec.synthsets import SYNTH_BUILDERS, build_synthetic
@@ -313,6 +240,11 @@ def resolve_model(model: str | nn.Module) -> tuple[str, nn.Module]:
     if not isinstance(model, str):
         raise ExtractionError(f"model must be a torchvision model name or an nn.Module, not {type(model).__name__}")
     name = _check_name(model)
+    if is_sequence_arch(name):
+        from gpurec import seqmodels
+
+        with torch.device("meta"):
+            return name, seqmodels.build(name)
     return name, copy.deepcopy(_build_torchvision_meta(name))
 
 
@@ -405,6 +337,8 @@ def _in_mode(root: nn.Module, training: bool) -> Any:
 def _check_name(model: str) -> str:
     from gpurec.ops.names import unknown_model_message
 
+    if is_sequence_arch(model):
+        return model
     message = unknown_model_message(model, _model_names())
     if message is not None:
         raise UnknownModel(message)
@@ -415,7 +349,7 @@ def _check_name(model: str) -> str:
 def _model_names() -> tuple[str, ...]:
     from gpurec.synthsets import SYNTH_BUILDERS
 
-    return (*classification_models(), *SYNTH_BUILDERS)
+    return (*classification_models(), *SYNTH_BUILDERS, *SEQ_DATASET_ARCHS, *SEQ_TEST_ARCHS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -432,6 +366,13 @@ class _Traced:
 
 @functools.lru_cache(maxsize=64)
 def _trace_torchvision(name: str, training: bool) -> _Traced:
+    if is_sequence_arch(name):
+        from gpurec import seqmodels
+
+        with torch.device("meta"):
+            root = seqmodels.build(name)
+        root.train(training)
+        return _trace(root)
     root = copy.deepcopy(_build_torchvision_meta(name))
     root.train(training)
     return _trace(root)
@@ -469,7 +410,11 @@ def _trace(root: nn.Module, n_inputs: int = 1) -> _Traced:
     try:
         graph = tracer.trace(root)
     except Exception as exc:
-        raise ExtractionError(f"torch.fx could not trace {type(root).__name__}: {exc}") from exc
+        hint = ""
+        if "control flow" in str(exc):
+            hint = (" (forward branches with if/while on a tensor or its shape; extraction sees shapes, never "
+                    "values: move the branch out of forward or make it a constant attribute)")
+        raise ExtractionError(f"torch.fx could not trace {type(root).__name__}: {exc}{hint}") from exc
     return _Traced(root, graph)
 
 
@@ -614,9 +559,57 @@ def _flops_elementwise(kind: str, in_numel: int, out_numel: int, settings: dict[
         for v in ks if isinstance(ks, list) else [ks]:
             ks_n *= int(v)
         return ks_n * out_numel
-    if k in ("mean", "sum"):
-        return in_numel
+    if k in ("mean", "sum", "max", "amax", "min", "amin", "cumsum", "argmax"):
+        return in_numel  # reductions and scans: one operation per input element
+    if k in ("masked_fill", "masked_fill_", "where", "pow", "eq", "ne", "lt", "gt", "le", "ge", "invert", "tanh_",
+             "exp", "neg", "rsqrt", "sqrt"):
+        return out_numel
+    if k in _RECURRENT_ELEMENTWISE:
+        # gate activations and state updates at every step of every layer (the products are in flops)
+        return _RECURRENT_ELEMENTWISE[k] * out_numel * int(settings.get("num_layers", 1))
     return 0
+
+
+# Per output element and layer: LSTM 3 sigmoids + 2 tanh (4 each) and ~5 products/sums; GRU 2
+# sigmoids + tanh and ~6 products/sums; a plain RNN its activation and the sum.
+_RECURRENT_ELEMENTWISE = {"lstm": 25, "gru": 18, "rnn": 2}
+
+
+def sdpa_backend(dtype: str, head_dim: int, head_dim_v: int, has_mask: bool, enable_gqa: bool = False) -> str:
+    """Which kernel PyTorch's CUDA dispatcher takes for F.scaled_dot_product_attention on an
+    sm80/sm90 GPU ("flash", "memory_efficient" or "math"), by the rule torch 2.1-2.14 apply in
+    priority order flash > memory-efficient > math (cuDNN attention is not preferred by default):
+
+    * flash: half precision only (float16, bfloat16), no ``attn_mask`` (``is_causal`` is fine),
+      head dims equal, at most 256 and a multiple of 8;
+    * memory-efficient: float32, float16 or bfloat16 with an ``attn_mask`` or not; head dims a
+      multiple of 8 for half precision and of 4 for float32;
+    * math otherwise (float64, unaligned head dims, ``enable_gqa``).
+
+    So float32 (and TF32) attention never takes flash, and a padding mask moves half-precision
+    attention from flash to memory-efficient.  It is a rule, not a query of the GPU: the GPU
+    machine's torch may still fall back (e.g. on odd strides); the measured row is the truth.
+    """
+    if enable_gqa or dtype not in ("float32", "float16", "bfloat16"):
+        return "math"
+    half = dtype in ("float16", "bfloat16")
+    if half and not has_mask and head_dim == head_dim_v and head_dim <= 256 and head_dim % 8 == 0:
+        return "flash"
+    align = 8 if half else 4
+    if head_dim % align == 0 and head_dim_v % align == 0:
+        return "memory_efficient"
+    return "math"
+
+
+def _sdpa_backend_of(args: Any, kwargs: Any, training: bool) -> str:
+    """sdpa_backend for one call's (meta) arguments."""
+    names = ("query", "key", "value", "attn_mask")
+    bound = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in names}
+    q, v = bound.get("query"), bound.get("value")
+    if not (_is_tensor(q) and _is_tensor(v)) or q.dim() < 2:
+        return "math"
+    return sdpa_backend(str(q.dtype).replace("torch.", ""), int(q.shape[-1]), int(v.shape[-1]),
+                        bound.get("attn_mask") is not None, bool(kwargs.get("enable_gqa", False)))
 
 
 def _backward_flops(op_matmul_flops: int, has_params: bool, inputs_requiring_grad: int, elementwise: int) -> int:
@@ -792,7 +785,22 @@ def extract_operations(
         check_precision(precision)
     except ValueError as exc:
         raise ExtractionError(str(exc)) from None
-    inputs, described = _meta_inputs(input_shape, dtype, example_inputs)
+    with _EXTRACTION_LOCK:
+        return _extract_operations(model, input_shape, mode, dtype, keep_sources, example_inputs, precision)
+
+
+# torch.fx tracing patches module-level state (its CURRENT_PATCHER), and the fast path swaps the
+# caller's tensors to meta: one extraction at a time in a process, from any thread.
+_EXTRACTION_LOCK = threading.RLock()
+
+
+def _extract_operations(model: str | nn.Module, input_shape: Sequence[int] | None, mode: str, dtype: torch.dtype,
+                        keep_sources: bool, example_inputs: Any, precision: str) -> list[Operation]:
+    if isinstance(model, str) and example_inputs is None and is_sequence_arch(model) and dtype.is_floating_point:
+        # a sequence architecture by name takes int64 token ids; ``dtype`` is its activations'
+        inputs, described = _meta_inputs(input_shape, torch.int64, None)
+    else:
+        inputs, described = _meta_inputs(input_shape, dtype, example_inputs)
     floats = [t.dtype for t in inputs if t.is_floating_point()]
     compute = dtype if dtype.is_floating_point else (floats[0] if floats else torch.float32)
     training = mode == "training"
@@ -891,19 +899,14 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             env[node.name] = _run_node(modules, node, args, kwargs)
             grad[node.name] = in_grad
             continue
-        if node.op == "call_module" and isinstance(modules[node.target], _RECURRENT):
-            if precise is not None:
-                raise ExtractionError(f"{type(modules[node.target]).__name__} is extracted in fp32 only; "
-                                      f"precision {precise.precision!r} is not supported for recurrent layers yet")
-            sub_ops, env[node.name] = _unroll(modules[node.target], node, args, grad, dtype, training, keep_sources)
-            ops.extend(sub_ops)
-            grad[node.name] = training
-            continue
+        if precise is not None and node.op == "call_module" and isinstance(modules[node.target], _RECURRENT):
+            raise ExtractionError(f"{type(modules[node.target]).__name__} is extracted in fp32 only; "
+                                  f"precision {precise.precision!r} is not supported for recurrent layers yet")
         # Settings of a leaf module: computed once, used by the memo key and the record.
         named_params = _named_params(modules[node.target]) if node.op == "call_module" else []
         settings = _module_settings(modules[node.target], named_params) if node.op == "call_module" else {}
-        out, mm_flops = _run_counted(modules, node, args, kwargs, counter, training, settings,
-                                     exact=precise is not None)
+        out, mm_flops, aliased = _run_counted(modules, node, args, kwargs, counter, training, settings,
+                                              exact=precise is not None)
         env[node.name] = out
         has_params = False
         if node.op == "call_module":
@@ -946,6 +949,12 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         settings["args"] = _strip_acts(arg_template)
         settings["kwargs"] = _strip_acts(kwarg_template)
         elementwise = _flops_elementwise(kind, in_numel, out_numel, settings, training)
+        in_dtypes = [str(t.dtype).replace("torch.", "") for t in act_values]
+        bytes_read = int((in_numel + param_numel) * elem_size)
+        if any(d != dtype_name for d in in_dtypes):  # token ids, masks: bytes at their own width
+            bytes_read = int(sum(t.numel() * t.element_size() for t in act_values) + param_numel * elem_size)
+        if kind in ("Embedding", "embedding"):  # a gather: reads the looked-up rows, not the whole table
+            bytes_read = int(sum(t.numel() * t.element_size() for t in act_values) + out_numel * elem_size)
         op = Operation(
             kind=kind,
             category=node.op.replace("call_", ""),
@@ -960,13 +969,18 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             flops_elementwise=int(elementwise),
             flops_bwd=(_backward_flops(int(mm_flops), has_params, sum(map(bool, requires_grad)), elementwise)
                        if training else 0),
-            bytes_read=int((in_numel + param_numel) * elem_size),
+            bytes_read=bytes_read,
             bytes_written=int(out_numel * elem_size),
             name=str(node.target) if node.op == "call_module" else node.name,
             node=node.name,
             input_nodes=list(act_nodes),
             in_place=_is_in_place(node, settings),
         )
+        if any(d != dtype_name for d in in_dtypes):
+            op.input_dtypes = in_dtypes
+        op.kernel_free = aliased and not op.in_place and "out" not in kwargs
+        if kind == "scaled_dot_product_attention":
+            op.backend = _sdpa_backend_of(args, kwargs, training)
         if keep_sources:
             if node.op == "call_module":
                 op.source = ("module", modules[node.target], arg_template, kwarg_template)
@@ -1077,27 +1091,6 @@ def _cast_operation(src: torch.Tensor, to: torch.dtype, consumer: Operation, k: 
     return cast
 
 
-def _unroll(rnn: nn.RNNBase, node: torch.fx.Node, args: Any, grad: dict[str, bool], dtype: torch.dtype,
-            training: bool, keep_sources: bool) -> tuple[list[Operation], Any]:
-    """A recurrent layer's operations over its input's sequence length (see _UnrolledRNN)."""
-    x = args[0]
-    if not _is_tensor(x) or x.dim() != 3:
-        raise ExtractionError(f"{type(rnn).__name__} needs a batched 3-D input (sequence, batch, features), "
-                              f"got {list(x.shape) if _is_tensor(x) else type(x).__name__}")
-    seq_len, batch = (x.shape[1], x.shape[0]) if rnn.batch_first else (x.shape[0], x.shape[1])
-    unrolled = _UnrolledRNN(rnn, int(seq_len), int(batch)).train(training)
-    src = node.args[0]
-    src_name = src.name if isinstance(src, torch.fx.Node) else ""
-    traced = _trace(unrolled)
-    ops, out = _interpret(traced, [x], dtype, training, keep_sources, input_grads=[grad.get(src_name, False)])
-    first = next(iter(n.name for n in traced.graph.nodes if n.op == "placeholder"), "x")
-    for op in ops:
-        op.node = f"{node.name}.{op.node}"
-        op.input_nodes = [src_name if n == first else f"{node.name}.{n}" for n in op.input_nodes]
-        op.name = f"{node.target}.{op.name}"
-    return ops, out
-
-
 _IN_PLACE_FUNCTIONS = {operator.iadd, operator.imul, operator.isub, operator.itruediv}
 
 
@@ -1114,11 +1107,14 @@ def _map_nodes(a: Any, fn: Any) -> Any:
     """``fn`` applied to every fx Node in an fx argument structure (tuples, lists, dicts).
 
     A lighter torch.utils._pytree.tree_map for the shapes fx arguments take (it was a quarter
-    of extraction time); like tree_map it leaves slices and other leaves as they are, and it
-    gives fx's immutable lists and dicts back as plain ones.
+    of extraction time); it gives fx's immutable lists and dicts back as plain ones.  Slices
+    are looked into, as fx's own map_arg does: ``self.pos[:, : ids.shape[1]]`` puts the node
+    of ``ids.shape[1]`` in a slice, which becomes the concrete length when interpreted.
     """
     if isinstance(a, torch.fx.Node):
         return fn(a)
+    if type(a) is slice and any(isinstance(v, torch.fx.Node) for v in (a.start, a.stop, a.step)):
+        return slice(_map_nodes(a.start, fn), _map_nodes(a.stop, fn), _map_nodes(a.step, fn))
     if isinstance(a, tuple) and not isinstance(a, torch.Size):
         mapped = [_map_nodes(x, fn) for x in a]
         return type(a)(*mapped) if hasattr(a, "_fields") else tuple(mapped)
@@ -1254,8 +1250,9 @@ def _leaf_key(mod: nn.Module, args: Any, kwargs: Any, training: bool, settings: 
 
 
 def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, kwargs: Any, counter: _NodeFlops,
-                 training: bool, settings: dict[str, Any], exact: bool = False) -> tuple[Any, int]:
+                 training: bool, settings: dict[str, Any], exact: bool = False) -> tuple[Any, int, bool]:
     """Run one node on meta and count its FLOPs, reusing memoised leaf-module results.
+    The flag says whether every output aliases an input (a view or the input itself).
 
     ``exact`` (a precision other than fp32): every node runs through ``counter``, with no memo
     and no analytic shortcut, and its tensors are used as they are (already swapped by the
@@ -1265,39 +1262,95 @@ def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, 
         counter.reset()
         with counter:
             out = _run_node(modules, node, args, kwargs, swap=False)
-        return out, counter.current
+        return out, counter.current, _aliases_input(out, args, kwargs)
     key = (_leaf_key(modules[node.target], args, kwargs, training, settings)
            if node.op == "call_module" else None)
     hit = _LEAF_MEMO.get(key) if key is not None else None
     if hit is not None:
         _LEAF_MEMO.move_to_end(key)
-        spec, leaves, flops = hit
+        spec, leaves, flops, aliased = hit
         made = [torch.empty_strided(v[0], v[1], dtype=v[2], device="meta") if isinstance(v, tuple) else v
                 for v in leaves]
-        return (made[0] if spec is None else tree_unflatten(made, spec)), flops
+        return (made[0] if spec is None else tree_unflatten(made, spec)), flops, aliased
     if key is not None:
-        known = _analytic_leaf(modules[node.target], args, kwargs)
+        mod = modules[node.target]
+        known = (_analytic_recurrent(mod, args, kwargs) if isinstance(mod, _RECURRENT)
+                 else _analytic_leaf(mod, args, kwargs))
     elif node.op == "call_function" and node.target in _BINARY_FUNCTIONS:
         known = _analytic_binary(args, kwargs)
     else:
         known = None
     if known is not None:
         out, flops = known
+        aliased = False
     else:
         counter.current = 0
         with counter:  # only around real meta calls: the mode makes every dispatch a Python call
             out = _run_node(modules, node, args, kwargs)
         flops = counter.current
+        aliased = _aliases_input(out, args, kwargs)
     if key is not None:
         # spec None: the output is one tensor (the commonest case; tree_unflatten of a leaf was
         # a few per cent of a fresh candidate's extraction)
         leaves, spec = ([out], None) if _is_tensor(out) else tree_flatten(out)
         if all(_is_tensor(v) or v is None for v in leaves):
             _LEAF_MEMO[key] = (spec, [(tuple(v.shape), tuple(v.stride()), v.dtype) if _is_tensor(v) else v
-                                      for v in leaves], flops)
+                                      for v in leaves], flops, aliased)
             if len(_LEAF_MEMO) > _LEAF_MEMO_SIZE:
                 _LEAF_MEMO.popitem(last=False)
-    return out, flops
+    return out, flops, aliased
+
+
+def _aliases_input(out: Any, args: Any, kwargs: Any) -> bool:
+    """Is every output tensor an input tensor or a view of one's storage?  Such a call (a view,
+    ``contiguous()`` of a contiguous tensor, ``.to`` its own dtype, dropout with p=0) launches
+    no kernel.  Calls that write into an input or an ``out=`` argument are judged elsewhere."""
+    outs = [t for t in _leaves(out) if _is_tensor(t)]
+    if not outs:
+        return False
+    bases = {id(t._base if t._base is not None else t) for t in _leaves((args, kwargs)) if _is_tensor(t)}
+    return all(id(t._base if t._base is not None else t) in bases for t in outs)
+
+
+_RECURRENT_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+
+
+def _analytic_recurrent(rnn: nn.Module, args: Any, kwargs: Any) -> tuple[Any, int] | None:
+    """Outputs and FLOPs of nn.LSTM / nn.GRU / nn.RNN on a batched 3-D input, without running
+    it on meta (its meta forward steps through time in Python: seconds for long sequences).
+
+    FLOPs are the gate products as cuDNN computes them: per layer and direction, the input
+    projection over the whole sequence and the recurrent product at every step,
+    2 * seq * batch * gates * hidden * (layer input + hidden) (plus 2 * seq * batch * hidden *
+    proj_size for an LSTM projection).  Anything else (unbatched input, packed sequences)
+    returns None and runs on meta.
+    """
+    x = args[0] if args else None
+    if kwargs or len(args) > 2 or not _is_tensor(x) or x.dim() != 3 or x.device.type != "meta":
+        return None
+    if x.shape[-1] != rnn.input_size or not x.dtype.is_floating_point:
+        return None  # the real call raises; let it, with its own message
+    gates = _RECURRENT_GATES.get(rnn.mode)
+    if gates is None:
+        return None
+    seq, batch = (x.shape[1], x.shape[0]) if rnn.batch_first else (x.shape[0], x.shape[1])
+    dirs = 2 if rnn.bidirectional else 1
+    hidden, proj = rnn.hidden_size, getattr(rnn, "proj_size", 0) or 0
+    h_out = proj or hidden
+    flops, layer_in = 0, rnn.input_size
+    for _ in range(rnn.num_layers):
+        per_dir = 2 * seq * batch * gates * hidden * (layer_in + h_out)
+        if proj:
+            per_dir += 2 * seq * batch * hidden * proj
+        flops += dirs * per_dir
+        layer_in = dirs * h_out
+    out_shape = (batch, seq, dirs * h_out) if rnn.batch_first else (seq, batch, dirs * h_out)
+    out = torch.empty(out_shape, dtype=x.dtype, device="meta")
+    h_n = torch.empty((rnn.num_layers * dirs, batch, h_out), dtype=x.dtype, device="meta")
+    if rnn.mode == "LSTM":
+        c_n = torch.empty((rnn.num_layers * dirs, batch, hidden), dtype=x.dtype, device="meta")
+        return (out, (h_n, c_n)), int(flops)
+    return (out, h_n), int(flops)
 
 
 # Shape-preserving leaves whose FLOPs FlopCounterMode counts as zero (our own per-element counts

@@ -95,8 +95,15 @@ class Operation:
     # float32 (a bf16 copy of the weight under autocast, a module cast to bf16).  Part of the
     # identity only when the precision is not fp32, so fp32 signatures never change.
     precision: str = "fp32"
-    input_dtypes: list[str] = field(default_factory=list)
+    # Dtypes of the activation inputs: set at a precision other than fp32, and wherever one input
+    # differs from ``dtype`` (int64 token ids, bool masks); None: all are ``dtype``.  Part of the
+    # identity when set.
+    input_dtypes: list[str] | None = None
     param_dtypes: dict[str, str] = field(default_factory=dict)
+    # Launches no kernel (a view, ``contiguous()`` of a contiguous tensor, dropout with p=0):
+    # derived from the identity, so not part of it; the predictor gives it no GPU time.
+    kernel_free: bool = False
+    backend: str = ""  # scaled_dot_product_attention: the kernel it takes (gpurec.ops.extract.sdpa_backend)
 
     # -- identity ---------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
@@ -111,9 +118,10 @@ class Operation:
         }
         if self.precision != "fp32":
             ident["precision"] = self.precision
-            ident["input_dtypes"] = self.input_dtypes
             if self.param_dtypes:
                 ident["param_dtypes"] = self.param_dtypes
+        if self.input_dtypes:
+            ident["input_dtypes"] = self.input_dtypes
         return ident
 
     @property

@@ -43,11 +43,25 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def _random_tensor(shape: tuple[int, ...] | list[int], dtype: torch.dtype, device: Any,
-                   generator: torch.Generator | None) -> torch.Tensor:
+                   generator: torch.Generator | None, index_high: int = 0) -> torch.Tensor:
     if dtype.is_floating_point:
         return torch.randn(tuple(shape), dtype=dtype, device=device, generator=generator)
+    if index_high > 0 and dtype in (torch.int64, torch.int32):
+        # token ids into a table of ``index_high`` rows: random, so a lookup touches many rows
+        return torch.randint(0, index_high, tuple(shape), dtype=dtype, device=device, generator=generator)
     # Integer buffers are indices (e.g. Swin's relative position index): zeros stay valid.
     return torch.zeros(tuple(shape), dtype=dtype, device=device)
+
+
+def _index_high(op: Operation) -> int:
+    """The table size integer inputs index into: an Embedding's rows (module or F.embedding's
+    weight); 0 (zeros) for other integer inputs."""
+    if op.kind == "Embedding":
+        return int(op.settings.get("num_embeddings", 0) or 0)
+    if op.kind == "embedding" and op.source is not None:
+        weights = [x for x in tree_flatten((op.source[2], op.source[3]))[0] if isinstance(x, ParamRef)]
+        return int(weights[0].shape[0]) if weights else 0
+    return 0
 
 
 def _init_module(m: nn.Module, generator: torch.Generator) -> None:
@@ -165,9 +179,10 @@ def materialize(op: Operation, device: Any = "cpu", instances: int = 1, seed: in
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     inputs = []
-    dtypes = [_dtype(d) for d in op.input_dtypes] if op.input_dtypes else [dtype] * len(op.input_shapes)
-    for shape, rg, in_dtype in zip(op.input_shapes, op.input_requires_grad, dtypes, strict=True):
-        x = _random_tensor(shape, in_dtype, device, gen)
+    in_dtypes = [_dtype(d) for d in op.input_dtypes] if op.input_dtypes else [dtype] * len(op.input_shapes)
+    high = _index_high(op)
+    for shape, rg, in_dtype in zip(op.input_shapes, op.input_requires_grad, in_dtypes, strict=True):
+        x = _random_tensor(shape, in_dtype, device, gen, high)
         if training and rg:
             x.requires_grad_(True)
         inputs.append(x)
@@ -188,6 +203,8 @@ def materialize(op: Operation, device: Any = "cpu", instances: int = 1, seed: in
                     t.requires_grad_(True)
                 made.append(t)
                 return t
+            if isinstance(x, torch.device):  # created on the extraction's meta device: create here
+                return torch.device(device)
             return x
 
         return tree_map(conv, template)

@@ -223,10 +223,11 @@ def bands_tie(a: tuple[float, float], b: tuple[float, float], share: float = TIE
 
 
 def predict_step(predictor: Any, model: Any, shape: Sequence[int], mode: str, gpu: str, host: Any = None,
-                 dtype: Any = None) -> Any:
-    """``predictor.predict``, passing ``host`` and ``dtype`` only when given (and supported)."""
+                 dtype: Any = None, example_inputs: Any = None) -> Any:
+    """``predictor.predict``, passing ``host``, ``dtype`` and ``example_inputs`` only when given
+    (and supported)."""
     kwargs: dict[str, Any] = {"input_shape": tuple(shape), "mode": mode, "gpu": gpu}
-    for name, value in (("host", host), ("dtype", dtype)):
+    for name, value in (("host", host), ("dtype", dtype), ("example_inputs", example_inputs)):
         if value is not None:
             if name not in inspect.signature(predictor.predict).parameters:
                 raise ValueError(f"these predictors take no '{name}' argument: update gpurec and retrain")
@@ -237,7 +238,8 @@ def predict_step(predictor: Any, model: Any, shape: Sequence[int], mode: str, gp
 def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = "inference",
               objective: str = "energy", gpus: Sequence[str] | None = None, predictor: Any = None,
               host: Any = None, cuda_graphs: bool = False, dtype: Any = None,
-              batch_search: bool = True, progress: Callable[[str], None] | None = None) -> Ranking:
+              batch_search: bool = True, progress: Callable[[str], None] | None = None,
+              example_inputs: Any = None) -> Ranking:
     """GPUs ranked best-first for ``objective`` on one step of ``model`` (a :class:`Ranking`).
 
     ``objective`` ranks by eager time/energy on ``host`` (None: the reference host; a
@@ -245,7 +247,9 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
     time/energy. GPUs whose memory cannot hold the step rank after all that can. When the
     best GPUs are host-bound and ``batch_search`` is on, the predictor is asked for larger
     batches to find where the step becomes GPU-bound. ``progress`` receives one line per
-    slow stage.
+    slow stage.  ``example_inputs`` (a tensor or a tuple of tensors, e.g. ``(src, tgt)`` for
+    nn.Transformer) replaces ``input_shape`` and ``dtype``; with it there is no batch search
+    (which dimension is the batch of each input is the model's business).
     """
     from gpurec.catalog import resolve_gpu
 
@@ -256,20 +260,27 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
 
         say("loading the predictors")
         predictor = load_predictor()
-    shape = tuple(int(s) for s in input_shape) if input_shape is not None else default_input_shape()
+    if example_inputs is not None:
+        from gpurec.model.predictor import example_input_tuple
+
+        example_inputs = example_input_tuple(example_inputs)
+        shape = tuple(int(s) for s in example_inputs[0].shape)
+        batch_search = False
+    else:
+        shape = tuple(int(s) for s in input_shape) if input_shape is not None else default_input_shape()
     specs = []
     for g in (gpus if gpus else [e.nvml_name for e in predictor.gpus]):
         spec = resolve_gpu(g.strip() if isinstance(g, str) else g)
         if spec.nvml_name not in {s.nvml_name for s in specs}:  # "H100, H100" is one GPU
             specs.append(spec)
     say("estimating the step's memory")
-    memory = step_memory_of(model, shape, mode, dtype)
+    memory = step_memory_of(model, shape, mode, dtype, example_inputs)
     memory_gb = memory.memory_gb
     rows: list[dict[str, Any]] = []
     estimates: dict[str, Any] = {}
     for spec in specs:
         say(f"predicting on {spec.short_name}")
-        est = predict_step(predictor, model, shape, mode, spec.nvml_name, host, dtype)
+        est = predict_step(predictor, model, shape, mode, spec.nvml_name, host, dtype, example_inputs)
         estimates[spec.nvml_name] = est
         f = estimate_fields(est)
         value, lo, hi = _objective(f, objective, cuda_graphs)
@@ -327,11 +338,15 @@ def _uncovered(est: Any) -> tuple[dict[str, Any], ...]:
                  for rec in unc.to_dict("records"))
 
 
-def step_memory_of(model: Any, shape: tuple[int, ...], mode: str, dtype: Any = None) -> Any:
+def step_memory_of(model: Any, shape: tuple[int, ...], mode: str, dtype: Any = None,
+                   example_inputs: Any = None) -> Any:
     """Estimated peak memory of one step (a gpurec.ops.memory.StepMemory)."""
     from gpurec.ops import extract_operations
     from gpurec.ops.memory import step_memory
 
+    if example_inputs is not None:
+        ops = extract_operations(model, mode=mode, keep_sources=False, example_inputs=example_inputs)
+        return step_memory(ops, mode)
     kwargs = {"dtype": dtype} if dtype is not None else {}
     ops = extract_operations(model, shape, mode=mode, keep_sources=False, **kwargs)
     return step_memory(ops, mode)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_PLAN = Path("datasets") / "plans" / "main.json"
+SEQ_PLAN = Path("datasets") / "plans" / "seq.json"
 
 
 def write_main_plan(out: Path | str = DEFAULT_PLAN, precision: str = "fp32") -> dict[str, int]:
@@ -102,6 +103,27 @@ def write_preset_plan(preset: str, out: Path | str, progress: Callable[[str], No
     if preset not in PRESETS:
         raise ValueError(f"unknown plan preset {preset!r}: choose one of {', '.join(PRESETS)}")
     return _write(out, build_parts_plan(PRESETS[preset](), progress=progress))
+
+
+def write_seq_plan(out: Path | str = SEQ_PLAN) -> dict[str, int]:
+    """Write the sequence plan: network rows of every sequence training and test set, then
+    operation rows of the training sets (the test architectures stay unseen).  Returns how
+    many items of each kind it holds."""
+    from gpurec.collect.plan import (
+        MODES,
+        SEQ_DATASET_ARCHS,
+        SEQ_SHAPES,
+        SEQ_TEST_ARCHS,
+        SEQ_TEST_SHAPES,
+        build_plan,
+        sequence_input_sets,
+    )
+
+    sets = sequence_input_sets(SEQ_DATASET_ARCHS, SEQ_SHAPES)
+    items = build_plan(sets, MODES, networks=True, operations=False)
+    items += build_plan(sequence_input_sets(SEQ_TEST_ARCHS, SEQ_TEST_SHAPES), MODES, networks=True, operations=False)
+    items += build_plan(sets, MODES, networks=False, operations=True)
+    return _write(out, items)
 
 
 def _write(out: Path | str, items: Sequence[Any]) -> dict[str, int]:

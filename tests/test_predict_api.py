@@ -1,0 +1,126 @@
+"""The prediction API for what users bring: example inputs (several, non-float), a bad
+candidate among many, several threads, and modules that differ only in a function attribute."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+
+import gpurec
+from gpurec.model.predictor import CandidateError, Estimate, structure_key
+from gpurec.ops.extract import ExtractionError
+
+
+@pytest.fixture(scope="module")
+def p():  # noqa: ANN201
+    return gpurec.load_predictor()
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Small made-up modules are partly outside the training data: that warning is not under test."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gpurec.LowCoverageWarning)
+        yield
+
+
+class _Act(nn.Module):
+    """A block whose activation is a function kept as an attribute (not a module)."""
+
+    def __init__(self, act) -> None:  # noqa: ANN001
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.lin(x))
+
+
+def test_modules_differing_only_in_a_function_attribute_do_not_share_a_prediction(p) -> None:  # noqa: ANN001
+    relu, gelu = _Act(torch.relu), _Act(nn.functional.gelu)
+    assert repr(relu) == repr(gelu)
+    assert structure_key(relu) != structure_key(gelu)
+    assert structure_key(_Act(torch.relu)) == structure_key(relu)  # fresh twins still share
+    # lambdas share one name: their code tells them apart
+    assert structure_key(_Act(lambda x: x * 2)) != structure_key(_Act(lambda x: x + 2))
+    with _quiet():
+        a = p.predict(relu, (32, 64), gpu="H100")
+        b = p.predict(gelu, (32, 64), gpu="H100")
+    assert list(a.per_op["kind"]) == ["Linear", "relu"] and list(b.per_op["kind"]) == ["Linear", "gelu"]
+
+
+def test_transformer_with_example_inputs_in_predict_many_and_recommend(p) -> None:  # noqa: ANN001
+    tr = nn.Transformer(64, 4, 2, 2, 128, batch_first=True)
+    src, tgt = torch.randn(8, 20, 64), torch.randn(8, 12, 64)
+    with _quiet():
+        est = p.predict(tr, example_inputs=(src, tgt), gpu="H100")
+        assert isinstance(est, Estimate) and est.input_shape == (8, 20, 64) and est.gpu_time_ms > 0
+        longer = p.predict(tr, example_inputs=(src, torch.randn(8, 40, 64)), gpu="H100")
+        assert longer.gpu_time_ms > est.gpu_time_ms  # the target's length is part of the key
+        many = p.predict_many([(tr, (src, tgt)), tr], example_inputs=(src, tgt), gpu="H100")
+        assert [m.gpu_time_ms for m in many] == [est.gpu_time_ms] * 2
+        ranking = gpurec.recommend(tr, example_inputs=(src, tgt), gpus=["H100", "A100-80GB"], predictor=p)
+    assert ranking.input_shape == (8, 20, 64) and len(ranking.rows) == 2
+    assert ranking.estimates["NVIDIA H100 80GB HBM3"].gpu_time_ms == est.gpu_time_ms
+
+
+class _ValueBranch(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # control flow on a tensor's value: not traceable
+            return x
+        return -x
+
+
+def test_a_bad_candidate_gets_an_error_result_and_the_others_answers(p) -> None:  # noqa: ANN001
+    good = nn.Sequential(nn.Linear(32, 32), nn.ReLU())
+    with _quiet():
+        out = p.predict_many([good, _ValueBranch(), (good, (4, 7)), (good, (8, 32))], gpu="H100",
+                             example_inputs=torch.randn(8, 32))
+    assert [r.ok for r in out] == [True, False, False, True]
+    err, shape_err = out[1], out[2]
+    assert isinstance(err, CandidateError) and err.index == 1 and err.model == "_ValueBranch"
+    assert err.error == "ExtractionError" and "trace" in err.reason and "candidate 1" in str(err)
+    assert shape_err.index == 2 and "cannot take input" in shape_err.reason
+    assert out[0].gpu_time_ms == out[3].gpu_time_ms == p.predict(good, (8, 32), gpu="H100").gpu_time_ms
+    with pytest.raises(ExtractionError):
+        p.predict(_ValueBranch(), (8, 32), gpu="H100")
+    with pytest.raises(ValueError, match="GPU|gpu"):
+        p.predict_many([good], gpu="no such GPU")  # what applies to all candidates still raises
+
+
+def test_predict_many_from_four_threads(p) -> None:  # noqa: ANN001
+    def candidates(seed: int) -> list:
+        """Fresh modules (never seen by the cache), distinct per thread."""
+        return [nn.Sequential(nn.Linear(16, 16 + seed * 8 + i), nn.GELU(), nn.Linear(16 + seed * 8 + i, 4))
+                for i in range(6)]
+
+    expected = {s: [e.gpu_time_ms for e in p.predict_many([(m, (8, 16)) for m in candidates(s)], gpu="H100")]
+                for s in range(4)}
+    p.clear_cache()
+    got: dict[int, list[list[float]]] = {s: [] for s in range(4)}
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def work(seed: int) -> None:
+        try:
+            start.wait()
+            for _ in range(3):
+                res = p.predict_many([(m, (8, 16)) for m in candidates(seed)], gpu="H100")
+                got[seed].append([r.gpu_time_ms if r.ok else r for r in res])
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for s in range(4):
+        assert got[s] == [expected[s]] * 3, s
