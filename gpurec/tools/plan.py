@@ -52,7 +52,7 @@ class PlanPart:
 
 def _issue21_parts() -> list[PlanPart]:
     """Issue 21's collection: bf16-mixed on every dataset set (operations) and every dataset
-    and test set (networks), both modes; TF32 matrix products of the dataset sets; and bf16
+    and test set (networks), both modes; TF32 matrix products of a few sets; and bf16
     (cast) and fp16-mixed operations and networks on a few sets that span convolutions,
     depthwise blocks and transformers."""
     from gpurec.sets import DATASET_ARCHS, DATASET_BATCH_SIZES, TEST_ARCHS, TEST_BATCH_SIZES
@@ -61,7 +61,7 @@ def _issue21_parts() -> list[PlanPart]:
     return [
         PlanPart("bf16-mixed", DATASET_ARCHS, DATASET_BATCH_SIZES),
         PlanPart("bf16-mixed", TEST_ARCHS, TEST_BATCH_SIZES, operations=False),
-        PlanPart("tf32", DATASET_ARCHS, DATASET_BATCH_SIZES, networks=False),
+        PlanPart("tf32", few, (8, 32), networks=False),
         PlanPart("bf16", few, (8, 32)),
         PlanPart("fp16-mixed", few, (8, 32)),
     ]
@@ -73,7 +73,8 @@ PRESETS: dict[str, Callable[[], list[PlanPart]]] = {"precision": _issue21_parts}
 def build_parts_plan(parts: Sequence[PlanPart], extract: Any = None,
                      progress: Callable[[str], None] | None = None) -> list[Any]:
     """One plan of several precisions: every part's networks first (in part order), then the
-    operations of the parts round-robin, so a run stopped anywhere holds some of each."""
+    operations of the parts round-robin, so a run stopped anywhere holds some of each (the
+    writer then puts held-out networks first and training networks last: held_out_first)."""
     from gpurec.collect.plan import _round_robin, build_plan, model_input_sets
 
     networks: list[Any] = []
@@ -102,7 +103,10 @@ def write_preset_plan(preset: str, out: Path | str, progress: Callable[[str], No
     precision it holds."""
     if preset not in PRESETS:
         raise ValueError(f"unknown plan preset {preset!r}: choose one of {', '.join(PRESETS)}")
-    return _write(out, build_parts_plan(PRESETS[preset](), progress=progress))
+    from gpurec.sets import SEQ_TEST_ARCHS, TEST_ARCHS
+
+    return _write(out, held_out_first(build_parts_plan(PRESETS[preset](), progress=progress),
+                                      (*TEST_ARCHS, *SEQ_TEST_ARCHS)))
 
 
 def write_seq_plan(out: Path | str = SEQ_PLAN) -> dict[str, int]:
@@ -123,7 +127,21 @@ def write_seq_plan(out: Path | str = SEQ_PLAN) -> dict[str, int]:
     items = build_plan(sets, MODES, networks=True, operations=False)
     items += build_plan(sequence_input_sets(SEQ_TEST_ARCHS, SEQ_TEST_SHAPES), MODES, networks=True, operations=False)
     items += build_plan(sets, MODES, networks=False, operations=True)
-    return _write(out, items)
+    return _write(out, held_out_first(items, SEQ_TEST_ARCHS))
+
+
+def held_out_first(items: Sequence[Any], held_out: Sequence[str]) -> list[Any]:
+    """The order a lease with little GPU time gets most from: networks of the held-out
+    architectures (what accuracy on unseen networks is judged on), then every operation (what
+    the models learn from), then the training architectures' networks (calibration)."""
+    held = set(held_out)
+
+    def arch(w: Any) -> str:
+        return str(w.set_key).split(":")[0]
+
+    first = [w for w in items if w.item == "network" and arch(w) in held]
+    last = [w for w in items if w.item == "network" and arch(w) not in held]
+    return first + [w for w in items if w.item != "network"] + last
 
 
 def _write(out: Path | str, items: Sequence[Any]) -> dict[str, int]:
