@@ -169,7 +169,17 @@ def _features_the_long_way(op) -> dict[str, float]:  # noqa: ANN001
         "groups": first(s.get("groups", 0)), "in_features": first(s.get("in_features")),
         "out_features": first(s.get("out_features")), "embed_dim": first(s.get("embed_dim")),
         "num_heads": first(s.get("num_heads")), "input_requires_grad": float(any(op.input_requires_grad)),
-    }
+    } | (_recurrent_features(op) if op.kind in ("LSTM", "GRU", "RNN") else {})
+
+
+def _recurrent_features(op) -> dict[str, float]:  # noqa: ANN001
+    """A whole recurrent layer's settings in the shared features (gpurec.ops.features)."""
+    s, shape = op.settings, op.input_shapes[0]
+    dirs = 2 if s["bidirectional"] else 1
+    batch, seq = (shape[0], shape[1]) if s["batch_first"] else (shape[1], shape[0])
+    return {"batch": float(batch), "seq_len": float(seq), "in_features": float(s["input_size"]),
+            "out_features": float(s["hidden_size"] * dirs), "embed_dim": float(s["hidden_size"]),
+            "num_heads": float(s["num_layers"] * dirs)}
 
 
 @pytest.mark.parametrize("mode", MODES)

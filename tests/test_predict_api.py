@@ -124,3 +124,40 @@ def test_predict_many_from_four_threads(p) -> None:  # noqa: ANN001
     assert not errors
     for s in range(4):
         assert got[s] == [expected[s]] * 3, s
+
+
+def test_kernel_free_operations_get_no_gpu_time_with_models_trained_so() -> None:
+    import numpy as np
+
+    from gpurec.model.network import free_kernel_free
+
+    fresh = gpurec.load_predictor()
+    assert not fresh.kernel_free_no_gpu_time  # the shipped models were fitted with predicted view times
+    model = nn.Sequential(nn.Linear(64, 256), nn.Flatten(0), nn.Unflatten(0, (16, 8, 32)), nn.Dropout(0.0),
+                          nn.Dropout(0.2))
+    with _quiet():
+        before = fresh.predict(model, (16, 64), mode="training", gpu="H100")
+        fresh.kernel_free_no_gpu_time = True  # as for models whose manifest says "no_gpu_time"
+        after = fresh.predict(model, (16, 64), mode="training", gpu="H100")
+    ops = after.per_op
+    free = ops["kind"].isin(["Flatten", "Unflatten"]) | (ops.index == 3)  # views and dropout with p=0
+    assert list(ops.loc[free, "time_ms"]) == [0.0, 0.0, 0.0]
+    assert (ops.loc[~free, "time_ms"].to_numpy() == before.per_op.loc[~free, "time_ms"].to_numpy()).all()
+    assert (before.per_op.loc[free, "time_ms"] > 0).all() and after.op_sum_time_ms < before.op_sum_time_ms
+    # a measurement stands for itself
+    t = np.array([1.0, 2.0, 3.0])
+    got = free_kernel_free(t, np.array([True, True, False]), np.array([True, False, False]))
+    assert got.tolist() == [1.0, 0.0, 3.0] and free_kernel_free(t, None, None) is t
+
+
+def test_set_extractor_keeps_the_kernel_free_flags_in_its_disk_cache(tmp_path) -> None:  # noqa: ANN001
+    from gpurec.model.features import SetExtractor
+
+    cold = SetExtractor(str(tmp_path))
+    first = cold.get("vit_b_32:b2:r224", "training")
+    assert first is not None and first.kernel_free is not None and first.kernel_free.any()
+    cold.save()
+    warm = SetExtractor(str(tmp_path))
+    again = warm.get("vit_b_32:b2:r224", "training")
+    assert warm.sets.extractions == 0  # read from disk, not extracted
+    assert again.kernel_free.tolist() == first.kernel_free.tolist()

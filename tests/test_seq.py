@@ -264,3 +264,25 @@ def test_control_flow_on_tensor_values_is_a_clear_error() -> None:
 
     with pytest.raises(ExtractionError, match="branches with if/while on a tensor"):
         extract_operations(Branchy(), (2, 8))
+
+
+def test_recurrent_features_follow_the_layout_and_settings() -> None:
+    from gpurec.ops.features import operation_features
+
+    lstm = nn.LSTM(8, 16, num_layers=2, bidirectional=True)  # (seq, batch, features)
+    f = operation_features(extract_operations(lstm, (5, 3, 8), keep_sources=False)[0])
+    assert (f["batch"], f["seq_len"], f["channels"]) == (3.0, 5.0, 8.0)
+    assert (f["in_features"], f["out_features"], f["embed_dim"], f["num_heads"]) == (8.0, 32.0, 16.0, 4.0)
+    gru = nn.GRU(8, 16, batch_first=True)
+    g = operation_features(extract_operations(gru, (3, 5, 8), keep_sources=False)[0])
+    assert (g["batch"], g["seq_len"], g["out_features"], g["num_heads"]) == (3.0, 5.0, 16.0, 1.0)
+
+
+def test_attention_with_a_padding_mask_runs_finite() -> None:
+    ops = extract_operations("bert_d768_post", (2, 16), mode="training")
+    att = next(op for op in ops if op.kind == "scaled_dot_product_attention")
+    assert att.input_dtypes == ["float32", "float32", "float32", "bool"]
+    unit = att.materialize()
+    assert bool(unit.inputs[3].all())
+    assert torch.isfinite(unit._calls[0]()).all()  # every query may attend somewhere
+    unit.step()

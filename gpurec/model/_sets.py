@@ -3,17 +3,27 @@
 
 from __future__ import annotations
 
-from gpurec.sets import DATASET_ARCHS, MODES, TEST_ARCHS, AnyInputSet, parse_set_key
+from gpurec.sets import (
+    DATASET_ARCHS,
+    MODES,
+    SEQ_DATASET_ARCHS,
+    SEQ_TEST_ARCHS,
+    TEST_ARCHS,
+    AnyInputSet,
+    parse_set_key,
+)
 
 __all__ = ["MODES", "dataset_arch_names", "parse_set", "test_arch_names"]
 
 
 def dataset_arch_names() -> tuple[str, ...]:
-    return tuple(DATASET_ARCHS)
+    """Architectures trained on: torchvision's and the sequence models' (gpurec.sets)."""
+    return tuple(DATASET_ARCHS) + tuple(SEQ_DATASET_ARCHS)
 
 
 def test_arch_names() -> tuple[str, ...]:
-    return tuple(TEST_ARCHS)
+    """Held-out architectures, never trained on: torchvision's and the sequence models'."""
+    return tuple(TEST_ARCHS) + tuple(SEQ_TEST_ARCHS)
 
 
 def parse_set(set_key: str) -> AnyInputSet:

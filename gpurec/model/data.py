@@ -246,6 +246,7 @@ class Prepared:
     net_groups: np.ndarray
     net_offsets: np.ndarray
     net_signatures: list[str]
+    net_kernel_free: np.ndarray | None  # per network operation: launches no kernel (None: not known)
     net_host_scale: np.ndarray  # per network row: its run's dispatch scale against the reference
     reference: Any  # HostProfile
     reference_source: str
@@ -321,6 +322,7 @@ def prepare(data_root: Path | str | None, feature: FeatureConfig, time_target: s
         net_X={t: masked(net_feats.X, m) for t, m in masks.items()}, net_margin={"time": net_feats.margin_time, "power": net_feats.margin_power},
         net_modes_ops=np.repeat(nets["mode"].to_numpy().astype(str), counts) if len(nets) else np.zeros(0, str),
         net_groups=builder.group_index(block.kinds), net_offsets=offsets, net_signatures=block.signatures,
+        net_kernel_free=block.kernel_free,
         net_host_scale=net_scales, reference=reference, reference_source=ref_source, targets=targets,
         report=report,
     )

@@ -192,6 +192,9 @@ class OpBlock:
     training: np.ndarray  # (n,) bool
     signatures: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
+    # (n,) bool: the operation launches no kernel (Operation.kernel_free); None where not known
+    # (blocks cached before it existed), and then no operation is treated as free.
+    kernel_free: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.values.shape[0])
@@ -203,7 +206,8 @@ class OpBlock:
         modes = [mode or op.mode for op in ops]
         return OpBlock(values=values, kinds=np.array([op.kind for op in ops], dtype=object),
                        training=np.array([m == "training" for m in modes], dtype=bool),
-                       signatures=[op.signature for op in ops], names=[op.name for op in ops])
+                       signatures=[op.signature for op in ops], names=[op.name for op in ops],
+                       kernel_free=np.array([op.kernel_free for op in ops], dtype=bool))
 
     @staticmethod
     def concat(blocks: Sequence[OpBlock]) -> OpBlock:
@@ -213,13 +217,16 @@ class OpBlock:
                        kinds=np.concatenate([b.kinds for b in blocks]),
                        training=np.concatenate([b.training for b in blocks]),
                        signatures=[s for b in blocks for s in b.signatures],
-                       names=[s for b in blocks for s in b.names])
+                       names=[s for b in blocks for s in b.names],
+                       kernel_free=None if any(b.kernel_free is None for b in blocks)
+                       else np.concatenate([b.kernel_free for b in blocks]))
 
     def take(self, idx: np.ndarray) -> OpBlock:
         idx = np.asarray(idx, dtype=np.int64)
         return OpBlock(self.values[idx], self.kinds[idx], self.training[idx],
                        [self.signatures[i] for i in idx] if self.signatures else [],
-                       [self.names[i] for i in idx] if self.names else [])
+                       [self.names[i] for i in idx] if self.names else [],
+                       None if self.kernel_free is None else self.kernel_free[idx])
 
     def column(self, name: str) -> np.ndarray:
         return self.values[:, FEATURE_NAMES.index(name)]
@@ -428,9 +435,11 @@ class SetExtractor:
         if k + "|v" not in self._disk:
             return None
         meta = json.loads(str(self._disk[k + "|m"]))
+        free = meta.get("kernel_free")
         return OpBlock(values=self._disk[k + "|v"], kinds=np.array(meta["kinds"], dtype=object),
                        training=np.full(len(meta["kinds"]), mode == "training"),
-                       signatures=meta["signatures"], names=meta["names"])
+                       signatures=meta["signatures"], names=meta["names"],
+                       kernel_free=None if free is None else np.array(free, dtype=bool))
 
     def _extract(self, set_key: str, mode: str) -> OpBlock | None:
         try:
@@ -442,8 +451,9 @@ class SetExtractor:
         if self._cache_file is not None:
             k = self._disk_key(set_key, mode)
             self._disk[k + "|v"] = block.values
-            self._disk[k + "|m"] = np.array(json.dumps({"kinds": list(block.kinds), "signatures": block.signatures,
-                                                        "names": block.names}))
+            self._disk[k + "|m"] = np.array(json.dumps({
+                "kinds": list(block.kinds), "signatures": block.signatures, "names": block.names,
+                "kernel_free": None if block.kernel_free is None else block.kernel_free.tolist()}))
             self._dirty = True
         return block
 

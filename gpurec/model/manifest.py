@@ -87,6 +87,8 @@ def build_manifest(p: Prepared, cfg: TrainConfig, final: dict[str, Routed], corr
                                 "rounds": next(iter(final[t].models_.values())).num_rounds} for t in final},
         "cv": cv,
         "network_correction": correction.as_dict() | {"small_op_ms": cfg.small_op_ms},
+        # operations that launch no kernel got no GPU time in the correction's sums: so in prediction
+        "kernel_free_ops": "no_gpu_time" if p.net_kernel_free is not None else "predicted",
         "uncertainty": {"measured_gpu": band, "source": band_source, "unmeasured_gpu": band_unmeasured,
                         "unmeasured_gpu_widening": UNMEASURED_BAND_WIDENING,
                         "unmeasured_note": "GPUs without operation measurements: band from leave-one-GPU-out "

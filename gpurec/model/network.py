@@ -77,6 +77,16 @@ class NetworkSums:
                            None if self.measured_time_ms is None else self.measured_time_ms[idx])
 
 
+def free_kernel_free(time_ms: np.ndarray, kernel_free: np.ndarray | None, measured: np.ndarray | None) -> np.ndarray:
+    """``time_ms`` with no GPU time for operations that launch no kernel (views, dropout with
+    p=0; Operation.kernel_free), unless a measurement stands for them.  Training (the network
+    correction's sums) and prediction both apply it, for models whose manifest says so."""
+    if kernel_free is None or not kernel_free.any():
+        return time_ms
+    free = kernel_free if measured is None else kernel_free & ~measured
+    return np.where(free, 0.0, time_ms)
+
+
 def aggregate(time_ms: np.ndarray, power_w: np.ndarray, offsets: np.ndarray, small_op_ms: float,
               measured: np.ndarray | None = None) -> NetworkSums:
     """Segment sums over ``offsets`` (len = networks + 1) of per-op predictions; ``measured``

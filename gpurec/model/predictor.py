@@ -43,7 +43,7 @@ from gpurec.model.features import (
     target_mask,
 )
 from gpurec.model.host_model import HostDispatch, NetworkCalibration
-from gpurec.model.network import Correction, aggregate, waiting_power_w
+from gpurec.model.network import Correction, aggregate, free_kernel_free, waiting_power_w
 from gpurec.model.persist import check_manifest, default_model_dir, load_boosters, read_manifest
 from gpurec.model.timeline import bound_of, simulate
 from gpurec.ops.coverage import warn_if_low
@@ -323,6 +323,9 @@ class Predictor:
                                       manifest.get("extra_columns", []))
         self.correction = Correction.from_dict(manifest["network_correction"])
         self.small_op_ms = float(manifest["network_correction"].get("small_op_ms", 0.02))
+        # Models trained since kernel-free operations were known give them no GPU time; older
+        # ones were fitted with their predicted times in every sum, so they keep them.
+        self.kernel_free_no_gpu_time = manifest.get("kernel_free_ops") == "no_gpu_time"
         self.measured = list(manifest.get("gpus_measured", []))
         unc = manifest.get("uncertainty", {})
         band = unc.get("measured_gpu", {})
@@ -503,6 +506,8 @@ class Predictor:
         hit = np.zeros(len(t), dtype=bool)
         if self.lookup is not None:
             t, w, hit = self.lookup.apply(t, w, block.signatures, nvml, mode)
+        if self.kernel_free_no_gpu_time:
+            t = free_kernel_free(t, block.kernel_free, hit)
         sums = aggregate(t, w, offsets, self.small_op_ms, hit)
         t_net, w_net, key = self.correction.apply(sums, nvml, mode)
         # The correction rescales each network's GPU work; the timeline then places it behind the host.

@@ -25,6 +25,7 @@ from gpurec.model.network import (
     aggregate,
     correction_cv,
     fit_correction,
+    free_kernel_free,
 )
 from gpurec.model.regressors import ForestModel, RooflineLinearModel, Routed, XGBModel
 
@@ -86,6 +87,8 @@ def predict_networks(models: dict[str, Routed], p: Prepared, net_rows: np.ndarra
             sigs = p.net_signatures[p.net_offsets[i]:p.net_offsets[i + 1]]
             t[a:b], w[a:b], hit[a:b] = lookup.apply(t[a:b], w[a:b], sigs, str(p.nets["gpu"].iat[i]),
                                                     str(p.nets["mode"].iat[i]))
+    if p.net_kernel_free is not None:
+        t = free_kernel_free(t, p.net_kernel_free[idx], hit)
     return aggregate(t, w, offsets, small_op_ms, hit)
 
 

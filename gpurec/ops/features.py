@@ -40,6 +40,9 @@ def _prod(value: Any) -> float:
     return _first(value)
 
 
+_RECURRENT_KINDS = frozenset({"LSTM", "GRU", "RNN"})
+
+
 def operation_feature_row(op: Operation) -> list[float]:
     """The operation's features in FEATURE_NAMES order, without building a dict (prediction
     turns every operation of every candidate into a row; the dict was a tenth of the time)."""
@@ -58,15 +61,29 @@ def operation_feature_row(op: Operation) -> list[float]:
         seq_len, channels = float(shape[1]), float(shape[2])
     elif rank == 2:
         channels = float(shape[1])
+    batch = float(shape[0]) if shape else 0.0
+    in_features, out_features, embed_dim, num_heads = (_first(get("in_features")), _first(get("out_features")),
+                                                       _first(get("embed_dim")), _first(get("num_heads")))
+    if op.kind in _RECURRENT_KINDS and rank == 3:
+        # A whole cuDNN recurrent layer, in the features every kind has: batch and sequence
+        # length as its layout says; in_features = input size, out_features = output width
+        # (hidden x directions), embed_dim = hidden size, num_heads = recurrent sweeps
+        # (layers x directions).
+        dirs = 2.0 if get("bidirectional") else 1.0
+        if not get("batch_first"):
+            batch, seq_len = float(shape[1]), float(shape[0])
+        hidden = _first(get("hidden_size"))
+        in_features, out_features = _first(get("input_size")), hidden * dirs
+        embed_dim, num_heads = hidden, _first(get("num_layers"), 1.0) * dirs
     return [
         float(op.flops), float(op.flops_elementwise), float(op.flops_bwd), float(flops_total),
         float(op.bytes_read), float(op.bytes_written), float(bytes_total),
         flops_total / bytes_total if bytes_total else 0.0,
         float(op.params), float(input_elements), float(output_elements), float(len(op.input_shapes)),
-        float(shape[0]) if shape else 0.0, channels, height, width, seq_len,
+        batch, channels, height, width, seq_len,
         _first(get("in_channels")), _first(get("out_channels")), _prod(get("kernel_size", 0)),
         _first(get("stride", 0)), _first(get("padding", 0)), _first(get("dilation", 0)), _first(get("groups", 0)),
-        _first(get("in_features")), _first(get("out_features")), _first(get("embed_dim")), _first(get("num_heads")),
+        in_features, out_features, embed_dim, num_heads,
         float(any(op.input_requires_grad)),
     ]
 

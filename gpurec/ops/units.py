@@ -49,6 +49,10 @@ def _random_tensor(shape: tuple[int, ...] | list[int], dtype: torch.dtype, devic
     if index_high > 0 and dtype in (torch.int64, torch.int32):
         # token ids into a table of ``index_high`` rows: random, so a lookup touches many rows
         return torch.randint(0, index_high, tuple(shape), dtype=dtype, device=device, generator=generator)
+    if dtype == torch.bool:
+        # masks: True everywhere, so an attention mask lets every query attend (all False would
+        # make every row -inf, and NaNs from there on)
+        return torch.ones(tuple(shape), dtype=dtype, device=device)
     # Integer buffers are indices (e.g. Swin's relative position index): zeros stay valid.
     return torch.zeros(tuple(shape), dtype=dtype, device=device)
 
