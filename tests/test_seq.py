@@ -286,3 +286,16 @@ def test_attention_with_a_padding_mask_runs_finite() -> None:
     assert bool(unit.inputs[3].all())
     assert torch.isfinite(unit._calls[0]()).all()  # every query may attend somewhere
     unit.step()
+
+
+def test_training_never_asks_a_gradient_of_a_non_float_input() -> None:
+    """A bool mask made from a float tensor (a causal triu mask) carries no gradient: measuring
+    such an operation with its mask requiring grad failed on the GPU."""
+    ops = extract_operations("gpt_d1024", (1, 32), mode="training", keep_sources=True)
+    masked = [op for op in ops if op.input_dtypes and any(d in ("bool", "int64") for d in op.input_dtypes)]
+    assert {op.kind for op in masked} >= {"triu", "masked_fill"}
+    for op in masked:
+        flags = [rg for rg, d in zip(op.input_requires_grad, op.input_dtypes, strict=True) if d in ("bool", "int64")]
+        assert not any(flags), (op.kind, op.input_requires_grad, op.input_dtypes)
+    triu = next(op for op in masked if op.kind == "triu")
+    triu.materialize("cpu").step()
