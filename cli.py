@@ -286,6 +286,8 @@ def collect(
                             devices=_csv_list(devices, int, "--devices"), plan_only=plan_only,
                             retry_failed=retry_failed, sm_clocks=_csv_list(sm_clocks, int, "--sm-clocks"),
                             i_own_this_gpu=i_own_this_gpu)
+    if not plan_only:
+        _require_gpu("collect")
     _run_collect(opts)
 
 
@@ -306,6 +308,8 @@ def measure_network(
     opts = _collect_options(out, models, batch_sizes, resolutions, modes, what="networks",
                             devices=_csv_list(devices, int, "--devices"), shard=shard,
                             time_budget_s=time_budget_s, plan_only=plan_only)
+    if not plan_only:
+        _require_gpu("measure-network")
     _run_collect(opts)
 
 
@@ -610,10 +614,18 @@ def _predictor(models: Path | None = None) -> Any:
     try:
         return load_predictor(models)
     except Exception as exc:  # missing, empty, truncated or incompatible: one exit code for all
-        where = models if models is not None else "the default models/"
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        _fail(f"cannot use the trained models in {where}: {first} Train them with `gpurec train --out DIR` and "
-              "pass --models DIR (or set GPUREC_MODELS).", MODELS_UNUSABLE)
+        import os
+
+        from gpurec.model.persist import MODELS_ENV, default_model_dir
+
+        where = (f"{models}" if models is not None else
+                 f"{default_model_dir()} (from ${MODELS_ENV})" if os.environ.get(MODELS_ENV) else
+                 f"{default_model_dir()}")
+        first = (str(exc).splitlines()[0] if str(exc) else type(exc).__name__).strip()
+        first = first if first.endswith((".", "!", "?", ")")) else first + "."
+        advice = ("" if "gpurec train" in first else
+                  " Train them with `gpurec train --out DIR` and pass --models DIR (or set GPUREC_MODELS).")
+        _fail(f"cannot use the trained models in {where}: {first}{advice}", MODELS_UNUSABLE)
 
 
 def _check_host(host: str | None) -> str | None:
@@ -666,7 +678,7 @@ def predict(
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="images per step"),
     resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
     mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
-    gpu: str = typer.Option("H100", "--gpu", help="GPU short name or NVML name (see `gpurec gpus`)"),
+    gpu: str = typer.Option("H100-SXM", "--gpu", help="GPU short name or NVML name (see `gpurec gpus`)"),
     host: str = typer.Option(None, "--host", help=HOST_HELP),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=GRAPHS_HELP),
     models: Path = typer.Option(None, "--models", help=MODELS_HELP),
@@ -679,35 +691,41 @@ def predict(
     _check_model_name(model)
     host = _check_host(host)
     from gpurec.catalog import resolve_gpu
-    from gpurec.recommend import band_description, estimate_fields, predict_step
+    from gpurec.recommend.ranking import predict_on
 
     spec = _guard(resolve_gpu, gpu)
     with _Progress() as say:
         say("loading the predictors")
         p = _predictor(models)
         say(f"predicting {model} on {spec.short_name}")
-        est = _guard(predict_step, p, model, shape, mode, spec.nvml_name, host)
-    f = estimate_fields(est)
+        f = _guard(predict_on, model, shape, mode, gpu, p, host, cuda_graphs)
+    est = f.pop("estimate")
     per_op = est.per_op
     unc = _records(getattr(est, "uncovered", None))
     if fmt == "json":
-        _print_json({"model": model, "input_shape": list(shape), "mode": mode, "gpu": spec.nvml_name,
-                     "cuda_graphs": cuda_graphs, "energy_per": "step (one batch)", "band": band_description(p), **f,
+        _print_json({"model": model, "input_shape": list(shape), "mode": mode, "energy_per": "step (one batch)",
+                     **f,
                      "per_op": per_op.to_dict("records") if per_op is not None else [], "uncovered": unc})
         return
     g = "gpu_" if cuda_graphs else ""
-    typer.echo(f"{model} {list(shape)} {mode} on {spec.nvml_name} "
-               f"({'measured' if f['measured_gpu'] else 'extrapolated'} GPU), host {f['host'] or host or 'reference'}"
-               f"{', as one CUDA graph' if cuda_graphs else ''}")
-    typer.echo(f"  time   {_fmt(f[g + 'time_ms'])} ms      band {_fmt(f[g + 'time_low_ms'])} – "
+    typer.echo(f"{model} {list(shape)} {mode} on {spec.nvml_name} ({f['evidence']}), "
+               + ("host-free: the step as one CUDA graph" if cuda_graphs
+                  else f"eager on host {f['host'] or host or 'reference'}"))
+    if f["note"]:
+        typer.echo(f"  note: {f['note']}")
+    typer.echo(f"  time   {_fmt(f[g + 'time_ms'])} ms      band {_fmt(f[g + 'time_low_ms'])}–"
                f"{_fmt(f[g + 'time_high_ms'])} ms")
-    typer.echo(f"  energy {_fmt(f[g + 'energy_mj'])} mJ per step (one batch)   band {_fmt(f[g + 'energy_low_mj'])} – "
+    typer.echo(f"  energy {_fmt(f[g + 'energy_mj'])} mJ per step (one batch)   band {_fmt(f[g + 'energy_low_mj'])}–"
                f"{_fmt(f[g + 'energy_high_mj'])} mJ")
-    typer.echo(f"  power  {_fmt(f['power_w'])} W")
-    if f["bound"] is not None:
-        typer.echo(f"  bound  {f['bound']} (GPU alone {_fmt(f['gpu_time_ms'])} ms, host issue "
-                   f"{_fmt(f['host_time_ms'])} ms)")
-    typer.echo(f"  bands: {band_description(p)}")
+    typer.echo(f"  power  {_fmt(f[g + 'power_w'])} W" + (" (host-free: GPU energy / GPU time)" if cuda_graphs else ""))
+    fit = "fits" if f["fits"] else "DOES NOT FIT"
+    typer.echo(f"  memory about {_fmt(f['memory_gb'])} GB at its peak: {fit} the {spec.short_name}'s "
+               f"{_fmt(f['memory_capacity_gb'])} GB")
+    if f["bound"] is not None and not cuda_graphs:
+        typer.echo(f"  bound  {f['bound']}: the eager step takes {_fmt(f['time_ms'])} ms, "
+                   f"{f['time_ms'] / f['gpu_time_ms']:.3f}x the GPU's own {_fmt(f['gpu_time_ms'])} ms "
+                   f"(host issue {_fmt(f['host_time_ms'])} ms); rule: {f['bound_rule']}")
+    typer.echo(f"  bands: {f['band']}")
     if per_op is not None and len(per_op) and "time_share" in per_op:
         top = per_op.groupby("kind", as_index=False)[["time_share", "energy_share"]].sum()
         top = top.sort_values("time_share", ascending=False).head(5)
@@ -895,6 +913,7 @@ def validate(
     _check_shape(batch_size, resolution)
     mode = _check_mode(mode)
     _check_model_name(model)
+    _require_gpu("validate", gpu_index)
     from gpurec.validate import render
     from gpurec.validate import validate as run_validate
 
@@ -912,15 +931,23 @@ def host_bench(
     out: Path = typer.Option(None, "--out", help="write the host profile JSON here (for --host of predict "
                              "and recommend)"),
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+    refuse_if_busy: bool = typer.Option(False, "--refuse-if-busy", help="exit 1 without a profile when the machine "
+                                        "is loaded or the figures unsteady (default: warn)"),
 ) -> None:
     """Characterise this host in a few seconds: Python speed, dispatch cost of a fixed set of
     module calls, and (with a GPU) tiny-kernel launch cost. Predictions rescale host work with it."""
     fmt = _check_format(fmt, ("table", "json"))
     _progress("host-bench: measuring (a few seconds) ...")
     from gpurec.dataset.store import atomic_write_json
-    from gpurec.host import run_host_bench
+    from gpurec.host import HostBusy, checked_host_bench
 
-    profile = _guard(run_host_bench, use_gpu=False if no_gpu else None)
+    try:
+        profile, warnings = _guard(checked_host_bench, use_gpu=False if no_gpu else None,
+                                   refuse_if_busy=refuse_if_busy)
+    except HostBusy as exc:
+        _fail(f"host-bench refused: {exc}", 1)
+    for w in warnings:
+        _progress(f"host-bench: WARNING: {w}")
     data = profile.to_dict()
     if out is not None:
         atomic_write_json(out, data)
@@ -1042,10 +1069,45 @@ def tools_validation_log(root: Path = typer.Option(Path("."), "--root", help="re
     typer.echo(f"wrote {_guard(write_log, root)}")
 
 
+_FLAG_VALUES = {"true": True, "yes": True, "1": True, "on": True, "false": False, "no": False, "0": False,
+                "off": False}
+
+
+def fold_flag_values(args: list[str]) -> list[str]:
+    """``--cuda-graphs true`` as ``--cuda-graphs`` and ``--cuda-graphs false`` as nothing: flags
+    take no value, but people write one. Only the options that are flags are touched."""
+    group: Any = typer.main.get_command(app)
+    flags: set[str] = set()
+    for a in args:
+        sub = getattr(group, "commands", {}).get(a)
+        if sub is not None:
+            group = sub
+            flags |= {o for p in sub.params if getattr(p, "is_flag", False) for o in p.opts}
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        nxt = args[i + 1].lower() if i + 1 < len(args) else None
+        if a in flags and nxt in _FLAG_VALUES:
+            if _FLAG_VALUES[nxt]:
+                out.append(a)
+            i += 2
+            continue
+        if a.startswith("--") and "=" in a and a.split("=", 1)[0] in flags:
+            name, value = a.split("=", 1)
+            if value.lower() in _FLAG_VALUES:
+                out.extend([name] if _FLAG_VALUES[value.lower()] else [])
+                i += 1
+                continue
+        out.append(a)
+        i += 1
+    return out
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
-        app()
+        app(args=fold_flag_values(sys.argv[1:]))
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

@@ -533,3 +533,33 @@ def smallest_gpu_bound_batch(predictor: Any, model: Any, shape: tuple[int, ...],
         else:
             lo = mid
     return hi, hi
+
+
+def predict_on(model: Any, input_shape: Sequence[int], mode: str, gpu: str, predictor: Any, host: Any = None,
+               cuda_graphs: bool = False, dtype: Any = None, evidence: EvidenceSets | None = None
+               ) -> dict[str, Any]:
+    """One GPU's step as ``gpurec predict`` reports it: the estimate's fields (bands widened for
+    the evidence behind the GPU, as in a ranking), the evidence, the step's memory and whether it
+    fits, the bound rule, and a note when ``gpu`` fits several catalogue GPUs.
+
+    With ``cuda_graphs``, ``power_w`` is the host-free power (gpu_energy_mj / gpu_time_ms).
+    """
+    from gpurec.recommend.names import resolve_noted
+
+    spec, note = resolve_noted(gpu)
+    est = predict_step(predictor, model, tuple(input_shape), mode, spec.nvml_name, host, dtype)
+    manifest = getattr(predictor, "manifest", None)
+    manifest = manifest if isinstance(manifest, dict) else {}
+    sets = evidence if evidence is not None else load_evidence(manifest=manifest)
+    level = evidence_of(spec.nvml_name, sets)
+    f = estimate_fields(est)
+    widening = float(manifest.get("uncertainty", {}).get("unmeasured_gpu_widening", UNMEASURED_WIDENING))
+    if f["measured_gpu"]:
+        f = widen_bands(f, level, widening)
+    f["gpu_power_w"] = f["gpu_energy_mj"] / f["gpu_time_ms"] if f["gpu_time_ms"] > 0 else math.nan
+    memory = step_memory_of(model, tuple(input_shape), mode, dtype)
+    return {**f, "gpu": spec.nvml_name, "short_name": spec.short_name, "evidence": level,
+            "evidence_source": sets.source, "memory_gb": memory.memory_gb,
+            "memory_capacity_gb": float(spec.memory_gb), "fits": memory.memory_gb <= float(spec.memory_gb),
+            "cuda_graphs": bool(cuda_graphs), "bound_rule": bound_rule(), "note": note,
+            "band": band_description(predictor) + "; " + evidence_band_rule(widening), "estimate": est}
