@@ -202,11 +202,18 @@ def gpus(fmt: str = typer.Option("table", "--format", "-f", help="table or json"
     if fmt == "json":
         _print_json([asdict(s) for s in specs])
         return
+    wide = _terminal_width() >= 160
     _table([{**asdict(s), "alias": s.short_name, "source": "\n".join(s.sources)} for s in specs],
            [("nvml_name", "NVML name"), ("alias", "alias"), ("architecture", "arch"), ("sm_count", "SMs"),
-            ("max_sm_clock_mhz", "max MHz"), ("fp32_tflops", "FP32 TF"), ("tf32_tflops", "TF32 TF"),
-            ("bf16_tflops", "BF16 TF"), ("memory_gb", "GB"), ("memory_bandwidth_gbs", "GB/s"),
-            ("l2_cache_mb", "L2 MB"), ("tdp_w", "TDP W"), ("source", "sources")])
+            *([("max_sm_clock_mhz", "max MHz")] if wide else []), ("fp32_tflops", "FP32 TF"),
+            *([("tf32_tflops", "TF32 TF")] if wide else []), ("bf16_tflops", "BF16 TF"), ("memory_gb", "GB"),
+            ("memory_bandwidth_gbs", "GB/s"), *([("l2_cache_mb", "L2 MB")] if wide else []), ("tdp_w", "TDP W"),
+            *([("source", "sources")] if wide else [])],
+           wrap=("nvml_name", "alias", "architecture", "source"))
+    if not wide:  # the sources below the table, one GPU a line (every figure and `--format json` has them)
+        typer.echo("sources:")
+        for spec in specs:
+            typer.echo(f"  {spec.short_name}: {' '.join(spec.sources)}")
 
 
 def _csv_list(text: str | None, kind: type = str, option: str = "") -> list[Any] | None:
