@@ -252,3 +252,20 @@ def test_host_bench_warns_on_a_busy_or_unsteady_host() -> None:
     quiet.spread["cpu:conv2d:training"] = 0.8
     assert "varied by more than" in load_warnings(quiet, 0.1)[0]
     assert issubclass(HostBusy, Exception)
+
+
+def test_memory_report_shows_measured_peaks_once_rows_carry_them(tmp_path: Path) -> None:
+    from gpurec.reports.accuracy import memory_rows, memory_section
+
+    (tmp_path / "h100").mkdir()
+    nets = pd.DataFrame({"gpu": [H100, H100], "set_key": ["resnet18:b2:r224", "resnet18:b4:r224"],
+                         "mode": ["inference", "inference"], "time_ms": [1.0, 1.0]})
+    nets.to_parquet(tmp_path / "h100" / "networks.parquet")
+    assert any("No measured peaks yet" in line for line in memory_section(tmp_path))
+    nets["peak_memory_bytes"] = [60e6, None]
+    nets.to_parquet(tmp_path / "h100" / "networks.parquet")
+    rows = memory_rows(nets)
+    assert len(rows) == 1 and rows[0]["measured_gb"] == pytest.approx(0.06)
+    assert rows[0]["error_pct"] == pytest.approx((rows[0]["estimated_gb"] / 0.06 - 1) * 100)
+    text = "\n".join(memory_section(tmp_path))
+    assert "No measured peaks yet" not in text and "1 network rows with a measured peak" in text
