@@ -282,8 +282,10 @@ def test_readme_install_command_brings_the_test_runner() -> None:
     root = Path(cli.__file__).parent
     readme = (root / "README.md").read_text()
     quick = readme[readme.index("## Quick start"):readme.index("## Tests")]
-    install = re.search(r"```bash\n(.*?)\n```", quick, re.S).group(1)  # type: ignore[union-attr]
-    assert install.startswith("pip install -e '.[dev]' && gpurec recommend")
+    blocks = re.findall(r"```bash\n(.*?)\n```", quick, re.S)
+    # the CPU-only torch comes first, so a newcomer without a GPU never downloads the CUDA build
+    assert "download.pytorch.org/whl/cpu" in blocks[0]
+    assert blocks[1].startswith("pip install -e '.[dev]' && gpurec recommend")
     tests = readme[readme.index("## Tests"):]
     assert re.search(r"```bash\n(.*?)\n```", tests, re.S).group(1) == "python -m pytest"  # type: ignore[union-attr]
     dev = re.search(r"^dev = \[(.*?)\]", (root / "pyproject.toml").read_text(), re.M)
