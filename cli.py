@@ -17,7 +17,8 @@ from typing import Any
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# rich_markup_mode=None: click's help, where flags show as flags (typer's rich help shows them as <bool>)
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Which GPU runs your PyTorch network fastest or with the least energy.")
 dataset_app = typer.Typer(no_args_is_help=True, help="Build and merge measured datasets.")
 app.add_typer(dataset_app, name="dataset")
@@ -49,9 +50,11 @@ def _guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
         _fail(str(exc), 1)
 
 
-def _check_format(fmt: str, allowed: tuple[str, ...] = FORMATS) -> None:
-    if fmt not in allowed:
+def _check_format(fmt: str, allowed: tuple[str, ...] = FORMATS) -> str:
+    """The format, lower-cased: choices ignore case."""
+    if fmt.lower() not in allowed:
         raise typer.BadParameter(f"'{fmt}' is not one of {', '.join(allowed)}", param_hint="--format")
+    return fmt.lower()
 
 
 def _check_shape(batch_size: int, resolution: int) -> tuple[int, int, int, int]:
@@ -62,11 +65,13 @@ def _check_shape(batch_size: int, resolution: int) -> tuple[int, int, int, int]:
     return (batch_size, 3, resolution, resolution)
 
 
-def _check_mode(mode: str) -> None:
+def _check_mode(mode: str) -> str:
+    """The mode, lower-cased: choices ignore case."""
     from gpurec.sets import MODES
 
-    if mode not in MODES:
+    if mode.lower() not in MODES:
         _fail(f"--mode must be inference or training, not '{mode}'")
+    return mode.lower()
 
 
 def _clean(v: Any) -> Any:
@@ -79,16 +84,28 @@ def _print_json(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, default=lambda o: _clean(o) if isinstance(o, float) else str(o)))
 
 
-def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]], title: str | None = None) -> None:
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]], title: str | None = None,
+           wrap: tuple[str, ...] | None = None) -> None:
+    """A table as wide as the terminal (80 in a pipe). Columns in ``wrap`` (default: all) may
+    wrap; the others (figures) never break inside a number."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=title, show_lines=False)
-    for _, header in columns:
-        t.add_column(header, overflow="fold")
+    t = Table(title=title, show_lines=False, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for key, header in columns:
+        folds = wrap is None or key in wrap
+        longest = max((len(_fmt(r.get(key))) for r in rows), default=0) if wrap and len(wrap) == 1 and folds else 0
+        t.add_column(header, overflow="fold", no_wrap=not folds, min_width=min(longest, 15) or None)
     for r in rows:
         t.add_row(*[_fmt(r.get(k)) for k, _ in columns])
-    Console(width=200).print(t)
+    Console().print(t)
+
+
+def _terminal_width() -> int:
+    from rich.console import Console
+
+    return Console().width
 
 
 def _fmt(v: Any) -> str:
@@ -100,13 +117,11 @@ def _fmt(v: Any) -> str:
         a = abs(v)
         if a == 0:
             return "0"
-        if a >= 1e6:
-            return f"{v:.3g}"
-        if a >= 1000:  # about four significant digits everywhere else
+        if a >= 1000:  # about four significant digits, never scientific notation in a table
             return f"{v:,.0f}"
         if a >= 1:
             return f"{v:.{3 - (a >= 10) - (a >= 100)}f}"
-        return f"{v:.3g}"
+        return f"{v:.3g}" if a >= 1e-4 else f"{v:.6f}"
     if isinstance(v, int):
         return f"{v:,}"
     return "" if v is None else str(v)
@@ -123,7 +138,7 @@ def ops(
     list_models: bool = typer.Option(False, "--list-models", help="list the torchvision models and exit"),
 ) -> None:
     """List the operations a network executes, with their analytic features and totals."""
-    _check_format(fmt)
+    fmt = _check_format(fmt)
     if list_models:
         from gpurec.ops import classification_models
 
@@ -132,7 +147,7 @@ def ops(
     if not model:
         _fail("--model is required (see --list-models)")
     shape = _check_shape(batch_size, resolution)
-    _check_mode(mode)
+    mode = _check_mode(mode)
     _check_model_name(model)
     from gpurec.ops import extract_operations, network_totals
 
@@ -159,18 +174,26 @@ def ops(
 
         typer.echo(pd.DataFrame(records).to_csv(index=False), nl=False)
     else:
-        rows = [{**r, "params": int(r["params"])} for r in records]
-        _table(rows, [("name", "layer"), ("op_kind", "kind"), ("input_shapes", "input"), ("flops", "FLOPs"),
-                      ("bytes_total", "bytes"), ("arithmetic_intensity", "FLOP/B"), ("params", "params"),
-                      ("op_signature", "signature")],
-               title=f"{model} {list(shape)} {mode}: {totals['operations']} operations, "
-                     f"{totals['distinct_operations']} distinct, {totals['flops'] / 1e9:.2f} GFLOPs forward")
+        training = mode == "training"
+        # training: the step's FLOPs, forward + backward (the forward alone in the title too)
+        rows = [{**r, "params": int(r["params"]), "step_flops": int(r["flops"]) + (int(r["flops_bwd"]) if training
+                                                                                     else 0)} for r in records]
+        step = totals["flops"] + (totals["flops_bwd"] if training else 0)
+        flops_text = (f"{step / 1e9:.2f} GFLOPs forward + backward ({totals['flops'] / 1e9:.2f} forward)" if training
+                      else f"{step / 1e9:.2f} GFLOPs forward")
+        extra = [("params", "params"), ("op_signature", "signature")] if _terminal_width() >= 120 else []
+        _table(rows, [("name", "layer"), ("op_kind", "kind"), ("input_shapes", "input"),
+                      ("step_flops", "FLOPs fwd+bwd" if training else "FLOPs"),
+                      ("bytes_total", "bytes"), ("arithmetic_intensity", "FLOP/B"), *extra],
+               title=f"{model} {list(shape)} {mode}: {_plural(totals['operations'], 'operation')}, "
+                     f"{totals['distinct_operations']} distinct, {flops_text}",
+               wrap=("name", "op_kind", "input_shapes", "op_signature"))
 
 
 @app.command()
 def gpus(fmt: str = typer.Option("table", "--format", "-f", help="table or json")) -> None:
     """List the GPU catalogue (datasheet figures with their sources)."""
-    _check_format(fmt, ("table", "json"))
+    fmt = _check_format(fmt, ("table", "json"))
     from dataclasses import asdict
 
     from gpurec.catalog import load_catalog
@@ -179,11 +202,18 @@ def gpus(fmt: str = typer.Option("table", "--format", "-f", help="table or json"
     if fmt == "json":
         _print_json([asdict(s) for s in specs])
         return
+    wide = _terminal_width() >= 160
     _table([{**asdict(s), "alias": s.short_name, "source": "\n".join(s.sources)} for s in specs],
            [("nvml_name", "NVML name"), ("alias", "alias"), ("architecture", "arch"), ("sm_count", "SMs"),
-            ("max_sm_clock_mhz", "max MHz"), ("fp32_tflops", "FP32 TF"), ("tf32_tflops", "TF32 TF"),
-            ("bf16_tflops", "BF16 TF"), ("memory_gb", "GB"), ("memory_bandwidth_gbs", "GB/s"),
-            ("l2_cache_mb", "L2 MB"), ("tdp_w", "TDP W"), ("source", "sources")])
+            *([("max_sm_clock_mhz", "max MHz")] if wide else []), ("fp32_tflops", "FP32 TF"),
+            *([("tf32_tflops", "TF32 TF")] if wide else []), ("bf16_tflops", "BF16 TF"), ("memory_gb", "GB"),
+            ("memory_bandwidth_gbs", "GB/s"), *([("l2_cache_mb", "L2 MB")] if wide else []), ("tdp_w", "TDP W"),
+            *([("source", "sources")] if wide else [])],
+           wrap=("nvml_name", "alias", "architecture", "source"))
+    if not wide:  # the sources below the table, one GPU a line (every figure and `--format json` has them)
+        typer.echo("sources:")
+        for spec in specs:
+            typer.echo(f"  {spec.short_name}: {' '.join(spec.sources)}")
 
 
 def _csv_list(text: str | None, kind: type = str, option: str = "") -> list[Any] | None:
@@ -266,6 +296,8 @@ def collect(
                             devices=_csv_list(devices, int, "--devices"), plan_only=plan_only,
                             retry_failed=retry_failed, sm_clocks=_csv_list(sm_clocks, int, "--sm-clocks"),
                             i_own_this_gpu=i_own_this_gpu, precision=precision)
+    if not plan_only:
+        _require_gpu("collect")
     _run_collect(opts)
 
 
@@ -286,6 +318,8 @@ def measure_network(
     opts = _collect_options(out, models, batch_sizes, resolutions, modes, what="networks",
                             devices=_csv_list(devices, int, "--devices"), shard=shard,
                             time_budget_s=time_budget_s, plan_only=plan_only)
+    if not plan_only:
+        _require_gpu("measure-network")
     _run_collect(opts)
 
 
@@ -510,15 +544,16 @@ def profile(
     Exit codes: 0 when the trace worked (a failed ncu run is reported in the table and JSON),
     1 when the network could not be traced, 2 for bad input or a missing ncu.
     """
-    _check_format(fmt, ("table", "json"))
+    fmt = _check_format(fmt, ("table", "json"))
     from gpurec.profile.ncu_io import SAMPLING_MODES
 
+    ncu_sampling, precision = ncu_sampling.lower(), precision.lower()
     if ncu_sampling not in SAMPLING_MODES:
         _fail(f"--ncu-sampling must be one of {', '.join(SAMPLING_MODES)}, not '{ncu_sampling}'")
     if precision not in ("fp32", "tf32", "bf16", "fp16"):
         _fail(f"--precision must be one of fp32, tf32, bf16, fp16, not '{precision}'")
     _check_shape(batch_size, resolution)
-    _check_mode(mode)
+    mode = _check_mode(mode)
     _check_model_name(model)
     if device is None or str(device).startswith("cuda"):
         _require_gpu("profile", gpu_index)
@@ -589,10 +624,18 @@ def _predictor(models: Path | None = None) -> Any:
     try:
         return load_predictor(models)
     except Exception as exc:  # missing, empty, truncated or incompatible: one exit code for all
-        where = models if models is not None else "the default models/"
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        _fail(f"cannot use the trained models in {where}: {first} Train them with `gpurec train --out DIR` and "
-              "pass --models DIR (or set GPUREC_MODELS).", MODELS_UNUSABLE)
+        import os
+
+        from gpurec.model.persist import MODELS_ENV, default_model_dir
+
+        where = (f"{models}" if models is not None else
+                 f"{default_model_dir()} (from ${MODELS_ENV})" if os.environ.get(MODELS_ENV) else
+                 f"{default_model_dir()}")
+        first = (str(exc).splitlines()[0] if str(exc) else type(exc).__name__).strip()
+        first = first if first.endswith((".", "!", "?", ")")) else first + "."
+        advice = ("" if "gpurec train" in first else
+                  " Train them with `gpurec train --out DIR` and pass --models DIR (or set GPUREC_MODELS).")
+        _fail(f"cannot use the trained models in {where}: {first}{advice}", MODELS_UNUSABLE)
 
 
 def _check_host(host: str | None) -> str | None:
@@ -628,16 +671,14 @@ class _Progress:
 
 
 def _check_gpus(gpus_opt: str | None) -> list[str] | None:
+    """The names as typed (so the library can note ambiguous ones), each checked against the catalogue."""
     from gpurec.catalog import resolve_gpu
 
     if not gpus_opt:
         return None
-    names: list[str] = []
-    for g in (g.strip() for g in gpus_opt.split(",")):
-        if g:
-            name = _guard(resolve_gpu, g).nvml_name
-            if name not in names:
-                names.append(name)
+    names = [g.strip() for g in gpus_opt.split(",") if g.strip()]
+    for g in names:
+        _guard(resolve_gpu, g)
     return names
 
 
@@ -647,48 +688,54 @@ def predict(
     batch_size: int = typer.Option(32, "--batch-size", "-b", help="images per step"),
     resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
     mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
-    gpu: str = typer.Option("H100", "--gpu", help="GPU short name or NVML name (see `gpurec gpus`)"),
+    gpu: str = typer.Option("H100-SXM", "--gpu", help="GPU short name or NVML name (see `gpurec gpus`)"),
     host: str = typer.Option(None, "--host", help=HOST_HELP),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=GRAPHS_HELP),
     models: Path = typer.Option(None, "--models", help=MODELS_HELP),
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
 ) -> None:
     """Predict one step's time, energy and power on one GPU, with its uncertainty band."""
-    _check_format(fmt, ("table", "json"))
+    fmt = _check_format(fmt, ("table", "json"))
     shape = _check_shape(batch_size, resolution)
-    _check_mode(mode)
+    mode = _check_mode(mode)
     _check_model_name(model)
     host = _check_host(host)
     from gpurec.catalog import resolve_gpu
-    from gpurec.recommend import band_description, estimate_fields, predict_step
+    from gpurec.recommend.ranking import predict_on
 
     spec = _guard(resolve_gpu, gpu)
     with _Progress() as say:
         say("loading the predictors")
         p = _predictor(models)
         say(f"predicting {model} on {spec.short_name}")
-        est = _guard(predict_step, p, model, shape, mode, spec.nvml_name, host)
-    f = estimate_fields(est)
+        f = _guard(predict_on, model, shape, mode, gpu, p, host, cuda_graphs)
+    est = f.pop("estimate")
     per_op = est.per_op
     unc = _records(getattr(est, "uncovered", None))
     if fmt == "json":
-        _print_json({"model": model, "input_shape": list(shape), "mode": mode, "gpu": spec.nvml_name,
-                     "cuda_graphs": cuda_graphs, "energy_per": "step (one batch)", "band": band_description(p), **f,
+        _print_json({"model": model, "input_shape": list(shape), "mode": mode, "energy_per": "step (one batch)",
+                     **f,
                      "per_op": per_op.to_dict("records") if per_op is not None else [], "uncovered": unc})
         return
     g = "gpu_" if cuda_graphs else ""
-    typer.echo(f"{model} {list(shape)} {mode} on {spec.nvml_name} "
-               f"({'measured' if f['measured_gpu'] else 'extrapolated'} GPU), host {f['host'] or host or 'reference'}"
-               f"{', as one CUDA graph' if cuda_graphs else ''}")
-    typer.echo(f"  time   {_fmt(f[g + 'time_ms'])} ms      band {_fmt(f[g + 'time_low_ms'])} – "
+    typer.echo(f"{model} {list(shape)} {mode} on {spec.nvml_name} ({f['evidence']}), "
+               + ("host-free: the step as one CUDA graph" if cuda_graphs
+                  else f"eager on host {f['host'] or host or 'reference'}"))
+    if f["note"]:
+        typer.echo(f"  note: {f['note']}")
+    typer.echo(f"  time   {_fmt(f[g + 'time_ms'])} ms      band {_fmt(f[g + 'time_low_ms'])}–"
                f"{_fmt(f[g + 'time_high_ms'])} ms")
-    typer.echo(f"  energy {_fmt(f[g + 'energy_mj'])} mJ per step (one batch)   band {_fmt(f[g + 'energy_low_mj'])} – "
+    typer.echo(f"  energy {_fmt(f[g + 'energy_mj'])} mJ per step (one batch)   band {_fmt(f[g + 'energy_low_mj'])}–"
                f"{_fmt(f[g + 'energy_high_mj'])} mJ")
-    typer.echo(f"  power  {_fmt(f['power_w'])} W")
-    if f["bound"] is not None:
-        typer.echo(f"  bound  {f['bound']} (GPU alone {_fmt(f['gpu_time_ms'])} ms, host issue "
-                   f"{_fmt(f['host_time_ms'])} ms)")
-    typer.echo(f"  bands: {band_description(p)}")
+    typer.echo(f"  power  {_fmt(f[g + 'power_w'])} W" + (" (host-free: GPU energy / GPU time)" if cuda_graphs else ""))
+    fit = "fits" if f["fits"] else "DOES NOT FIT"
+    typer.echo(f"  memory about {_fmt(f['memory_gb'])} GB at its peak: {fit} the {spec.short_name}'s "
+               f"{_fmt(f['memory_capacity_gb'])} GB")
+    if f["bound"] is not None and not cuda_graphs:
+        typer.echo(f"  bound  {f['bound']}: the eager step takes {_fmt(f['time_ms'])} ms, "
+                   f"{f['time_ms'] / f['gpu_time_ms']:.3f}x the GPU's own {_fmt(f['gpu_time_ms'])} ms "
+                   f"(host issue {_fmt(f['host_time_ms'])} ms); rule: {f['bound_rule']}")
+    typer.echo(f"  bands: {f['band']}")
     if per_op is not None and len(per_op) and "time_share" in per_op:
         top = per_op.groupby("kind", as_index=False)[["time_share", "energy_share"]].sum()
         top = top.sort_values("time_share", ascending=False).head(5)
@@ -711,8 +758,8 @@ def _report_uncovered(unc: list[dict[str, Any]], coverage: float = 1.0) -> None:
     kinds = ", ".join(sorted({str(u.get("kind")) for u in unc}))
     flops = sum(float(u.get("flops_share", 0.0)) for u in unc) * 100
     time_share = sum(float(u.get("time_share", 0.0)) for u in unc) * 100
-    typer.echo(f"  not covered by the training data (predicted anyway, less trustworthy): {len(unc)} operations "
-               f"[{kinds}], {flops:.1f}% of FLOPs, {time_share:.1f}% of the predicted operation time")
+    typer.echo("  not covered by the training data (predicted anyway, less trustworthy): "
+               f"{_plural(len(unc), 'operation')} [{kinds}], {flops:.1f}% of FLOPs, {time_share:.1f}% of the predicted operation time")
 
 
 LOW_COVERAGE = 0.9
@@ -742,15 +789,15 @@ def recommend(
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
 ) -> None:
     """Rank GPUs for one step of a network by time, energy or energy-delay product."""
-    _check_format(fmt, ("table", "json"))
+    fmt = _check_format(fmt, ("table", "json"))
     shape = _check_shape(batch_size, resolution)
-    _check_mode(mode)
+    mode = _check_mode(mode)
     _check_model_name(model)
     host = _check_host(host)
     from gpurec.recommend import check_objective
     from gpurec.recommend import recommend as run_recommend
 
-    _guard(check_objective, objective)
+    objective = _guard(check_objective, objective)
     gpu_list = _check_gpus(gpus_opt)
     with _Progress() as say:
         say("loading the predictors")
@@ -758,35 +805,84 @@ def recommend(
         ranking = _guard(run_recommend, model, shape, mode=mode, objective=objective, gpus=gpu_list,
                          predictor=predictor, host=host, cuda_graphs=cuda_graphs, progress=say)
     if fmt == "json":
-        _print_json(ranking.to_json())
+        _print_json(ranking.to_dict())
         return
     _render_ranking(ranking)
 
 
+EVIDENCE_SHORT = {"measured: host-free": "host-free", "measured: eager": "eager",
+                  "public per-operation data (time)": "public", "specifications only": "specs"}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def _vs_best(row: Any, fits_any: bool) -> str:
+    if row.rank == 1:
+        return "best" if fits_any else "-"
+    if not math.isfinite(row.vs_best_pct):
+        return "-"
+    text = f"{row.vs_best_pct:+.0f}%" if abs(row.vs_best_pct) >= 100 else f"{row.vs_best_pct:+.1f}%"
+    return text + (" tie" if row.tie_with_best else "")
+
+
+def _band_pct(value: float, low: float, high: float) -> str:
+    """The band relative to the figure: '-21%/+54%' (compact, for narrow terminals)."""
+    if not (value > 0 and math.isfinite(low) and math.isfinite(high)):
+        return "-"
+
+    def pct(x: float) -> str:
+        d = (x / value - 1.0) * 100.0
+        return f"{d:+.0f}%" if abs(d) < 1000 else f"x{x / value:.0f}"
+    return f"{pct(low)}/{pct(high)}"
+
+
 def _render_ranking(r: Any) -> None:
-    g = "gpu_" if r.cuda_graphs else ""
+    wide = _terminal_width() >= 110
     rows = []
     for row in r.rows:
         d = row.to_dict()
-        d["kind"] = "measured" if row.measured else "extrapolated"
-        d["band"] = f"{_fmt(row.low)} – {_fmt(row.high)}"
-        d["vs_best"] = "best" if row.rank == 1 else (f"+{row.vs_best_pct:.1f}%" + (" (tie)" if row.tie_with_best
-                                                                                      else ""))
-        d["fits_text"] = "yes" if row.fits else f"NO ({_fmt(row.memory_capacity_gb)} GB)"
+        d["data"] = EVIDENCE_SHORT.get(row.evidence, row.evidence)
+        d["band"] = f"{_fmt(row.low)}–{_fmt(row.high)}" if wide else _band_pct(row.value, row.low, row.high)
+        d["vs_best"] = _vs_best(row, r.fits_any)
+        d["fits_text"] = "yes" if row.fits else f"NO {_fmt(row.memory_capacity_gb)}GB"
         rows.append(d)
-    _table(rows, [("rank", "#"), ("short_name", "GPU"), ("kind", "data"), ("fits_text", "fits"),
-                  (g + "time_ms", "time ms"), ("gpu_time_ms" if not r.cuda_graphs else "time_ms",
-                                               "graph ms" if not r.cuda_graphs else "eager ms"),
-                  (g + "energy_mj", "energy mJ/step"), ("power_w", "power W"), ("bound", "bound"),
-                  ("vs_best", f"vs best ({r.objective})"), ("band", f"{r.objective} band ({r.unit})")],
-           title=f"{r.model} {list(r.input_shape)} {r.mode}, ranked by {r.objective}"
-                 f"{' with CUDA graphs' if r.cuda_graphs else ' (eager)'}, host {r.host}")
-    typer.echo(f"Bands: {r.band}. Energy is per step (one batch). '(tie)': the band overlaps the best's over "
-               "at least half of the narrower width.")
+    if r.cuda_graphs:  # host-free figures only: the step as one CUDA graph, no host in it
+        figures = [("gpu_time_ms", "ms"), ("gpu_energy_mj", "mJ"), ("gpu_power_w", "W")]
+    elif wide:
+        figures = [("time_ms", "ms"), ("gpu_time_ms", "GPU ms"), ("energy_mj", "mJ"), ("power_w", "W"),
+                   ("bound", "bound")]
+    else:  # narrow: a host-bound step is marked on its time instead of a bound column
+        for d in rows:
+            d["time_text"] = _fmt(d["time_ms"]) + ("*" if d["bound"] == "host" else "")
+        figures = [("time_text", "ms"), ("energy_mj", "mJ")]
+    band_head = f"{r.objective} band" + (f" {r.unit}" if wide else "")
+    _table(rows, [("rank", "#"), ("short_name", "GPU"), ("data", "data"), ("fits_text", "fits"), *figures,
+                  ("vs_best", "vs best"), ("band", band_head)],
+           title=f"{r.model} {list(r.input_shape)} {r.mode}, by {r.objective} per step"
+                 f"{', host-free (one CUDA graph)' if r.cuda_graphs else f', eager on host {r.host}'}",
+           wrap=("short_name",))
+    for note in r.notes:
+        typer.echo(f"Note: {note}")
+    if not r.fits_any:
+        typer.echo(f"No GPU here can hold the step: it needs about {_fmt(r.memory_gb)} GB and the largest has "
+                   f"{_fmt(max((x.memory_capacity_gb for x in r.rows), default=0.0))} GB; none is marked best "
+                   "(try a smaller --batch-size).")
+    typer.echo(f"Energy is per step (one batch). Bands: {r.band}. "
+               f"{'GPU ms: the same step as one CUDA graph. ' if not r.cuda_graphs and wide else ''}"
+               f"'tie': {r.tie_rule}")
+    typer.echo("data: what backs each GPU: host-free = measured: host-free, eager = measured: eager (eager rows "
+               "only), public = public per-operation data (time), specs = specifications only"
+               f" (read from {r.evidence_source}).")
+    if not r.cuda_graphs:
+        from gpurec.recommend import bound_rule
+
+        typer.echo(f"bound{'' if wide else ' (* on ms: host-bound)'}: {bound_rule()}.")
     typer.echo(f"Peak memory of the step: about {_fmt(r.memory_gb)} GB (parameters"
                f"{', gradients, activations kept for backward' if r.mode == 'training' else ', live activations'}; "
-               "no optimizer state)." + (" GPUs that cannot hold it rank last." if not all(x.fits for x in r.rows)
-                                          else ""))
+               "no optimizer state)." + (" GPUs that cannot hold it rank last." if r.fits_any and
+                                          not all(x.fits for x in r.rows) else ""))
     extrapolated = [x.short_name for x in r.rows if not x.measured]
     if extrapolated:
         from gpurec.catalog import resolve_gpu
@@ -815,7 +911,7 @@ def validate(
     models: Path = typer.Option(None, "--models", help=MODELS_HELP + " (with --complete)"),
 ) -> None:
     """Measure a whole network on this GPU and compare with the prediction and the op sum."""
-    _check_format(fmt, ("table", "json"))
+    fmt = _check_format(fmt, ("table", "json"))
     if complete is not None:
         from gpurec.validate import complete_log
 
@@ -825,8 +921,9 @@ def validate(
     if not model:
         _fail("--model is required (or --complete LOG)")
     _check_shape(batch_size, resolution)
-    _check_mode(mode)
+    mode = _check_mode(mode)
     _check_model_name(model)
+    _require_gpu("validate", gpu_index)
     from gpurec.validate import render
     from gpurec.validate import validate as run_validate
 
@@ -844,15 +941,23 @@ def host_bench(
     out: Path = typer.Option(None, "--out", help="write the host profile JSON here (for --host of predict "
                              "and recommend)"),
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+    refuse_if_busy: bool = typer.Option(False, "--refuse-if-busy", help="exit 1 without a profile when the machine "
+                                        "is loaded or the figures unsteady (default: warn)"),
 ) -> None:
     """Characterise this host in a few seconds: Python speed, dispatch cost of a fixed set of
     module calls, and (with a GPU) tiny-kernel launch cost. Predictions rescale host work with it."""
-    _check_format(fmt, ("table", "json"))
+    fmt = _check_format(fmt, ("table", "json"))
     _progress("host-bench: measuring (a few seconds) ...")
     from gpurec.dataset.store import atomic_write_json
-    from gpurec.host import run_host_bench
+    from gpurec.host import HostBusy, checked_host_bench
 
-    profile = _guard(run_host_bench, use_gpu=False if no_gpu else None)
+    try:
+        profile, warnings = _guard(checked_host_bench, use_gpu=False if no_gpu else None,
+                                   refuse_if_busy=refuse_if_busy)
+    except HostBusy as exc:
+        _fail(f"host-bench refused: {exc}", 1)
+    for w in warnings:
+        _progress(f"host-bench: WARNING: {w}")
     data = profile.to_dict()
     if out is not None:
         atomic_write_json(out, data)
@@ -896,6 +1001,7 @@ def report(
 
     from gpurec.reports import REPORTS, generate
 
+    what = what.lower()
     if what not in REPORT_CHOICES:
         _fail(f"unknown report '{what}': choose one of {', '.join(REPORT_CHOICES)}")
     for name in REPORTS if what == "all" else (what,):
@@ -1007,10 +1113,45 @@ def tools_validation_log(root: Path = typer.Option(Path("."), "--root", help="re
     typer.echo(f"wrote {_guard(write_log, root)}")
 
 
+_FLAG_VALUES = {"true": True, "yes": True, "1": True, "on": True, "false": False, "no": False, "0": False,
+                "off": False}
+
+
+def fold_flag_values(args: list[str]) -> list[str]:
+    """``--cuda-graphs true`` as ``--cuda-graphs`` and ``--cuda-graphs false`` as nothing: flags
+    take no value, but people write one. Only the options that are flags are touched."""
+    group: Any = typer.main.get_command(app)
+    flags: set[str] = set()
+    for a in args:
+        sub = getattr(group, "commands", {}).get(a)
+        if sub is not None:
+            group = sub
+            flags |= {o for p in sub.params if getattr(p, "is_flag", False) for o in p.opts}
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        nxt = args[i + 1].lower() if i + 1 < len(args) else None
+        if a in flags and nxt in _FLAG_VALUES:
+            if _FLAG_VALUES[nxt]:
+                out.append(a)
+            i += 2
+            continue
+        if a.startswith("--") and "=" in a and a.split("=", 1)[0] in flags:
+            name, value = a.split("=", 1)
+            if value.lower() in _FLAG_VALUES:
+                out.extend([name] if _FLAG_VALUES[value.lower()] else [])
+                i += 1
+                continue
+        out.append(a)
+        i += 1
+    return out
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
-        app()
+        app(args=fold_flag_values(sys.argv[1:]))
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

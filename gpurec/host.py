@@ -345,3 +345,54 @@ def call_cost_us(profile: HostProfile, call: str, mode: str) -> float:
             return float(table[key])
     raise HostProfileError(f"host profile {profile.name!r} has no dispatch figure for {key}; "
                            "re-run `gpurec host-bench` with this gpurec version")
+
+
+# ---------------------------------------------------------------------------------------------
+# Was the host quiet while measured?
+# ---------------------------------------------------------------------------------------------
+BUSY_LOAD_PER_CORE = 0.7  # 1-minute load average per core above which other work competes for the CPU
+UNSTEADY_SPREAD = 0.25  # a figure's relative inter-quartile range above which its blocks disagree
+
+
+class HostBusy(RuntimeError):
+    """The host was too busy to characterise: other work would be measured as dispatch cost."""
+
+
+def load_per_core() -> float | None:
+    """This machine's 1-minute load average per core (None where the OS has none)."""
+    try:
+        return os.getloadavg()[0] / max(os.cpu_count() or 1, 1)
+    except (OSError, AttributeError):
+        return None
+
+
+def load_warnings(profile: HostProfile, load: float | None) -> list[str]:
+    """Why ``profile`` may not describe its host at rest: a high load average (``load`` per
+    core, taken around the benchmark) or figures whose timed blocks disagree. A busy machine
+    measured a conv2d training dispatch at 564 us instead of 150 us."""
+    out = []
+    if load is not None and load > BUSY_LOAD_PER_CORE:
+        out.append(f"the load average was {load:.2f} per core (above {BUSY_LOAD_PER_CORE:g}): other processes "
+                   "competed for the CPU, so the dispatch figures are probably too high")
+    unsteady = sorted((k for k, v in profile.spread.items() if v == v and v > UNSTEADY_SPREAD),
+                      key=lambda k: -profile.spread[k])
+    if unsteady:
+        worst = ", ".join(f"{k} {profile.spread[k]:.0%}" for k in unsteady[:3])
+        out.append(f"{len(unsteady)} figure(s) varied by more than {UNSTEADY_SPREAD:.0%} between blocks "
+                   f"({worst}): the host was not steady")
+    return out
+
+
+def checked_host_bench(use_gpu: bool | None = None, refuse_if_busy: bool = False,
+                       **kwargs: Any) -> tuple[HostProfile, list[str]]:
+    """``run_host_bench`` with a load check before and after: (profile, warnings).
+
+    ``refuse_if_busy`` raises HostBusy instead of returning a profile with warnings."""
+    before = load_per_core()
+    profile = run_host_bench(use_gpu=use_gpu, **kwargs)
+    after = load_per_core()
+    loads = [x for x in (before, after) if x is not None]
+    warnings = load_warnings(profile, max(loads) if loads else None)
+    if warnings and refuse_if_busy:
+        raise HostBusy("; ".join(warnings) + ". Run `gpurec host-bench` again when the machine is idle.")
+    return profile, warnings

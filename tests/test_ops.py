@@ -529,9 +529,10 @@ def test_step_memory_liveness_views_and_in_place() -> None:
     ops = extract_operations(Chain(), (8, 100), keep_sources=False)
     assert [op.in_place for op in ops if op.kind == "ReLU"] == [True]
     mem = step_memory(ops)
-    # at its peak, a's input (8x100) and output (8x1000) are alive; ReLU and reshape share a's output
+    # at its peak (b), the step's input (8x100, held by the caller), a's output (8x1000) and b's
+    # output (8x10) are alive; ReLU and reshape share a's output
     assert mem.params_bytes == (100 * 1000 + 1000 * 10) * 4
-    assert mem.activations_bytes == (8 * 100 + 8 * 1000) * 4
+    assert mem.activations_bytes == (8 * 100 + 8 * 1000 + 8 * 10) * 4
     train = step_memory(extract_operations(Chain(), (8, 100), mode="training", keep_sources=False))
     # kept: x (by a), a's output (by ReLU, its output in place, and by b); plus the largest once more
     assert train.activations_bytes == (8 * 100 + 8 * 1000) * 4 + 8 * 1000 * 4

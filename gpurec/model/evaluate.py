@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from gpurec.model.timeline import HOST_BOUND_RATIO
+
 _FAMILY = re.compile(r"^[a-z]+")
 
 
@@ -154,8 +156,8 @@ def network_records(predictor: Any, nets: Any, host_profiles: dict[str, list[Any
     if len(df):
         ratio = df["measured_time_ms"] / df["measured_gpu_time_ms"]
         df["measured_ratio"] = ratio
-        df["measured_bound"] = np.where(ratio.isna(), "", np.where(ratio >= 1.2, "host", "gpu"))
-        df["bound_clear"] = (ratio - 1.2).abs() > BOUND_CLEAR_MARGIN
+        df["measured_bound"] = np.where(ratio.isna(), "", np.where(ratio >= HOST_BOUND_RATIO, "host", "gpu"))
+        df["bound_clear"] = (ratio - HOST_BOUND_RATIO).abs() > BOUND_CLEAR_MARGIN
         df["measured_host_share"] = 1.0 - 1.0 / ratio
         if "pred_time_ms" in df:
             df["pred_host_share"] = 1.0 - df["pred_gpu_time_ms"] / df["pred_time_ms"]

@@ -11,6 +11,9 @@ import sys
 import types
 from typing import Any
 
+from gpurec.recommend.evidence import LEVELS as EVIDENCE_LEVELS
+from gpurec.recommend.evidence import EvidenceSets, evidence_of, load_evidence
+from gpurec.recommend.names import resolve_noted, split_gpus
 from gpurec.recommend.ranking import (
     BAND,
     OBJECTIVES,
@@ -20,6 +23,7 @@ from gpurec.recommend.ranking import (
     UnknownObjective,
     band_description,
     bands_tie,
+    bound_rule,
     check_objective,
     default_input_shape,
     estimate_fields,
@@ -27,11 +31,15 @@ from gpurec.recommend.ranking import (
     recommend,
     smallest_gpu_bound_batch,
     step_memory_gb,
+    widen_bands,
 )
+from gpurec.recommend.ties import DifferenceSpreads, load_difference_spreads
 
-__all__ = ["BAND", "OBJECTIVES", "BoundAdvice", "RankedGPU", "Ranking", "UnknownObjective", "band_description", "bands_tie",
-           "check_objective", "default_input_shape", "estimate_fields", "predict_step", "recommend", "smallest_gpu_bound_batch",
-           "step_memory_gb"]
+__all__ = ["BAND", "EVIDENCE_LEVELS", "OBJECTIVES", "BoundAdvice", "DifferenceSpreads", "EvidenceSets", "RankedGPU",
+           "Ranking", "UnknownObjective", "band_description", "bands_tie", "bound_rule", "check_objective",
+           "default_input_shape", "estimate_fields", "evidence_of", "load_difference_spreads", "load_evidence",
+           "predict_step", "recommend", "resolve_noted", "smallest_gpu_bound_batch", "split_gpus", "step_memory_gb",
+           "widen_bands"]
 
 
 class _CallableModule(types.ModuleType):

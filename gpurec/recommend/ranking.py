@@ -13,6 +13,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpurec.recommend.evidence import (
+    EAGER,
+    PUBLIC,
+    SPECS,
+    UNMEASURED_WIDENING,
+    EvidenceSets,
+    band_exponent,
+    evidence_of,
+    load_evidence,
+    widen,
+)
+from gpurec.recommend.ties import DifferenceSpreads, combined_spread, is_tie, load_difference_spreads
+
 if TYPE_CHECKING:
     from gpurec.model.predictor import Estimate
 
@@ -22,7 +35,7 @@ OBJECTIVES: dict[str, tuple[str, str]] = {
     "energy": ("energy_mj", "mJ"),
     "edp": ("edp_mj_ms", "mJ·ms"),
 }
-TIE_OVERLAP = 0.5  # a rank ties with the best when their bands share at least this much of the narrower width
+TIE_OVERLAP = 0.5  # bands_tie: the share of the narrower band two bands must share (kept for callers)
 BAND = "the predictor's uncertainty band (how it was derived is not recorded in its manifest)"
 MAX_BATCH_SEARCH = 8192
 
@@ -32,6 +45,9 @@ class UnknownObjective(ValueError):
 
 
 def check_objective(objective: str) -> str:
+    """The objective, lower-cased (choices ignore case); UnknownObjective names the valid ones."""
+    if str(objective).lower() in OBJECTIVES:
+        return str(objective).lower()
     if objective not in OBJECTIVES:
         near = difflib.get_close_matches(objective, list(OBJECTIVES), n=1)
         hint = f" Did you mean '{near[0]}'?" if near else ""
@@ -114,6 +130,8 @@ class RankedGPU:
     memory_capacity_gb: float  # the GPU's memory (catalogue)
     fits: bool
     coverage: float  # share of FLOPs in operations the models were trained on
+    evidence: str = "specifications only"  # what backs it (gpurec.recommend.evidence.LEVELS)
+    gpu_power_w: float = math.nan  # host-free: gpu_energy_mj / gpu_time_ms
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,9 +153,23 @@ class BoundAdvice:
                  if self.gpu_bound_batch_size is not None
                  else f"it stays host-bound up to batch size {self.searched_up_to}, as far as was searched "
                       "within the best GPU's memory")
-        return (f"Host-bound on {', '.join(self.gpus)}: the GPU choice changes the eager step by only "
-                f"{self.gpu_choice_pct:.0f}%; with CUDA graphs it would take {self.gpu_time_ms:.3g} ms instead of "
-                f"{self.time_ms:.3g} ms; {batch}.")
+        spread = (f"; across the GPUs that hold the step, the eager step differs by {self.gpu_choice_pct:.0f}% "
+                  "from fastest to slowest" if math.isfinite(self.gpu_choice_pct) else "")
+        return (f"Host-bound on {', '.join(self.gpus)}: the host's issue time, not the GPU, sets the eager step "
+                f"({_num(self.time_ms)} ms; the GPU's own work is {_num(self.gpu_time_ms)} ms, which "
+                f"--cuda-graphs ranks by){spread}; {batch}.")
+
+
+def _num(v: float) -> str:
+    """About three significant digits, never in scientific notation."""
+    if not math.isfinite(v):
+        return "-"
+    a = abs(v)
+    if a >= 100:
+        return f"{v:,.0f}"
+    if a >= 1:
+        return f"{v:.{2 - (a >= 10)}f}"
+    return f"{v:.3g}" if a >= 1e-4 or a == 0 else f"{v:.6f}"
 
 
 @dataclass(frozen=True)
@@ -158,6 +190,9 @@ class Ranking:
     advice: BoundAdvice | None = None
     band: str = BAND
     estimates: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    notes: tuple[str, ...] = ()  # how ambiguous GPU names were resolved
+    evidence_source: str = ""  # where the evidence levels were read
+    tie_rule: str = ""  # how ties were decided, with the source of the errors
 
     def __iter__(self) -> Any:
         return iter(self.rows)
@@ -169,8 +204,14 @@ class Ranking:
         return self.rows[i]
 
     @property
-    def best(self) -> RankedGPU:
-        return self.rows[0]
+    def fits_any(self) -> bool:
+        """Can any ranked GPU hold the step?"""
+        return any(r.fits for r in self.rows)
+
+    @property
+    def best(self) -> RankedGPU | None:
+        """The first row, or None when no ranked GPU can hold the step (none is best)."""
+        return self.rows[0] if self.rows and self.rows[0].fits else None
 
     @property
     def unit(self) -> str:
@@ -182,18 +223,35 @@ class Ranking:
 
         return pd.DataFrame([r.to_dict() for r in self.rows])
 
-    def to_json(self) -> dict[str, Any]:
-        """The documented JSON shape of ``gpurec recommend --format json``."""
+    def to_dict(self) -> dict[str, Any]:
+        """The documented JSON shape of ``gpurec recommend --format json``, as Python values."""
         return {
             "model": self.model, "input_shape": list(self.input_shape), "mode": self.mode,
             "objective": self.objective, "objective_unit": self.unit, "cuda_graphs": self.cuda_graphs,
             "host": self.host, "energy_per": "step (one batch)", "band": self.band,
-            "memory_gb": self.memory_gb, "coverage": self.coverage,
-            "measured_gpus": list(self.measured_gpus),
+            "memory_gb": self.memory_gb, "coverage": self.coverage, "fits_any": self.fits_any,
+            "best": None if self.best is None else self.best.gpu,
+            "measured_gpus": list(self.measured_gpus), "evidence_source": self.evidence_source,
+            "tie_rule": self.tie_rule, "bound_rule": bound_rule(),
             "ranking": [_finite(r.to_dict()) for r in self.rows],
             "host_bound": None if self.advice is None else {**asdict(self.advice), "summary": self.advice.sentence()},
+            "notes": list(self.notes),
             "uncovered": list(self.uncovered),
         }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """:meth:`to_dict` as a JSON string (it returned the dict before: use to_dict for that)."""
+        import json
+
+        return json.dumps(self.to_dict(), indent=indent, default=str)
+
+
+def bound_rule() -> str:
+    """The one bound rule (gpurec.model.timeline), in words."""
+    from gpurec.model.timeline import HOST_BOUND_RATIO
+
+    return (f"host-bound when the eager step takes at least {HOST_BOUND_RATIO:g}x the GPU's own time "
+            "(the step as one CUDA graph), else GPU-bound")
 
 
 def _finite(d: dict[str, Any]) -> dict[str, Any]:
@@ -236,25 +294,31 @@ def predict_step(predictor: Any, model: Any, shape: Sequence[int], mode: str, gp
 
 
 def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = "inference",
-              objective: str = "energy", gpus: Sequence[str] | None = None, predictor: Any = None,
+              objective: str = "energy", gpus: str | Sequence[str] | None = None, predictor: Any = None,
               host: Any = None, cuda_graphs: bool = False, dtype: Any = None,
               batch_search: bool = True, progress: Callable[[str], None] | None = None,
-              example_inputs: Any = None) -> Ranking:
+              example_inputs: Any = None, evidence: EvidenceSets | None = None,
+              spreads: DifferenceSpreads | None = None) -> Ranking:
     """GPUs ranked best-first for ``objective`` on one step of ``model`` (a :class:`Ranking`).
 
     ``objective`` ranks by eager time/energy on ``host`` (None: the reference host; a
     host-bench JSON path, a HostProfile or "local"), or with ``cuda_graphs`` by host-free
-    time/energy. GPUs whose memory cannot hold the step rank after all that can. When the
-    best GPUs are host-bound and ``batch_search`` is on, the predictor is asked for larger
-    batches to find where the step becomes GPU-bound. ``progress`` receives one line per
-    slow stage.  ``example_inputs`` (a tensor or a tuple of tensors, e.g. ``(src, tgt)`` for
-    nn.Transformer) replaces ``input_shape`` and ``dtype``; with it there is no batch search
-    (which dimension is the batch of each input is the model's business).
+    time/energy. ``gpus`` is a list of names or one comma-separated string (None: every
+    catalogue GPU). GPUs whose memory cannot hold the step rank after all that can. Each row
+    says what backs it (``evidence``, read from the data present unless given) and its band
+    widens where the evidence is weaker; ties come from the error of the difference
+    (gpurec.recommend.ties; ``spreads`` default: the models' manifest or the validation log).
+    When the best GPUs are host-bound (eager only) and ``batch_search`` is on, the predictor is
+    asked for larger batches to find where the step becomes GPU-bound. ``progress`` receives
+    one line per slow stage.  ``example_inputs`` (a tensor or a tuple of tensors, e.g.
+    ``(src, tgt)`` for nn.Transformer) replaces ``input_shape`` and ``dtype``; with it there is
+    no batch search (which dimension is the batch of each input is the model's business).
     """
-    from gpurec.catalog import resolve_gpu
+    from gpurec.recommend.names import resolve_noted, split_gpus
 
-    check_objective(objective)
+    objective = check_objective(objective)
     say = progress or (lambda _msg: None)
+    names = split_gpus(gpus)
     if predictor is None:
         from gpurec.model import load_predictor
 
@@ -268,11 +332,20 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
         batch_search = False
     else:
         shape = tuple(int(s) for s in input_shape) if input_shape is not None else default_input_shape()
-    specs = []
-    for g in (gpus if gpus else [e.nvml_name for e in predictor.gpus]):
-        spec = resolve_gpu(g.strip() if isinstance(g, str) else g)
+    specs, notes = [], []
+    for g in (names if names else [e.nvml_name for e in predictor.gpus]):
+        spec, note = resolve_noted(g)
+        if note and names:
+            notes.append(note)
         if spec.nvml_name not in {s.nvml_name for s in specs}:  # "H100, H100" is one GPU
             specs.append(spec)
+    manifest = getattr(predictor, "manifest", None)
+    manifest = manifest if isinstance(manifest, dict) else {}
+    if evidence is None:
+        evidence = load_evidence(manifest=manifest)
+    if spreads is None:
+        spreads = load_difference_spreads(manifest)
+    widening = float(manifest.get("uncertainty", {}).get("unmeasured_gpu_widening", UNMEASURED_WIDENING))
     say("estimating the step's memory")
     memory = step_memory_of(model, shape, mode, dtype, example_inputs)
     memory_gb = memory.memory_gb
@@ -283,26 +356,78 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
         est = predict_step(predictor, model, shape, mode, spec.nvml_name, host, dtype, example_inputs)
         estimates[spec.nvml_name] = est
         f = estimate_fields(est)
+        level = evidence_of(spec.nvml_name, evidence)
+        if f["measured_gpu"]:  # the predictor's band is its measured one: widen it to the evidence
+            f = widen_bands(f, level, widening)
         value, lo, hi = _objective(f, objective, cuda_graphs)
         rows.append({**{k: f[k] for k in _ROW_FIELDS}, "gpu": spec.nvml_name, "short_name": spec.short_name,
-                     "measured": f["measured_gpu"], "edp_mj_ms": f["time_ms"] * f["energy_mj"],
+                     "measured": f["measured_gpu"], "edp_mj_ms": _edp(f, cuda_graphs),
                      "value": value, "low": lo, "high": hi, "memory_gb": memory_gb,
                      "memory_capacity_gb": float(spec.memory_gb), "fits": memory_gb <= float(spec.memory_gb),
-                     "coverage": f["coverage"], "_host": f["host"]})
+                     "coverage": f["coverage"], "evidence": level,
+                     "gpu_power_w": f["gpu_energy_mj"] / f["gpu_time_ms"] if f["gpu_time_ms"] > 0 else math.nan,
+                     "_host": f["host"]})
     rows.sort(key=lambda r: (not r["fits"], r["value"]))
-    ranked = _rank(rows)
+    ranked = _rank(rows, objective, spreads)
     host_name = next((r["_host"] for r in rows if r["_host"]), None) or _host_label(host)
     first = next(iter(estimates.values()), None)
     advice = None
-    if ranked and ranked[0].bound == "host":
+    if ranked and ranked[0].fits and ranked[0].bound == "host" and not cuda_graphs:
         advice = _bound_advice(ranked, predictor, model, shape, mode, host, dtype, batch_search, say, memory)
     measured = tuple(e.nvml_name for e in predictor.gpus if e.measured)
     return Ranking(model=model if isinstance(model, str) else type(model).__name__, input_shape=shape, mode=mode,
                    objective=objective, cuda_graphs=bool(cuda_graphs), host=host_name, rows=tuple(ranked),
                    measured_gpus=measured, memory_gb=memory_gb,
                    coverage=min((r.coverage for r in ranked), default=1.0),
-                   uncovered=_uncovered(first), advice=advice, band=band_description(predictor),
-                   estimates=estimates)
+                   uncovered=_uncovered(first), advice=advice,
+                   band=band_description(predictor) + "; " + evidence_band_rule(widening),
+                   estimates=estimates, notes=tuple(notes), evidence_source=evidence.source,
+                   tie_rule=tie_rule_text(spreads))
+
+
+def _edp(f: dict[str, Any], cuda_graphs: bool) -> float:
+    p = "gpu_" if cuda_graphs else ""
+    return f[f"{p}time_ms"] * f[f"{p}energy_mj"]
+
+
+_FIGURES = (("time", "time_ms", "time_low_ms", "time_high_ms"),
+            ("energy", "energy_mj", "energy_low_mj", "energy_high_mj"),
+            ("gpu_time", "gpu_time_ms", "gpu_time_low_ms", "gpu_time_high_ms"),
+            ("gpu_energy", "gpu_energy_mj", "gpu_energy_low_mj", "gpu_energy_high_mj"))
+
+
+def widen_bands(f: dict[str, Any], level: str, widening: float = UNMEASURED_WIDENING) -> dict[str, Any]:
+    """An estimate's fields with each figure's band widened for the evidence behind it
+    (gpurec.recommend.evidence.band_exponent)."""
+    out = dict(f)
+    for figure, v, lo, hi in _FIGURES:
+        out[lo], out[hi] = widen(f[v], f[lo], f[hi], band_exponent(level, figure, widening))
+    return out
+
+
+def evidence_band_rule(widening: float = UNMEASURED_WIDENING) -> str:
+    """How bands follow the evidence, in words (the README says the same)."""
+    return (f"bands of extrapolated GPUs ('{SPECS}') are the measured band widened {widening:g}x in log "
+            f"space; '{EAGER}' keeps the measured band for eager figures and widens host-free ones "
+            f"{math.sqrt(widening):.2g}x; '{PUBLIC}' widens time {math.sqrt(widening):.2g}x and energy "
+            f"{widening:g}x")
+
+
+def tie_rule_text(spreads: DifferenceSpreads) -> str:
+    pairs = "; ".join(f"{_short(a)}/{_short(b)}: {', '.join(f'{o} x{math.exp(v):.2f}' for o, v in d.items())}"
+                      for (a, b), d in spreads.spreads.items())
+    paired = (f" For {pairs}, the 90th percentile of the ratio's error over {spreads.source}." if pairs else "")
+    return ("A tie: the predicted ratio to the best is within the error of the difference between the two GPUs."
+            + paired + " Other pairs: the two 5th-95th percentile bands combined as independent errors.")
+
+
+def _short(nvml: str) -> str:
+    from gpurec.catalog import resolve_gpu
+
+    try:
+        return resolve_gpu(nvml).short_name
+    except ValueError:
+        return nvml
 
 
 _ROW_FIELDS = ("time_ms", "energy_mj", "power_w", "gpu_time_ms", "gpu_energy_mj", "host_time_ms", "bound",
@@ -310,13 +435,19 @@ _ROW_FIELDS = ("time_ms", "energy_mj", "power_w", "gpu_time_ms", "gpu_energy_mj"
                "gpu_time_high_ms", "gpu_energy_low_mj", "gpu_energy_high_mj")
 
 
-def _rank(rows: list[dict[str, Any]]) -> list[RankedGPU]:
+def _rank(rows: list[dict[str, Any]], objective: str = "time",
+          spreads: DifferenceSpreads | None = None) -> list[RankedGPU]:
     if not rows:
         return []
     best = rows[0]
     out = []
     for i, r in enumerate(rows):
-        tie = i > 0 and r["fits"] == best["fits"] and bands_tie((best["low"], best["high"]), (r["low"], r["high"]))
+        tie = False
+        if i > 0 and best["fits"] and r["fits"]:
+            spread = spreads.spread(best["gpu"], r["gpu"], objective) if spreads is not None else None
+            if spread is None:
+                spread = combined_spread((best["value"], best["low"], best["high"]), (r["value"], r["low"], r["high"]))
+            tie = is_tie(r["value"], best["value"], spread)
         vs = (r["value"] / best["value"] - 1.0) * 100.0 if best["value"] > 0 else math.nan
         out.append(RankedGPU(rank=i + 1, vs_best_pct=vs, tie_with_best=bool(tie),
                              **{k: v for k, v in r.items() if not k.startswith("_")}))
@@ -417,3 +548,33 @@ def smallest_gpu_bound_batch(predictor: Any, model: Any, shape: tuple[int, ...],
         else:
             lo = mid
     return hi, hi
+
+
+def predict_on(model: Any, input_shape: Sequence[int], mode: str, gpu: str, predictor: Any, host: Any = None,
+               cuda_graphs: bool = False, dtype: Any = None, evidence: EvidenceSets | None = None
+               ) -> dict[str, Any]:
+    """One GPU's step as ``gpurec predict`` reports it: the estimate's fields (bands widened for
+    the evidence behind the GPU, as in a ranking), the evidence, the step's memory and whether it
+    fits, the bound rule, and a note when ``gpu`` fits several catalogue GPUs.
+
+    With ``cuda_graphs``, ``power_w`` is the host-free power (gpu_energy_mj / gpu_time_ms).
+    """
+    from gpurec.recommend.names import resolve_noted
+
+    spec, note = resolve_noted(gpu)
+    est = predict_step(predictor, model, tuple(input_shape), mode, spec.nvml_name, host, dtype)
+    manifest = getattr(predictor, "manifest", None)
+    manifest = manifest if isinstance(manifest, dict) else {}
+    sets = evidence if evidence is not None else load_evidence(manifest=manifest)
+    level = evidence_of(spec.nvml_name, sets)
+    f = estimate_fields(est)
+    widening = float(manifest.get("uncertainty", {}).get("unmeasured_gpu_widening", UNMEASURED_WIDENING))
+    if f["measured_gpu"]:
+        f = widen_bands(f, level, widening)
+    f["gpu_power_w"] = f["gpu_energy_mj"] / f["gpu_time_ms"] if f["gpu_time_ms"] > 0 else math.nan
+    memory = step_memory_of(model, tuple(input_shape), mode, dtype)
+    return {**f, "gpu": spec.nvml_name, "short_name": spec.short_name, "evidence": level,
+            "evidence_source": sets.source, "memory_gb": memory.memory_gb,
+            "memory_capacity_gb": float(spec.memory_gb), "fits": memory.memory_gb <= float(spec.memory_gb),
+            "cuda_graphs": bool(cuda_graphs), "bound_rule": bound_rule(), "note": note,
+            "band": band_description(predictor) + "; " + evidence_band_rule(widening), "estimate": est}

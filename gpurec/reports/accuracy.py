@@ -8,6 +8,7 @@ this module only renders it, so ``gpurec report accuracy`` is cheap and reproduc
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -547,6 +548,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
               + (f"from {u['source']}: time ×{fmt(u['time_ratio'])}, energy ×{fmt(u['energy_ratio'])}."
                  if "time_ratio" in u else f"{u.get('source', 'measured band widened')}."), ""]
     L += host_gpu_section(host_gpu, rep, sources)
+    L += memory_section(data_root)
     L += repeatability_section(data_root)
     L += ["## Speed", "",
           "Prediction speed is measured by `gpurec report speed --measure` and reported in "
@@ -556,6 +558,64 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
     text = "\n".join(L)
     atomic_write_text(out, text)
     return text
+
+
+MEMORY_TARGET_PCT = 15.0  # issue 24: the peak-memory estimate within 15% of the measured peak
+
+
+def memory_rows(nets: Any) -> list[dict[str, Any]]:
+    """Estimated against measured peak memory for every network row that carries a measured
+    peak (``peak_memory_bytes``, the allocator's peak over one step after warm-up)."""
+    from gpurec.ops import extract_operations
+    from gpurec.ops.memory import step_memory
+
+    if "peak_memory_bytes" not in nets:
+        return []
+    have = nets[nets["peak_memory_bytes"].notna()]
+    out: list[dict[str, Any]] = []
+    cache: dict[tuple[Any, ...], float] = {}
+    for r in have.itertuples(index=False):
+        m = re.match(r"^(.+):b(\d+):r(\d+)$", str(r.set_key))
+        if not m:
+            continue
+        arch, batch, res = m.group(1), int(m.group(2)), int(m.group(3))
+        key = (arch, batch, res, str(r.mode))
+        if key not in cache:
+            ops = extract_operations(arch, (batch, 3, res, res), mode=str(r.mode), keep_sources=False)
+            cache[key] = step_memory(ops, str(r.mode)).memory_gb
+        measured_gb = float(r.peak_memory_bytes) / 1e9
+        out.append({"gpu": str(r.gpu), "arch": arch, "batch": batch, "resolution": res, "mode": str(r.mode),
+                    "estimated_gb": cache[key], "measured_gb": measured_gb,
+                    "error_pct": (cache[key] / measured_gb - 1.0) * 100.0 if measured_gb > 0 else float("nan")})
+    return out
+
+
+def memory_section(data_root: Path | None = None) -> list[str]:
+    """Peak memory: gpurec.ops.memory's estimate against the measured peaks of the collected networks."""
+    from gpurec.dataset import load_dataset
+
+    L = ["## Peak memory", "",
+         "`gpurec.ops.memory` estimates a step's peak memory (parameters, gradients in training, activations "
+         "alive at once) without running it; `recommend` and `predict` use it for `fits`. Network rows record "
+         "the allocator's peak over one step after warm-up (`peak_memory_bytes`, `torch.cuda.max_memory_allocated` "
+         f"after `reset_peak_memory_stats`). Target: within {MEMORY_TARGET_PCT:g}% of the measured peak.", ""]
+    try:
+        nets = load_dataset(root=data_root, table="networks")
+    except FileNotFoundError:
+        nets = None
+    rows = memory_rows(nets) if nets is not None else []
+    if not rows:
+        return L + ["No measured peaks yet: no collected network row carries `peak_memory_bytes` (collection "
+                    "records it from now on), so this estimate is not validated here.", ""]
+    within = sum(abs(r["error_pct"]) <= MEMORY_TARGET_PCT for r in rows)
+    mape = sum(abs(r["error_pct"]) for r in rows) / len(rows)
+    L += [f"{len(rows)} network rows with a measured peak: mean absolute error {mape:.1f}%, "
+          f"{within} of {len(rows)} within {MEMORY_TARGET_PCT:g}% "
+          f"({'target met' if within == len(rows) else 'target not met'}).", ""]
+    lines = [row([short(r["gpu"]), r["arch"], r["batch"], r["mode"], f"{r['estimated_gb']:.2f}",
+                  f"{r['measured_gb']:.2f}", pct(r["error_pct"])])
+             for r in sorted(rows, key=lambda r: -abs(r["error_pct"]))]
+    return L + table(["GPU", "network", "batch", "mode", "estimated GB", "measured GB", "error"], lines) + [""]
 
 
 def generate(models_dir: Path | str = "models", out: Path | str = "docs/accuracy.md",

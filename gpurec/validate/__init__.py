@@ -152,7 +152,6 @@ def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "in
     return record
 
 
-BOUND_RATIO = 1.2  # as gpurec.model.timeline: the host makes the step >= 20% longer than the GPU alone
 
 
 def measured_fields(meas: dict[str, Any]) -> dict[str, Any]:
@@ -162,7 +161,9 @@ def measured_fields(meas: dict[str, Any]) -> dict[str, Any]:
         if meas.get(k) is not None:
             out[f"measured_{k}"] = meas[k]
     if meas.get("gpu_time_ms"):
-        out["measured_bound"] = "host" if meas["time_ms"] >= BOUND_RATIO * meas["gpu_time_ms"] else "gpu"
+        from gpurec.model.timeline import bound_of  # the one bound rule, for predictions and measurements
+
+        out["measured_bound"] = bound_of(meas["time_ms"], meas["gpu_time_ms"])
     if meas.get("in_network_kernel_sum_ms") is not None:
         out["measured_kernel_sum_ms"] = meas["in_network_kernel_sum_ms"]
     return out
