@@ -331,7 +331,9 @@ class Predictor:
     # -- operations -------------------------------------------------------------------------------
     def _entry(self, model: str | nn.Module | Sequence[Any], input_shape: Sequence[int] | None, mode: str,
                dtype: Any = None) -> tuple[_OpsEntry, tuple[int, ...]]:
-        shape = tuple(int(s) for s in (input_shape if input_shape is not None else DEFAULT_INPUT_SHAPE))
+        from gpurec.ops.extract import normalise_input_shape
+
+        shape = normalise_input_shape(input_shape if input_shape is not None else DEFAULT_INPUT_SHAPE)
         if isinstance(model, str):
             key: tuple[Any, ...] = ("name", model, shape, mode, str(dtype))
         else:
@@ -345,6 +347,11 @@ class Predictor:
         ops = extract_operations(model, shape, mode=mode, keep_sources=False,
                                  **({"dtype": dtype} if dtype is not None else {}))
         label = model if isinstance(model, str) else type(model).__name__
+        if not ops:  # 0 ms, coverage 1 and bound "host" would read as an estimate of real work
+            from gpurec.ops.extract import NoOperations
+
+            raise NoOperations(f"{label} runs no operations on input {list(shape)} (e.g. nn.Identity or an empty "
+                               "nn.Sequential): there is no GPU work to estimate")
         entry = self._make_entry(label, OpBlock.from_operations(ops, mode), mode)
         self._cache[key] = entry
         if len(self._cache) > self._cache_size:
