@@ -240,12 +240,14 @@ def _collect_options(out: Path, models: str | None, batch_sizes: str | None, res
 
 def _run_collect(opts: Any) -> None:
     from gpurec.collect.api import collect as run_collect
-    from gpurec.collect.runner import ContextLost
+    from gpurec.collect.runner import CollectionInProgress, ContextLost
 
     try:
         result = _guard(run_collect, opts, log=_progress)
     except ContextLost as exc:
         _fail(f"{exc}; run the same command again: it resumes after this row", 1)
+    except CollectionInProgress as exc:
+        _fail(str(exc), 1)
     _print_json(result)
     if int((result or {}).get("worst_exit", 0) or 0):
         raise typer.Exit(1)
@@ -333,15 +335,20 @@ def _note_bad_lines(by_gpu: dict[str, list[str]]) -> None:
             typer.echo(f"gpurec: {gpu}: {line}", err=True)
 
 
+SKIP_INVALID_HELP = ("leave out raw rows that fail validation (no id, a non-finite or non-positive time, another "
+                     "GPU, ...; counted and listed in the output) instead of failing")
+
+
 @dataset_app.command("build")
-def dataset_build(root: Path = typer.Option(Path("datasets"), "--root",
-                                           help="dataset root with one directory per GPU"),
-                  skip_corrupt_lines: bool = typer.Option(False, "--skip-corrupt-lines", help=SKIP_CORRUPT_HELP)
+def dataset_build(root: Path = typer.Option(None, "--root", help="dataset root with one directory per GPU "
+                                            "(default: $GPUREC_DATASETS, else datasets/ of the checkout)"),
+                  skip_corrupt_lines: bool = typer.Option(False, "--skip-corrupt-lines", help=SKIP_CORRUPT_HELP),
+                  skip_invalid_rows: bool = typer.Option(False, "--skip-invalid-rows", help=SKIP_INVALID_HELP),
                   ) -> None:
     """Rebuild the Parquet tables of every GPU directory from its raw shards."""
     from gpurec.dataset.build import build_all
 
-    result = _guard(build_all, root, allow_corrupt=skip_corrupt_lines)
+    result = _guard(build_all, root, allow_corrupt=skip_corrupt_lines, skip_invalid=skip_invalid_rows)
     _print_json(result)
     _note_bad_lines({gpu: summary.get("bad_lines", []) for gpu, summary in result.items()})
 
@@ -349,12 +356,13 @@ def dataset_build(root: Path = typer.Option(Path("datasets"), "--root",
 @dataset_app.command("merge")
 def dataset_merge(shards: list[Path] = typer.Argument(..., help="shard directories or rows-*.jsonl files"),
                   out: Path = typer.Option(..., "--out", help="GPU dataset directory, e.g. datasets/h100"),
-                  skip_corrupt_lines: bool = typer.Option(False, "--skip-corrupt-lines", help=SKIP_CORRUPT_HELP)
+                  skip_corrupt_lines: bool = typer.Option(False, "--skip-corrupt-lines", help=SKIP_CORRUPT_HELP),
+                  skip_invalid_rows: bool = typer.Option(False, "--skip-invalid-rows", help=SKIP_INVALID_HELP),
                   ) -> None:
     """Merge shards into OUT/raw row by row (new rows only; conflicts reported) and rebuild OUT's tables."""
     from gpurec.dataset.merge import merge_shards
 
-    result = _guard(merge_shards, shards, out, allow_corrupt=skip_corrupt_lines)
+    result = _guard(merge_shards, shards, out, allow_corrupt=skip_corrupt_lines, skip_invalid=skip_invalid_rows)
     _print_json(result)
     _note_bad_lines({out.name: result["bad_lines"] + result["tables"].get("bad_lines", [])})
     if result["conflicts"]:

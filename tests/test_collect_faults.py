@@ -1,5 +1,6 @@
 """Collection under faults, on the CPU with the fake board: a worker process killed with
-SIGKILL mid-run resumes with no row lost or duplicated; a lost CUDA context stops the
+SIGKILL between rows or in the middle of writing one resumes with every earlier row kept as
+measured and no row lost or duplicated; a lost CUDA context stops the
 worker with the row recorded (its parent restarts it); repeated out-of-memory rows are
 recorded and stop the run after the configured number; the collect API plans and shards."""
 
@@ -98,7 +99,7 @@ def test_collect_api_plans_and_shards(tmp_path: Path) -> None:
 
 
 WORKER = """
-import sys, time
+import os, sys, time
 sys.path[:0] = [{root!r}, {tests!r}]
 from fakes import FakeBoard, FakeNVML
 from gpurec.device import nvml
@@ -106,39 +107,86 @@ nvml.set_backend(FakeNVML([FakeBoard(power_w=100.0, update_period_s=0.02)]))
 from gpurec.collect import measure, runner
 runner.measure_idle = lambda s, d=1.0: measure.measure_idle(s, 0.1)
 runner.tick_period_s = lambda s, d=1.0: measure.tick_period_s(s, 0.1)
+tear_at = int(os.environ.get("TEAR_AT_OP_ROW", "0"))
+if tear_at:  # die in the middle of writing that row: half a line on disk, then SIGKILL
+    import json, signal
+    from gpurec.dataset import store
+    real_append, ops = store.JsonlShard.append, [0]
+    def append(self, row):
+        if row.get("item") == "op":
+            ops[0] += 1
+            if ops[0] == tear_at:
+                line = json.dumps(row, separators=(",", ":"), default=str).encode()
+                with open(self.path, "ab") as fh:
+                    fh.write(line[: len(line) // 2])
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.kill(os.getpid(), signal.SIGKILL)
+        real_append(self, row)
+    store.JsonlShard.append = append
 from gpurec.collect.__main__ import main
 sys.exit(main({spec!r}))
 """
 
 
-def _start(spec: Path) -> subprocess.Popen[bytes]:
+def _start(spec: Path, tear_at_op_row: int = 0) -> subprocess.Popen[bytes]:
     code = WORKER.format(root=str(ROOT), tests=str(ROOT / "tests"), spec=str(spec))
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = dict(os.environ, TEAR_AT_OP_ROW=str(tear_at_op_row))
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
 
 
-def test_killed_worker_process_resumes_without_losing_or_duplicating_rows(tmp_path: Path) -> None:
+def _op_lines(shard: Path) -> list[dict]:
+    return [r for r in read_jsonl(shard) if r.get("item") == "op"]
+
+
+def _kept_as_measured(before: list[dict], after: list[dict]) -> None:
+    """Rows measured before a kill are still there, first, byte for byte the same row (run_id and
+    t_unix included): a resume that wiped the shard and measured again would differ."""
+    assert after[:len(before)] == before
+
+
+def test_killed_worker_process_resumes_keeping_every_row_it_measured(tmp_path: Path) -> None:
+    """Killed twice: from outside between rows, then in the middle of writing a row; each resume
+    keeps every earlier row as it was, moves the torn fragment aside, and the plan ends measured
+    exactly once."""
     out = tmp_path / "out"
     plan = [w for w in build_plan([SET], ("inference",)) if w.item == "op"][:10]
     out.mkdir()
     (tmp_path / "plan.json").write_text(json.dumps({"items": [w.as_dict() for w in plan]}))
     spec = CollectOptions(out=str(out), plan=str(tmp_path / "plan.json"), device="cpu", min_window_s=0.05,
                           repeat_every=0, in_network=False).write(tmp_path / "spec.json")
-    proc = _start(spec)
     shard = out / "rows-0of1.jsonl"
+
+    # 1. SIGKILL from outside once three rows are written
+    proc = _start(spec)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
-        if shard.exists() and sum(1 for r in read_jsonl(shard) if r.get("item") == "op") >= 3:
+        if shard.exists() and len(_op_lines(shard)) >= 3:
             break
         time.sleep(0.05)
     assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = [r["id"] for r in read_jsonl(shard) if r.get("item") == "op"]
-    assert 3 <= len(before) < len(plan)
+    first = _op_lines(shard)
+    assert 3 <= len(first) < len(plan) - 2
+
+    # 2. killed in the middle of writing its second row: half a line left on disk
+    proc = _start(spec, tear_at_op_row=2)
+    assert proc.wait(timeout=300) == -signal.SIGKILL, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    assert not shard.read_bytes().endswith(b"\n")  # the torn row
+    second = _op_lines(shard)  # the torn line is not a row
+    assert len(second) == len(first) + 1
+    _kept_as_measured(first, second)
+    assert second[-1]["run_id"] != first[-1]["run_id"]
+
+    # 3. the last run resumes after the torn row and measures the rest
     proc = _start(spec)
     assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
-    after = [r["id"] for r in read_jsonl(shard) if r.get("item") == "op"]
-    assert sorted(after) == sorted(w.id for w in plan)  # nothing lost, nothing measured twice
-    assert after[:len(before)] == before
+    final = _op_lines(shard)
+    _kept_as_measured(second, final)
+    assert sorted(r["id"] for r in final) == sorted(w.id for w in plan)  # nothing lost, nothing measured twice
+    torn = (out / "rows-0of1.jsonl.torn").read_text().splitlines()
+    assert len(torn) == 1 and torn[0].startswith('{"id":"op:')  # the fragment, kept aside
+    assert len({r["run_id"] for r in final}) == 3
     provs = sorted(out.glob("provenance-*.json"))
-    assert len(provs) == 2 and all(json.loads(p.read_text())["host_bench"]["dispatch_cpu_us"] for p in provs)
+    assert len(provs) == 3 and all(json.loads(p.read_text())["host_bench"]["dispatch_cpu_us"] for p in provs)

@@ -110,7 +110,7 @@ def test_build_writes_the_four_tables(gpu_dir: Path) -> None:
     assert idle["idle_power_w"].tolist() == [80.0]
     nets = pd.read_parquet(gpu_dir / "networks.parquet")
     assert sorted(nets["mode"]) == ["inference", "training"]
-    assert not list(gpu_dir.glob(".*.tmp"))  # atomic writes leave nothing behind
+    assert not list(gpu_dir.glob(".*.tmp*"))  # atomic writes leave nothing behind
     # rebuilding is idempotent and never touches raw files
     raw_before = {p.name: p.read_bytes() for p in (gpu_dir / "raw").iterdir()}
     assert build_gpu_dataset(gpu_dir) == counts
@@ -119,10 +119,13 @@ def test_build_writes_the_four_tables(gpu_dir: Path) -> None:
 
 def test_build_edge_cases(tmp_path: Path) -> None:
     assert build_gpu_dataset(tmp_path / "nothing") == {"corrupt_lines_skipped": 0, "torn_last_lines": 0,
-                                                       "torn_fragments_kept_aside": 0, "bad_lines": []}
+                                                       "torn_fragments_kept_aside": 0, "orphaned_temp_files": {},
+                                                       "invalid_rows_skipped": 0, "duplicate_rows_dropped": 0,
+                                                       "rows_superseded": 0, "bad_lines": []}
     d = tmp_path / "only_idle"
     with JsonlShard(d / "raw" / "rows-0.jsonl") as sh:
-        sh.append({"id": "idle:r:0", "item": "idle", "run_id": "r", "repeat": True, "idle_power_w": 70.0})
+        sh.append({"id": "idle:r:0", "item": "idle", "run_id": "r", "repeat": True, "gpu": GPU,
+                   "idle_power_w": 70.0})
     assert _tables(build_gpu_dataset(d)) == {"operations": 0, "networks": 0, "repeats": 0, "idle": 1}
 
 
@@ -302,7 +305,8 @@ def test_compressed_raw_shards_read_build_and_merge_like_plain_ones(tmp_path: Pa
     from gpurec.dataset.store import raw_row_files
 
     rows = [{"id": f"op:s{i}:inference", "item": "op", "mode": "inference", "status": "ok", "op_kind": "ReLU",
-             "op_signature": f"s{i}", "time_ms": 0.1 + i, "run_id": "r", "t_unix": float(i)} for i in range(3)]
+             "op_signature": f"s{i}", "time_ms": 0.1 + i, "run_id": "r", "t_unix": float(i),
+             "gpu": "NVIDIA H100 80GB HBM3"} for i in range(3)]
     raw = tmp_path / "h100" / "raw"
     raw.mkdir(parents=True)
     text = "".join(json.dumps(r) + "\n" for r in rows)

@@ -144,27 +144,81 @@ def test_save_model_seals_every_file(tmp_path: Path) -> None:
                                                     "time_all.ubj"]  # no temporary files left
 
 
-def test_an_interrupted_save_leaves_no_manifest_over_new_files(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def _usable(out: Path) -> dict:
+    m = _manifest(out)
+    verify_model_files(m, out)
+    return m
+
+
+@pytest.mark.parametrize("fail_at", ["report.json", "booster"])
+def test_a_failed_save_leaves_the_previous_model_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       fail_at: str) -> None:
     out = tmp_path / "m"
     save_model(out, {"time": _Routed(b"old")}, {"n": 1}, {"cv": 1}, _Lookup())
-    old_report = (out / "report.json").read_bytes()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     real_replace = os.replace
 
     def failing_replace(src: Any, dst: Any) -> None:
         if str(dst).endswith("report.json"):
-            raise OSError("disk full")
+            raise OSError("No space left on device")
         real_replace(src, dst)
 
-    monkeypatch.setattr(os, "replace", failing_replace)
-    with pytest.raises(OSError, match="disk full"):
-        save_model(out, {"time": _Routed(b"new")}, {"n": 2}, {"cv": 2}, _Lookup())
+    new = _Routed(b"new")
+    if fail_at == "report.json":
+        monkeypatch.setattr(os, "replace", failing_replace)
+    else:
+        def full(path: Path) -> None:
+            Path(path).write_bytes(b"ne")
+            raise OSError("No space left on device")
+        new.models["all"].save = full  # type: ignore[method-assign]
+    with pytest.raises(OSError, match="No space left"):
+        save_model(out, {"time": new}, {"n": 2}, {"cv": 2}, _Lookup())
     monkeypatch.undo()
-    assert (out / "report.json").read_bytes() == old_report  # never half-written
-    assert not (out / "manifest.json").exists()  # the old manifest no longer describes these files
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]
-    with pytest.raises(FileNotFoundError, match="manifest.json missing"):
-        load_predictor(out, check_data=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the previous model, untouched
+    assert _usable(out)["n"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no staging directory left behind
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
+def test_a_save_swaps_the_new_model_in_and_keeps_other_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             exchange: bool) -> None:
+    if not exchange:
+        from gpurec.model import persist
+
+        monkeypatch.setattr(persist, "_exchange", lambda a, b: False)
+    out = tmp_path / "m"
+    save_model(out, {"time": _Routed(b"old")}, {"n": 1}, {"cv": 1}, _Lookup())
+    (out / "NOTES.md").write_text("kept\n")
+    os.chmod(out, 0o750)
+    routed = _Routed(b"new")
+    routed.route = {"inference": "inf", "training": "trn"}
+    routed.models = {"inf": _Booster(b"i"), "trn": _Booster(b"t")}
+    save_model(out, {"time": routed}, {"n": 2}, {"cv": 2}, None)
+    m = _usable(out)
+    assert m["n"] == 2 and (out / "time_inf.ubj").read_bytes() == b"i"
+    assert sorted(p.name for p in out.iterdir()) == ["NOTES.md", "manifest.json", "report.json", "time_inf.ubj",
+                                                    "time_trn.ubj"]  # the old generation's files are gone
+    assert (os.stat(out).st_mode & 0o777) == 0o750
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_train_checks_the_output_directory_before_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import cli
+    from gpurec.model import training
+
+    def no_training(*a: Any, **kw: Any) -> None:
+        raise AssertionError("training started before the output directory was checked")
+
+    monkeypatch.setattr(training, "prepare", no_training)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for out, why in ((afile, "is a file"), (afile / "models", "cannot create")):
+        with pytest.raises(ValueError, match=why):
+            training.train(tmp_path, out)
+        res = CliRunner().invoke(cli.app, ["train", "--data", str(tmp_path), "--out", str(out)])
+        assert res.exit_code == 2 and why in res.output and "Traceback" not in res.output
 
 
 def test_write_manifest_refuses_a_missing_file(tmp_path: Path) -> None:

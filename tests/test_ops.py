@@ -408,9 +408,13 @@ def test_unknown_model_suggests_names() -> None:
 
 
 @pytest.mark.parametrize("shape,match", [
-    ((0, 3, 224, 224), "batch size must be at least 1"),
-    ((-2, 3, 224, 224), "batch size must be at least 1"),
-    ((2, 3, 0, 224), "must be positive"),
+    ((0, 3, 224, 224), r"must be a positive integer \(0 at position 0\)"),
+    ((-2, 3, 224, 224), r"must be a positive integer \(-2 at position 0\)"),
+    ((2, 3, 0, 224), r"must be a positive integer \(0 at position 2\)"),
+    ((2, 3, 2.7, 224), r"must be a positive integer \(2.7 at position 2\)"),  # never truncated to 2
+    ((2, 3, float("nan"), 224), r"must be a positive integer \(nan at position 2\)"),
+    ((2, 3, "224", 224), r"must be a positive integer \('224' at position 2\)"),
+    ((True, 3, 224, 224), r"must be a positive integer \(True at position 0\)"),
     ((2,), "at least a batch"),
 ])
 def test_bad_shapes(shape: tuple[int, ...], match: str) -> None:
@@ -601,3 +605,12 @@ def test_token_id_inputs_with_an_integer_dtype() -> None:
     assert [op.signature for op in same] == [op.signature for op in ops]
     with pytest.raises(ExtractionError, match="cannot take input"):
         gpurec.extract_operations(Tokens(), (4, 20))  # float ids: the embedding refuses them
+
+
+def test_whole_number_shapes_of_other_types_are_accepted() -> None:
+    import numpy as np
+
+    from gpurec.ops.extract import normalise_input_shape
+
+    assert normalise_input_shape((np.int64(2), 3.0, torch.tensor(32).item(), 32)) == (2, 3, 32, 32)
+    assert normalise_input_shape(torch.Size([2, 3, 32, 32])) == (2, 3, 32, 32)

@@ -9,6 +9,7 @@ where it stopped, while budget remains.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -51,6 +52,7 @@ class CollectOptions:
     i_own_this_gpu: bool = False
     device: str = "cuda:0"
     precision: str = "fp32"  # of a plan built here (a plan file's items carry their own)
+    parent_pid: int | None = None  # set on a --devices worker: its parent holds the output's lock
 
     def __post_init__(self) -> None:
         from gpurec.ops.precision import check_precision
@@ -78,7 +80,8 @@ class CollectOptions:
 def load_or_build_plan(opts: CollectOptions) -> list[Any]:
     from gpurec.collect.plan import WorkItem, build_plan, model_input_sets
 
-    if opts.plan is not None and Path(opts.plan).exists():
+    if opts.plan is not None:
+        _check_plan(opts)
         data = json.loads(Path(opts.plan).read_text())
         return [WorkItem(**d) for d in data["items"]]
     sets = model_input_sets(opts.models, opts.batch_sizes, opts.resolutions)
@@ -86,21 +89,32 @@ def load_or_build_plan(opts: CollectOptions) -> list[Any]:
                       operations=opts.what in ("all", "ops"), precision=opts.precision)
 
 
+def _check_plan(opts: CollectOptions) -> None:
+    if opts.plan is not None and not Path(opts.plan).is_file():
+        raise FileNotFoundError(f"--plan {opts.plan} does not exist; pass an existing plan JSON (`gpurec tools plan` "
+                                "writes datasets/plans/main.json) or leave --plan out to plan from --models")
+
+
 def collect(opts: CollectOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run (or, with ``plan_only``, describe) this machine's part of the plan.
 
-    Returns the plan summary, one worker's summary, or the workers' exit codes."""
+    Returns the plan summary, one worker's summary, or the workers' exit codes.  A run holds
+    the output directory's lock (``--devices`` workers share their parent's; each also locks
+    its own shard), so a second run on the same output raises CollectionInProgress at once."""
     from gpurec.collect.plan import parse_shard, shard_items
+    from gpurec.collect.runner import output_lock
 
+    _check_plan(opts)
     out = Path(opts.out)
     if opts.devices and not opts.plan_only:
-        out.mkdir(parents=True, exist_ok=True)
-        plan_path = Path(opts.plan) if opts.plan else out / "plan.json"
-        if not plan_path.exists():
-            from gpurec.dataset.store import atomic_write_json
+        with output_lock(out):
+            plan_path = Path(opts.plan) if opts.plan else out / "plan.json"
+            if not plan_path.exists():
+                from gpurec.dataset.store import atomic_write_json
 
-            atomic_write_json(plan_path, {"items": [w.as_dict() for w in load_or_build_plan(opts)]})
-        codes = launch_devices(opts.devices, replace(opts, plan=str(plan_path), devices=None), log)
+                atomic_write_json(plan_path, {"items": [w.as_dict() for w in load_or_build_plan(opts)]})
+            codes = launch_devices(opts.devices, replace(opts, plan=str(plan_path), devices=None,
+                                                         parent_pid=os.getpid()), log)
         return {"workers": codes, "worst_exit": max(codes.values()) if codes else 0}
     items = load_or_build_plan(opts)
     index, count = parse_shard(opts.shard)
@@ -110,8 +124,12 @@ def collect(opts: CollectOptions, log: Callable[[str], None] = print) -> dict[st
         for w in mine:
             kinds[w.kind] = kinds.get(w.kind, 0) + 1
         return {"items": len(mine), "of": len(items), "shard": f"{index}/{count}", "kinds": kinds}
-    out.mkdir(parents=True, exist_ok=True)
-    return run(mine, opts, f"{index}of{count}", log)
+    shard_name = f"{index}of{count}"
+    with contextlib.ExitStack() as locks:
+        if opts.parent_pid is None:
+            locks.enter_context(output_lock(out))
+        locks.enter_context(output_lock(out, f".lock-rows-{shard_name}"))
+        return run(mine, opts, shard_name, log)
 
 
 def _config(opts: CollectOptions) -> Any:

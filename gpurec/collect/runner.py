@@ -13,7 +13,7 @@ import platform
 import random
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,7 +29,14 @@ from gpurec.collect.measure import (
     tick_period_s,
 )
 from gpurec.collect.plan import WorkItem, parse_set_key
-from gpurec.dataset.store import JsonlShard, atomic_write_json, raw_row_files, read_jsonl
+from gpurec.dataset.store import (
+    JsonlShard,
+    atomic_write_json,
+    is_shard_name,
+    orphaned_temp_files,
+    raw_row_files,
+    read_jsonl,
+)
 from gpurec.device.graphs import CpuBackend, StepBackend
 from gpurec.device.window import EnergyMonitor
 from gpurec.host import host_cpu, run_host_bench
@@ -46,6 +53,37 @@ class ContextLost(RuntimeError):
 
 class TooManyFailures(RuntimeError):
     """Several rows in a row failed: something is wrong with the machine or the setup."""
+
+
+class CollectionInProgress(RuntimeError):
+    """Another collection is writing to the same output (it would measure every row again and
+    load the same board twice)."""
+
+
+@contextlib.contextmanager
+def output_lock(out_dir: Path, name: str = ".collect.lock") -> Iterator[Path]:
+    """Hold an exclusive lock on ``out_dir/name`` (fcntl, released when the process dies, so a
+    killed run never leaves a stale lock); raise CollectionInProgress if another process holds it."""
+    import fcntl
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / name
+    fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the lock's lifetime
+    try:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            raise CollectionInProgress(f"{out_dir} is in use by another gpurec collect ({holder}); wait for it to "
+                                       "finish or pass another --out") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} since {datetime.now(timezone.utc).isoformat(timespec='seconds')}\n")
+        fh.flush()
+        yield path
+    finally:
+        fh.close()  # closing releases the lock
 
 
 @dataclass
@@ -190,9 +228,12 @@ def done_ids(out_dir: Path, retry_failed: bool = False, min_schema: int = 1) -> 
     """Rows already measured in any shard of ``out_dir`` (failed ones too, unless retried).
 
     Rows of an older measuring method (``schema`` below ``min_schema``; rows without one are
-    schema 1, eager only) are kept in the data but do not count as done."""
+    schema 1, eager only) are kept in the data but do not count as done, and neither do the rows
+    of a temporary file an interrupted write left behind (``.rows-*.tmp*``)."""
     ids: set[str] = set()
     for p in raw_row_files(out_dir, prefix="*"):  # includes seed-rows-* copied from datasets/
+        if not is_shard_name(p.name):  # an interrupted write's temporary file: never committed
+            continue
         for row in read_jsonl(p):
             if row.get("repeat") or (retry_failed and row.get("status") != "ok"):
                 continue
@@ -272,6 +313,9 @@ def run_worker(items: Sequence[WorkItem], out_dir: Path, cfg: CollectConfig, sha
     prov_path = out_dir / f"provenance-{run_id}.json"
     atomic_write_json(prov_path, prov)
     done = done_ids(out_dir, cfg.retry_failed, cfg.min_schema)
+    for name, n in orphaned_temp_files(out_dir).items():
+        log(f"[{shard_name}] {out_dir / name}: temporary file of an interrupted write ({n} line(s)); its rows do "
+            "not count as measured (kept for inspection)")
     todo = _grouped_by_set([w for w in items if w.id not in done])
     log(f"[{shard_name}] {info['name']} (nvml {gpu.index}): {len(todo)} to measure, {len(items) - len(todo)} done")
     source = OperationSource()

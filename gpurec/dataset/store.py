@@ -241,6 +241,26 @@ def count_torn_fragments(raw_dir: Path | str) -> dict[str, int]:
     return out
 
 
+ORPHAN_PATTERN = ".rows-*.tmp*"  # atomic_write_file's temporary name for a rows-*.jsonl target
+
+
+def orphaned_temp_files(raw_dir: Path | str) -> dict[str, int]:
+    """{name: lines} of the temporary files that interrupted atomic writes of shards left behind.
+
+    Such a file is never a shard: its rows are either in the file it was to replace or still in
+    the source being copied, so readers skip it; callers report it so it is never lost silently."""
+    out = {}
+    for tmp in sorted(Path(raw_dir).glob(ORPHAN_PATTERN)):
+        with open(tmp, "rb") as fh:
+            out[tmp.name] = sum(1 for line in fh if line.strip())
+    return out
+
+
+def is_shard_name(name: str) -> bool:
+    """A rows shard (``rows-*.jsonl``, or a ``seed-rows-*.jsonl`` copy), never a hidden temporary file."""
+    return not name.startswith(".") and name.endswith(".jsonl") and "rows-" in name
+
+
 def read_many(paths: Iterable[Path | str]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for p in paths:
@@ -252,21 +272,55 @@ def atomic_write_text(path: Path | str, text: str) -> None:
     atomic_write_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
-def atomic_write_file(path: Path | str, write: Callable[[Path], None]) -> None:
-    """Call ``write(temp_path)`` on a temporary file beside ``path`` (same suffix, so writers that
-    pick a format by extension still work), then rename it over ``path``."""
-    p = Path(path)
+def _new_file_mode(path: Path) -> int:
+    """The permission bits a replaced file keeps (its own), or those a new file gets under the
+    process umask: a temporary file is created 0600, and renaming it must not narrow them."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mask = os.umask(0)  # the only portable way to read the umask is to set it
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
+def _temp_beside(p: Path) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=f".tmp{p.suffix}")
     os.close(fd)
+    return Path(tmp)
+
+
+def _finish_temp(tmp: Path, dest: Path) -> None:
+    """fsync a written temporary file and give it the mode ``dest`` keeps (or the umask's)."""
+    os.chmod(tmp, _new_file_mode(dest))
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def atomic_write_file(path: Path | str, write: Callable[[Path], None]) -> None:
+    """Call ``write(temp_path)`` on a temporary file beside ``path`` (same suffix, so writers that
+    pick a format by extension still work), then rename it over ``path``.  The file keeps the mode
+    of the one it replaces (a new one gets the umask's), never the temporary file's 0600."""
+    atomic_write_set({Path(path): write})
+
+
+def atomic_write_set(writes: dict[Path, Callable[[Path], None]]) -> None:
+    """Write several files as one set: every file to a temporary name first, then all renamed.
+
+    If any write fails, every temporary file is removed and no target is touched, so readers
+    never see one new file beside another's old version because a later write failed."""
+    temps: dict[Path, Path] = {}
     try:
-        write(Path(tmp))
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
+        for dest, write in writes.items():
+            temps[dest] = _temp_beside(dest)
+            write(temps[dest])
+            _finish_temp(temps[dest], dest)
+        for dest, tmp in temps.items():
+            os.replace(tmp, dest)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for tmp in temps.values():
+            if tmp.exists():
+                tmp.unlink()
         raise
 
 
@@ -293,17 +347,7 @@ def read_spec(cls: type[T], path: Path | str, what: str) -> T:
 
 
 def atomic_write_parquet(path: Path | str, df: Any) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_file(path, lambda tmp: df.to_parquet(tmp, index=False))
 
 
 RAW_ROW_PATTERNS = ("rows-*.jsonl", "rows-*.jsonl.gz")

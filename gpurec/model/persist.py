@@ -24,6 +24,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -148,18 +150,41 @@ def verify_model_files(manifest: dict[str, Any], model_dir: Path | str) -> None:
                                     f"{RETRAIN}")
 
 
-def save_model(out_dir: Path, models: dict[str, Any], manifest: dict[str, Any], report: dict[str, Any],
-               lookup: Any = None) -> None:
-    """Write boosters (one file per distinct route), the measured-operation table and report.json,
-    each atomically, then the sealed manifest.json last (a directory without it is an unfinished save)."""
+class ModelDirError(ValueError):
+    """The model output directory cannot take a new model (the message says how to fix it)."""
+
+
+def check_output_dir(out_dir: Path | str) -> Path:
+    """Fail now, before hours of training, when ``out_dir`` cannot take a new model: it is a file,
+    holds the working directory, or it or its parent (where the new model is staged) cannot be
+    written.  Creates the parent if needed; returns ``out_dir`` as a Path."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ModelDirError(f"--out {out_dir} is a file, not a directory; pass a directory for the models")
+    if Path.cwd().resolve().is_relative_to(out_dir.resolve()):
+        raise ModelDirError(f"--out {out_dir} holds the working directory; pass a directory of its own (e.g. models/)")
+    parent = out_dir.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelDirError(f"cannot create {parent} for --out {out_dir} ({exc.strerror or exc}); pass another --out"
+                            ) from exc
+    for d in [parent] + ([out_dir] if out_dir.exists() else []):
+        try:
+            fd, probe = tempfile.mkstemp(dir=d, prefix=".gpurec-write-check-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise ModelDirError(f"cannot write to {d} ({exc.strerror or exc}); the new models are written beside "
+                                f"{out_dir} and swapped in: pass a writable --out") from exc
+    return out_dir
+
+
+def _write_model_files(out_dir: Path, models: dict[str, Any], manifest: dict[str, Any], report: dict[str, Any],
+                       lookup: Any) -> None:
     from gpurec.dataset.store import atomic_write_file, atomic_write_text
     from gpurec.model.provenance import dumps
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stale = out_dir / MANIFEST
-    if stale.exists():  # an interrupted save must not leave the old manifest over new files
-        stale.unlink()
     boosters: dict[str, dict[str, str]] = {}
     for target, routed in models.items():
         boosters[target] = {}
@@ -172,11 +197,93 @@ def save_model(out_dir: Path, models: dict[str, Any], manifest: dict[str, Any], 
             boosters[target][mode] = written[key]
     if lookup is not None:
         atomic_write_file(out_dir / LOOKUP, lookup.to_parquet)
-    elif (out_dir / LOOKUP).exists():
-        (out_dir / LOOKUP).unlink()
     atomic_write_text(out_dir / REPORT, dumps(report) + "\n")
     write_manifest(out_dir, {**manifest, "boosters": boosters,
                              "measured_lookup": LOOKUP if lookup is not None else None})
+
+
+def _keep_other_files(old: Path, new: Path) -> None:
+    """Carry files of the old directory that are no part of its model (notes, a README) over to the new."""
+    if not (old / MANIFEST).is_file():
+        ours: set[str] = set()
+    else:
+        try:
+            ours = set(model_files(json.loads((old / MANIFEST).read_text())))
+        except (ValueError, AttributeError):
+            ours = set()
+    for p in old.iterdir():
+        if p.name in ours or p.name == MANIFEST or (new / p.name).exists():
+            continue
+        if p.is_dir():
+            shutil.copytree(p, new / p.name, symlinks=True)
+        else:
+            shutil.copy2(p, new / p.name, follow_symlinks=False)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where the
+    system cannot."""
+    import ctypes
+    import errno
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _swap_in(new: Path, dest: Path) -> None:
+    """Make ``new`` the directory at ``dest``; the old one is removed only once the new one is in place."""
+    if not dest.exists():
+        os.rename(new, dest)
+    elif _exchange(new, dest):
+        shutil.rmtree(new)  # now the old model
+    else:  # two renames, the old directory put back if the second fails
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        os.rename(dest, old)
+        try:
+            os.rename(new, dest)
+        except BaseException:
+            os.rename(old, dest)
+            raise
+        shutil.rmtree(old)
+    fd = os.open(dest.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_model(out_dir: Path, models: dict[str, Any], manifest: dict[str, Any], report: dict[str, Any],
+               lookup: Any = None) -> None:
+    """Write boosters (one file per distinct route), the measured-operation table, report.json and
+    the sealed manifest.json into a new directory beside ``out_dir``, then swap it in.
+
+    Until the swap the previous model stays whole and usable; a failed save (a full disk, an
+    interrupt) removes the new directory and leaves the old one as it was."""
+    out_dir = check_output_dir(out_dir)
+    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.new-"))
+    try:
+        _write_model_files(staging, models, manifest, report, lookup)
+        if out_dir.is_dir():
+            _keep_other_files(out_dir, staging)
+            os.chmod(staging, out_dir.stat().st_mode & 0o7777)
+        else:
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(staging, 0o777 & ~mask)  # mkdtemp's 0700 would hide the models from other users
+        _swap_in(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def read_manifest(model_dir: Path | str) -> dict[str, Any]:

@@ -384,7 +384,9 @@ class Predictor:
             shape = tuple(int(s) for s in inputs[0].shape)
             described: Any = tuple((tuple(t.shape), str(t.dtype)) for t in inputs)
         else:
-            shape = tuple(int(s) for s in (input_shape if input_shape is not None else DEFAULT_INPUT_SHAPE))
+            from gpurec.ops.extract import normalise_input_shape
+
+            shape = normalise_input_shape(input_shape if input_shape is not None else DEFAULT_INPUT_SHAPE)
             described = (shape, str(dtype))
         if isinstance(model, str):
             key: tuple[Any, ...] = ("name", model, described, mode)
@@ -402,6 +404,11 @@ class Predictor:
             ops = extract_operations(model, shape, mode=mode, keep_sources=False,
                                      **({"dtype": dtype} if dtype is not None else {}))
         label = model if isinstance(model, str) else type(model).__name__
+        if not ops:  # 0 ms, coverage 1 and bound "host" would read as an estimate of real work
+            from gpurec.ops.extract import NoOperations
+
+            raise NoOperations(f"{label} runs no operations on input {list(shape)} (e.g. nn.Identity or an empty "
+                               "nn.Sequential): there is no GPU work to estimate")
         entry = self._make_entry(label, OpBlock.from_operations(ops, mode), mode)
         self._cache[key] = entry
         if len(self._cache) > self._cache_size:

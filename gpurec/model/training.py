@@ -94,6 +94,9 @@ def train(data_root: Path | str | None = None, out_dir: Path | str = "models", t
     ``data_root`` defaults to the shipped ``datasets/`` (gpurec.dataset); ``overrides`` set
     TrainConfig fields (e.g. ``n_folds=3, max_rounds=50`` for a quick run).
     """
+    from gpurec.model.persist import check_output_dir
+
+    check_output_dir(out_dir)  # now, not after the training
     cfg = replace(config or TrainConfig(), tune_trials=tune_trials, seed=seed, **overrides)
     if cfg.nthread is None:
         cfg = replace(cfg, nthread=auto_nthread())

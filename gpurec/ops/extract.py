@@ -15,6 +15,8 @@ import copy
 import dataclasses
 import functools
 import gc
+import math
+import numbers
 import operator
 import re
 import threading
@@ -71,6 +73,11 @@ def _is_disabled_dropout(target: Any, args: Any, kwargs: Any) -> bool:
 
 class ExtractionError(ValueError):
     """The model could not be turned into operations (bad name, bad input, untraceable)."""
+
+
+class NoOperations(ExtractionError):
+    """The module runs no operation on its input (``nn.Identity``, an empty ``nn.Sequential``):
+    there is no GPU work to estimate, and 0 ms would read as a measurement."""
 
 
 class UnknownModel(ExtractionError):
@@ -637,16 +644,33 @@ def _meta_inputs(input_shape: Sequence[int] | None, dtype: torch.dtype, example_
     return [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in items], f"({described})"
 
 
-def _normalise_input_shape(input_shape: Sequence[int] | int) -> tuple[int, ...]:
-    if isinstance(input_shape, int):
+def _shape_dim(s: Any) -> int | None:
+    """A dimension as an int, or None unless it is a whole number (2.7, NaN, '8' and True are not)."""
+    if isinstance(s, bool):
+        return None
+    if isinstance(s, numbers.Integral):
+        return int(s)
+    if isinstance(s, numbers.Real) and math.isfinite(float(s)) and float(s).is_integer():
+        return int(s)
+    return None
+
+
+def normalise_input_shape(input_shape: Sequence[int] | int) -> tuple[int, ...]:
+    """``input_shape`` as a tuple of ints; ExtractionError unless every dimension is a positive
+    whole number (2.7 is refused, never truncated to 2) and there are at least two."""
+    if isinstance(input_shape, numbers.Number):
         raise ExtractionError("input_shape must be a shape such as (32, 3, 224, 224), not a single number")
-    shape = tuple(int(s) for s in input_shape)
+    if isinstance(input_shape, (str, bytes)) or not isinstance(input_shape, Sequence):
+        raise ExtractionError(f"input_shape must be a shape such as (32, 3, 224, 224), not {input_shape!r}")
+    dims = [_shape_dim(s) for s in input_shape]
+    bad = [(i, s) for i, (s, d) in enumerate(zip(input_shape, dims, strict=True)) if d is None or d < 1]
+    if bad:
+        where = ", ".join(f"{s!r} at position {i}" for i, s in bad)
+        raise ExtractionError(f"input_shape {tuple(input_shape)!r}: every dimension must be a positive integer "
+                              f"({where})")
+    shape = tuple(int(d) for d in dims if d is not None)
     if len(shape) < 2:
         raise ExtractionError(f"input_shape {shape} needs at least a batch and a feature dimension")
-    if shape[0] < 1:
-        raise ExtractionError(f"batch size must be at least 1, got {shape[0]}")
-    if any(s < 1 for s in shape):
-        raise ExtractionError(f"every dimension of input_shape must be positive, got {shape}")
     return shape
 
 
@@ -749,6 +773,9 @@ def _matmul_packets() -> frozenset[Any]:
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+_normalise_input_shape = normalise_input_shape
 
 
 def extract_operations(
