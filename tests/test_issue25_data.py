@@ -185,8 +185,13 @@ def test_an_invalid_raw_row_is_refused_with_file_and_line_or_counted(tmp_path: P
 
 def test_a_failed_row_needs_no_time(tmp_path: Path) -> None:
     d = tmp_path / "h100"
-    _write(d / "raw" / "rows-0.jsonl", [_row(0, status="failed", time_ms=None, error="OOM")])
-    assert build_gpu_dataset(d)["operations"] == 1
+    _write_raw_lines(d / "raw" / "rows-0.jsonl", [
+        json.dumps(_row(0, status="failed", time_ms=None, error="OOM")),
+        json.dumps(_row(1, status="failed", time_ms=math.nan, energy_mj=math.nan, error="OOM"))])
+    assert build_gpu_dataset(d)["operations"] == 2
+    _write_raw_lines(d / "raw" / "rows-1.jsonl", [json.dumps(_row(2, status="failed", energy_mj=math.inf))])
+    with pytest.raises(ValueError, match=r"rows-1\.jsonl line 1: .*energy_mj is inf"):
+        build_gpu_dataset(d)
 
 
 # -- tables written as one set -----------------------------------------------------------------

@@ -146,11 +146,12 @@ def row_problem(row: dict[str, Any], gpu: str | None, gpu_why: str, names: dict[
                 "a GPU's rows belong in its own directory")
     if "precision" in row and row["precision"] is not None and row["precision"] not in PRECISIONS:
         return f"row {rid}: precision {row['precision']!r} is not one of {', '.join(PRECISIONS)}"
+    failed = row.get("status") == "failed"
     for k, v in row.items():
         if k.endswith(UNIT_SUFFIXES) and v is not None:
             if not _is_number(v):
                 return f"row {rid}: {k} is {v!r}, not a number"
-            if not math.isfinite(v):
+            if not math.isfinite(v) and not (failed and math.isnan(v)):  # a failed row's NaN: not measured
                 return f"row {rid}: {k} is {v} (not a finite number)"
     if item == "idle":
         return None
