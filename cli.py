@@ -23,6 +23,7 @@ dataset_app = typer.Typer(no_args_is_help=True, help="Build and merge measured d
 app.add_typer(dataset_app, name="dataset")
 
 FORMATS = ("table", "json", "csv")
+PRECISION_HELP = "fp32 (default), tf32, bf16-mixed, fp16-mixed (torch.autocast), bf16 or fp16 (module cast)"
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
@@ -121,6 +122,7 @@ def ops(
     mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv"),
     list_models: bool = typer.Option(False, "--list-models", help="list the torchvision models and exit"),
+    precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP),
 ) -> None:
     """List the operations a network executes, with their analytic features and totals."""
     _check_format(fmt)
@@ -138,7 +140,7 @@ def ops(
 
     with _Progress() as say:
         say(f"extracting the operations of {model}")
-        op_list = _guard(extract_operations, model, shape, mode=mode, keep_sources=False)
+        op_list = _guard(extract_operations, model, shape, mode=mode, keep_sources=False, precision=precision)
     totals = network_totals(op_list)
     records = [op.to_record() for op in op_list]
     if fmt == "json":
@@ -227,7 +229,6 @@ BATCH_HELP = "comma-separated batch sizes (default 1,8,32,128)"
 DEVICES_HELP = "one worker per local GPU, e.g. 0,1,2,3 (each its own shard)"
 SHARD_HELP = "this machine's share of the plan, i/n"
 BUDGET_HELP = "stop starting new rows after this many seconds"
-PRECISION_HELP = "fp32 (default), tf32, bf16-mixed, fp16-mixed (torch.autocast), bf16 or fp16 (module cast)"
 PLAN_HELP = "a precomputed plan JSON (skips planning; datasets/plans/main.json is the shipped one)"
 
 
@@ -652,6 +653,7 @@ def predict(
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=GRAPHS_HELP),
     models: Path = typer.Option(None, "--models", help=MODELS_HELP),
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+    precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP),
 ) -> None:
     """Predict one step's time, energy and power on one GPU, with its uncertainty band."""
     _check_format(fmt, ("table", "json"))
@@ -667,7 +669,8 @@ def predict(
         say("loading the predictors")
         p = _predictor(models)
         say(f"predicting {model} on {spec.short_name}")
-        est = _guard(predict_step, p, model, shape, mode, spec.nvml_name, host)
+        est = _guard(predict_step, p, model, shape, mode, spec.nvml_name, host, None,
+                     None if precision == "fp32" else precision)
     f = estimate_fields(est)
     per_op = est.per_op
     unc = _records(getattr(est, "uncovered", None))
@@ -677,7 +680,7 @@ def predict(
                      "per_op": per_op.to_dict("records") if per_op is not None else [], "uncovered": unc})
         return
     g = "gpu_" if cuda_graphs else ""
-    typer.echo(f"{model} {list(shape)} {mode} on {spec.nvml_name} "
+    typer.echo(f"{model} {list(shape)} {mode}{'' if precision == 'fp32' else ' at ' + precision} on {spec.nvml_name} "
                f"({'measured' if f['measured_gpu'] else 'extrapolated'} GPU), host {f['host'] or host or 'reference'}"
                f"{', as one CUDA graph' if cuda_graphs else ''}")
     typer.echo(f"  time   {_fmt(f[g + 'time_ms'])} ms      band {_fmt(f[g + 'time_low_ms'])} – "
@@ -740,6 +743,7 @@ def recommend(
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=GRAPHS_HELP),
     models: Path = typer.Option(None, "--models", help=MODELS_HELP),
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+    precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP),
 ) -> None:
     """Rank GPUs for one step of a network by time, energy or energy-delay product."""
     _check_format(fmt, ("table", "json"))
@@ -756,7 +760,7 @@ def recommend(
         say("loading the predictors")
         predictor = _predictor(models)
         ranking = _guard(run_recommend, model, shape, mode=mode, objective=objective, gpus=gpu_list,
-                         predictor=predictor, host=host, cuda_graphs=cuda_graphs, progress=say)
+                         predictor=predictor, host=host, cuda_graphs=cuda_graphs, progress=say, precision=precision)
     if fmt == "json":
         _print_json(ranking.to_json())
         return
@@ -779,8 +783,11 @@ def _render_ranking(r: Any) -> None:
                                                "graph ms" if not r.cuda_graphs else "eager ms"),
                   (g + "energy_mj", "energy mJ/step"), ("power_w", "power W"), ("bound", "bound"),
                   ("vs_best", f"vs best ({r.objective})"), ("band", f"{r.objective} band ({r.unit})")],
-           title=f"{r.model} {list(r.input_shape)} {r.mode}, ranked by {r.objective}"
+           title=f"{r.model} {list(r.input_shape)} {r.mode} at {getattr(r, 'precision', 'fp32')}, ranked by {r.objective}"
                  f"{' with CUDA graphs' if r.cuda_graphs else ' (eager)'}, host {r.host}")
+    if not getattr(r, "precision_measured", True):
+        typer.echo(f"WARNING: the predictors were trained on no {r.precision} measurements: these figures extrapolate "
+                   "through the precision's peak rates and are not trustworthy yet.", err=True)
     typer.echo(f"Bands: {r.band}. Energy is per step (one batch). '(tie)': the band overlaps the best's over "
                "at least half of the narrower width.")
     typer.echo(f"Peak memory of the step: about {_fmt(r.memory_gb)} GB (parameters"

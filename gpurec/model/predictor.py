@@ -45,7 +45,8 @@ from gpurec.model.host_model import HostDispatch, NetworkCalibration
 from gpurec.model.network import Correction, aggregate, waiting_power_w
 from gpurec.model.persist import check_manifest, default_model_dir, load_boosters, read_manifest
 from gpurec.model.timeline import bound_of, simulate
-from gpurec.ops.coverage import warn_if_low
+from gpurec.ops.coverage import warn_if_low, warn_unmeasured_precision
+from gpurec.ops.precision import resolve_precision
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -74,13 +75,14 @@ class Bound:
 
 @dataclass
 class _OpsEntry:
-    """Extracted operations of one (model, shape, mode), with their coverage verdicts."""
+    """Extracted operations of one (model, shape, mode, precision), with their coverage verdicts."""
 
     label: str
     block: OpBlock
     flops: np.ndarray
     covered: np.ndarray
     reason: np.ndarray  # '' when covered
+    precision: str = "fp32"
 
 
 @dataclass
@@ -138,6 +140,8 @@ class Estimate:
     coverage: float  # share of FLOPs in covered operations
     correction: str
     measured_share: float = 0.0  # share of operations whose values are measurements, not predictions
+    precision: str = "fp32"  # the math mode of the step (gpurec.ops.precision)
+    precision_measured: bool = True  # the training data held rows at this precision (else extrapolated)
     _ops: _OpDetail | None = field(default=None, init=False, repr=False, compare=False)
     _per_op: Any = field(default=None, init=False, repr=False, compare=False)
 
@@ -310,6 +314,9 @@ class Predictor:
         self._cache: OrderedDict[tuple[Any, ...], _OpsEntry] = OrderedDict()
         self._cache_size = cache_size
         self._hw: dict[str, tuple[str, np.ndarray]] = {}
+        # Precisions with measured rows in the training data (models trained before precision
+        # existed saw fp32 only).
+        self.precisions_measured: tuple[str, ...] = tuple(manifest.get("precisions_measured", ["fp32"]))
 
     # -- GPUs -------------------------------------------------------------------------------------
     @property
@@ -330,22 +337,24 @@ class Predictor:
 
     # -- operations -------------------------------------------------------------------------------
     def _entry(self, model: str | nn.Module | Sequence[Any], input_shape: Sequence[int] | None, mode: str,
-               dtype: Any = None) -> tuple[_OpsEntry, tuple[int, ...]]:
+               dtype: Any = None, precision: str | None = None) -> tuple[_OpsEntry, tuple[int, ...]]:
         shape = tuple(int(s) for s in (input_shape if input_shape is not None else DEFAULT_INPUT_SHAPE))
+        precision = resolve_precision(model, precision)  # a bf16 module is bf16; a contradiction raises
         if isinstance(model, str):
-            key: tuple[Any, ...] = ("name", model, shape, mode, str(dtype))
+            key: tuple[Any, ...] = ("name", model, shape, mode, str(dtype), precision)
         else:
-            key = ("module", structure_key(model), shape, mode, str(dtype))
+            key = ("module", structure_key(model), shape, mode, str(dtype), precision)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             return hit, shape
         from gpurec.ops import extract_operations
 
-        ops = extract_operations(model, shape, mode=mode, keep_sources=False,
+        ops = extract_operations(model, shape, mode=mode, keep_sources=False, precision=precision,
                                  **({"dtype": dtype} if dtype is not None else {}))
         label = model if isinstance(model, str) else type(model).__name__
         entry = self._make_entry(label, OpBlock.from_operations(ops, mode), mode)
+        entry.precision = precision
         self._cache[key] = entry
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
@@ -377,18 +386,25 @@ class Predictor:
 
     # -- prediction -------------------------------------------------------------------------------
     def predict(self, model: str | nn.Module, input_shape: Sequence[int] | None = None, mode: str = "inference",
-                gpu: str = "H100", host: HostProfile | str | Path | None = None, dtype: Any = None) -> Estimate:
+                gpu: str = "H100", host: HostProfile | str | Path | None = None, dtype: Any = None,
+                precision: str | None = None) -> Estimate:
         """Estimate one network (a torchvision model name or an nn.Module) on one GPU.
 
         ``host``: None = the reference host (``Predictor.reference_host``, the median of the
         collection hosts), ``"local"`` = this machine (``run_host_bench(use_gpu=False)``, once per
         process), a ``gpurec host-bench`` JSON path, or a HostProfile.  ``dtype`` is the input's
         dtype (e.g. torch.long for token ids; default float32).  Warns
-        (gpurec.LowCoverageWarning) when under 90% of the FLOPs are in known operations."""
-        return self.predict_many([(model, input_shape)], mode=mode, gpu=gpu, host=host, dtype=dtype)[0]
+        (gpurec.LowCoverageWarning) when under 90% of the FLOPs are in known operations.
+
+        ``precision`` (gpurec.ops.precision.PRECISIONS): None = fp32, or bf16/fp16 for a module
+        whose parameters are; a precision contradicting them raises PrecisionMismatch.  Warns
+        (UnmeasuredPrecisionWarning) when the training data held no rows at that precision."""
+        return self.predict_many([(model, input_shape)], mode=mode, gpu=gpu, host=host, dtype=dtype,
+                                 precision=precision)[0]
 
     def predict_many(self, candidates: Iterable[Any], mode: str = "inference", gpu: str = "H100",
-                     host: HostProfile | str | Path | None = None, dtype: Any = None) -> list[Estimate]:
+                     host: HostProfile | str | Path | None = None, dtype: Any = None,
+                     precision: str | None = None) -> list[Estimate]:
         """Estimate many networks at once (NAS loops): items are (model, input_shape) or just a model.
 
         All operations of all candidates go through each booster in a single call.
@@ -399,7 +415,7 @@ class Predictor:
         entries: list[tuple[_OpsEntry, tuple[int, ...]]] = []
         for c in candidates:
             model, shape = c if isinstance(c, tuple) and len(c) == 2 and not isinstance(c[1], str) else (c, None)
-            entries.append(self._entry(model, shape, mode, dtype))
+            entries.append(self._entry(model, shape, mode, dtype, precision))
         return self._estimate(entries, mode, nvml, hw, profile)
 
     def host_scale(self, host: HostProfile) -> float:
@@ -443,6 +459,10 @@ class Predictor:
             ft = e.flops.sum()
             cov = float(e.flops[covered].sum() / ft) if ft > 0 else float(covered.mean() if len(covered) else 1)
             warn_if_low(f"{e.label} {tuple(shape)} {mode}", cov, stacklevel=4)
+            precision_measured = e.precision in self.precisions_measured
+            if not precision_measured:
+                warn_unmeasured_precision(f"{e.label} {tuple(shape)} {mode}", e.precision, self.precisions_measured,
+                                          stacklevel=4)
             g_t = float(tl.gpu_time_ms[i])
             g_e = g_t * float(w_net[i])
             eager_t = float(tl.time_ms[i])
@@ -460,7 +480,8 @@ class Predictor:
                 gpu_energy_low_mj=g_e * elo, gpu_energy_high_mj=g_e * ehi,
                 op_sum_time_ms=float(sums.sum_time_ms[i]), op_sum_energy_mj=float(sums.sum_energy_mj[i]),
                 n_ops=int(b - a), coverage=cov, correction=key,
-                measured_share=float(hit[a:b].mean()) if b > a else 0.0)
+                measured_share=float(hit[a:b].mean()) if b > a else 0.0, precision=e.precision,
+                precision_measured=precision_measured)
             est._ops = _OpDetail(entry=e, gpu_time_ms=t[a:b], power_w=w[a:b], host_ms=d[a:b], measured=hit[a:b],
                                  covered=covered)
             out.append(est)

@@ -158,6 +158,8 @@ class Ranking:
     advice: BoundAdvice | None = None
     band: str = BAND
     estimates: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    precision: str = "fp32"  # the math mode every row is predicted at (gpurec.ops.precision)
+    precision_measured: bool = True  # the predictors' training data held rows at that precision
 
     def __iter__(self) -> Any:
         return iter(self.rows)
@@ -186,6 +188,7 @@ class Ranking:
         """The documented JSON shape of ``gpurec recommend --format json``."""
         return {
             "model": self.model, "input_shape": list(self.input_shape), "mode": self.mode,
+            "precision": self.precision, "precision_measured": self.precision_measured,
             "objective": self.objective, "objective_unit": self.unit, "cuda_graphs": self.cuda_graphs,
             "host": self.host, "energy_per": "step (one batch)", "band": self.band,
             "memory_gb": self.memory_gb, "coverage": self.coverage,
@@ -223,10 +226,10 @@ def bands_tie(a: tuple[float, float], b: tuple[float, float], share: float = TIE
 
 
 def predict_step(predictor: Any, model: Any, shape: Sequence[int], mode: str, gpu: str, host: Any = None,
-                 dtype: Any = None) -> Any:
-    """``predictor.predict``, passing ``host`` and ``dtype`` only when given (and supported)."""
+                 dtype: Any = None, precision: str | None = None) -> Any:
+    """``predictor.predict``, passing ``host``, ``dtype`` and ``precision`` only when given (and supported)."""
     kwargs: dict[str, Any] = {"input_shape": tuple(shape), "mode": mode, "gpu": gpu}
-    for name, value in (("host", host), ("dtype", dtype)):
+    for name, value in (("host", host), ("dtype", dtype), ("precision", precision)):
         if value is not None:
             if name not in inspect.signature(predictor.predict).parameters:
                 raise ValueError(f"these predictors take no '{name}' argument: update gpurec and retrain")
@@ -237,7 +240,8 @@ def predict_step(predictor: Any, model: Any, shape: Sequence[int], mode: str, gp
 def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = "inference",
               objective: str = "energy", gpus: Sequence[str] | None = None, predictor: Any = None,
               host: Any = None, cuda_graphs: bool = False, dtype: Any = None,
-              batch_search: bool = True, progress: Callable[[str], None] | None = None) -> Ranking:
+              batch_search: bool = True, progress: Callable[[str], None] | None = None,
+              precision: str | None = None) -> Ranking:
     """GPUs ranked best-first for ``objective`` on one step of ``model`` (a :class:`Ranking`).
 
     ``objective`` ranks by eager time/energy on ``host`` (None: the reference host; a
@@ -245,11 +249,14 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
     time/energy. GPUs whose memory cannot hold the step rank after all that can. When the
     best GPUs are host-bound and ``batch_search`` is on, the predictor is asked for larger
     batches to find where the step becomes GPU-bound. ``progress`` receives one line per
-    slow stage.
+    slow stage.  ``precision`` (gpurec.ops.precision): None = fp32, or the cast precision of a
+    module whose parameters are bf16/fp16; the ranking states it.
     """
     from gpurec.catalog import resolve_gpu
+    from gpurec.ops.precision import resolve_precision
 
     check_objective(objective)
+    precision = resolve_precision(model, precision)  # one line (PrecisionMismatch) on a contradiction
     say = progress or (lambda _msg: None)
     if predictor is None:
         from gpurec.model import load_predictor
@@ -263,13 +270,14 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
         if spec.nvml_name not in {s.nvml_name for s in specs}:  # "H100, H100" is one GPU
             specs.append(spec)
     say("estimating the step's memory")
-    memory = step_memory_of(model, shape, mode, dtype)
+    memory = step_memory_of(model, shape, mode, dtype, precision)
     memory_gb = memory.memory_gb
     rows: list[dict[str, Any]] = []
     estimates: dict[str, Any] = {}
     for spec in specs:
         say(f"predicting on {spec.short_name}")
-        est = predict_step(predictor, model, shape, mode, spec.nvml_name, host, dtype)
+        est = predict_step(predictor, model, shape, mode, spec.nvml_name, host, dtype,
+                           None if precision == "fp32" else precision)
         estimates[spec.nvml_name] = est
         f = estimate_fields(est)
         value, lo, hi = _objective(f, objective, cuda_graphs)
@@ -284,14 +292,16 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
     first = next(iter(estimates.values()), None)
     advice = None
     if ranked and ranked[0].bound == "host":
-        advice = _bound_advice(ranked, predictor, model, shape, mode, host, dtype, batch_search, say, memory)
+        advice = _bound_advice(ranked, predictor, model, shape, mode, host, dtype, batch_search, say, memory,
+                               None if precision == "fp32" else precision)
     measured = tuple(e.nvml_name for e in predictor.gpus if e.measured)
     return Ranking(model=model if isinstance(model, str) else type(model).__name__, input_shape=shape, mode=mode,
                    objective=objective, cuda_graphs=bool(cuda_graphs), host=host_name, rows=tuple(ranked),
                    measured_gpus=measured, memory_gb=memory_gb,
                    coverage=min((r.coverage for r in ranked), default=1.0),
                    uncovered=_uncovered(first), advice=advice, band=band_description(predictor),
-                   estimates=estimates)
+                   estimates=estimates, precision=precision,
+                   precision_measured=all(getattr(e, "precision_measured", True) for e in estimates.values()))
 
 
 _ROW_FIELDS = ("time_ms", "energy_mj", "power_w", "gpu_time_ms", "gpu_energy_mj", "host_time_ms", "bound",
@@ -327,13 +337,14 @@ def _uncovered(est: Any) -> tuple[dict[str, Any], ...]:
                  for rec in unc.to_dict("records"))
 
 
-def step_memory_of(model: Any, shape: tuple[int, ...], mode: str, dtype: Any = None) -> Any:
-    """Estimated peak memory of one step (a gpurec.ops.memory.StepMemory)."""
+def step_memory_of(model: Any, shape: tuple[int, ...], mode: str, dtype: Any = None,
+                   precision: str | None = None) -> Any:
+    """Estimated peak memory of one step at ``precision`` (a gpurec.ops.memory.StepMemory)."""
     from gpurec.ops import extract_operations
     from gpurec.ops.memory import step_memory
 
     kwargs = {"dtype": dtype} if dtype is not None else {}
-    ops = extract_operations(model, shape, mode=mode, keep_sources=False, **kwargs)
+    ops = extract_operations(model, shape, mode=mode, keep_sources=False, precision=precision, **kwargs)
     return step_memory(ops, mode)
 
 
@@ -353,8 +364,8 @@ def largest_fitting_batch(memory: Any, batch: int, capacity_gb: float) -> int:
 
 
 def _bound_advice(ranked: list[RankedGPU], predictor: Any, model: Any, shape: tuple[int, ...], mode: str,
-                  host: Any, dtype: Any, batch_search: bool, say: Callable[[str], None], memory: Any
-                  ) -> BoundAdvice:
+                  host: Any, dtype: Any, batch_search: bool, say: Callable[[str], None], memory: Any,
+                  precision: str | None = None) -> BoundAdvice:
     fitting = [r for r in ranked if r.fits] or ranked
     best = ranked[0]
     host_bound = tuple(r.short_name for r in ranked if r.bound == "host" and (r is best or r.tie_with_best))
@@ -363,14 +374,15 @@ def _bound_advice(ranked: list[RankedGPU], predictor: Any, model: Any, shape: tu
     found, tried = None, shape[0]
     if batch_search:
         limit = min(MAX_BATCH_SEARCH, largest_fitting_batch(memory, shape[0], best.memory_capacity_gb))
-        found, tried = smallest_gpu_bound_batch(predictor, model, shape, mode, best.gpu, host, dtype, say, limit)
+        found, tried = smallest_gpu_bound_batch(predictor, model, shape, mode, best.gpu, host, dtype, say, limit,
+                                                precision)
     return BoundAdvice(gpus=host_bound, time_ms=best.time_ms, gpu_time_ms=best.gpu_time_ms, gpu_choice_pct=choice,
                        gpu_bound_batch_size=found, searched_up_to=tried)
 
 
 def smallest_gpu_bound_batch(predictor: Any, model: Any, shape: tuple[int, ...], mode: str, gpu: str, host: Any,
                              dtype: Any = None, say: Callable[[str], None] | None = None,
-                             limit: int = MAX_BATCH_SEARCH) -> tuple[int | None, int]:
+                             limit: int = MAX_BATCH_SEARCH, precision: str | None = None) -> tuple[int | None, int]:
     """(smallest batch size whose step is GPU-bound on ``gpu``, largest batch size tried).
 
     Doubles the batch size until the predictor says "gpu", then bisects (about 2 log2(B)
@@ -382,7 +394,7 @@ def smallest_gpu_bound_batch(predictor: Any, model: Any, shape: tuple[int, ...],
 
     def gpu_bound(batch: int) -> bool:
         say(f"batch size {batch}")
-        est = predict_step(predictor, model, (batch, *shape[1:]), mode, gpu, host, dtype)
+        est = predict_step(predictor, model, (batch, *shape[1:]), mode, gpu, host, dtype, precision)
         return estimate_fields(est)["bound"] == "gpu"
 
     lo, hi = shape[0], shape[0] * 2
