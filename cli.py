@@ -24,6 +24,7 @@ dataset_app = typer.Typer(no_args_is_help=True, help="Build and merge measured d
 app.add_typer(dataset_app, name="dataset")
 
 FORMATS = ("table", "json", "csv")
+PRECISION_HELP = "fp32 (default), tf32, bf16-mixed, fp16-mixed (torch.autocast), bf16 or fp16 (module cast)"
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
@@ -136,6 +137,7 @@ def ops(
     mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv"),
     list_models: bool = typer.Option(False, "--list-models", help="list the torchvision models and exit"),
+    precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP),
 ) -> None:
     """List the operations a network executes, with their analytic features and totals."""
     fmt = _check_format(fmt)
@@ -153,7 +155,7 @@ def ops(
 
     with _Progress() as say:
         say(f"extracting the operations of {model}")
-        op_list = _guard(extract_operations, model, shape, mode=mode, keep_sources=False)
+        op_list = _guard(extract_operations, model, shape, mode=mode, keep_sources=False, precision=precision)
     totals = network_totals(op_list)
     records = [op.to_record() for op in op_list]
     if fmt == "json":
@@ -259,7 +261,6 @@ BATCH_HELP = "comma-separated batch sizes (default 1,8,32,128)"
 DEVICES_HELP = "one worker per local GPU, e.g. 0,1,2,3 (each its own shard)"
 SHARD_HELP = "this machine's share of the plan, i/n"
 BUDGET_HELP = "stop starting new rows after this many seconds"
-PRECISION_HELP = "fp32 (default), tf32, bf16-mixed, fp16-mixed (torch.autocast), bf16 or fp16 (module cast)"
 PLAN_HELP = "a precomputed plan JSON (skips planning; datasets/plans/main.json is the shipped one)"
 
 
@@ -701,6 +702,7 @@ def predict(
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=GRAPHS_HELP),
     models: Path = typer.Option(None, "--models", help=MODELS_HELP),
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+    precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP),
 ) -> None:
     """Predict one step's time, energy and power on one GPU, with its uncertainty band."""
     fmt = _check_format(fmt, ("table", "json"))
@@ -716,7 +718,8 @@ def predict(
         say("loading the predictors")
         p = _predictor(models)
         say(f"predicting {model} on {spec.short_name}")
-        f = _guard(predict_on, model, shape, mode, gpu, p, host, cuda_graphs)
+        f = _guard(predict_on, model, shape, mode, gpu, p, host, cuda_graphs,
+                   precision=None if precision == "fp32" else precision)
     est = f.pop("estimate")
     per_op = est.per_op
     unc = _records(getattr(est, "uncovered", None))
@@ -726,11 +729,15 @@ def predict(
                      "per_op": per_op.to_dict("records") if per_op is not None else [], "uncovered": unc})
         return
     g = "gpu_" if cuda_graphs else ""
-    typer.echo(f"{model} {list(shape)} {mode} on {spec.nvml_name} ({f['evidence']}), "
+    typer.echo(f"{model} {list(shape)} {mode}{'' if precision == 'fp32' else ' at ' + precision} "
+               f"on {spec.nvml_name} ({f['evidence']}), "
                + ("host-free: the step as one CUDA graph" if cuda_graphs
                   else f"eager on host {f['host'] or host or 'reference'}"))
     if f["note"]:
         typer.echo(f"  note: {f['note']}")
+    if not getattr(est, "precision_measured", True):
+        typer.echo(f"WARNING: the predictors were trained on no {precision} measurements: these figures extrapolate "
+                   "through the precision's peak rates and are not trustworthy yet.", err=True)
     typer.echo(f"  time   {_fmt(f[g + 'time_ms'])} ms      band {_fmt(f[g + 'time_low_ms'])}–"
                f"{_fmt(f[g + 'time_high_ms'])} ms")
     typer.echo(f"  energy {_fmt(f[g + 'energy_mj'])} mJ per step (one batch)   band {_fmt(f[g + 'energy_low_mj'])}–"
@@ -795,6 +802,7 @@ def recommend(
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help=GRAPHS_HELP),
     models: Path = typer.Option(None, "--models", help=MODELS_HELP),
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+    precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP),
 ) -> None:
     """Rank GPUs for one step of a network by time, energy or energy-delay product."""
     fmt = _check_format(fmt, ("table", "json"))
@@ -811,7 +819,7 @@ def recommend(
         say("loading the predictors")
         predictor = _predictor(models)
         ranking = _guard(run_recommend, model, shape, mode=mode, objective=objective, gpus=gpu_list,
-                         predictor=predictor, host=host, cuda_graphs=cuda_graphs, progress=say)
+                         predictor=predictor, host=host, cuda_graphs=cuda_graphs, progress=say, precision=precision)
     if fmt == "json":
         _print_json(ranking.to_dict())
         return
@@ -868,7 +876,7 @@ def _render_ranking(r: Any) -> None:
     band_head = f"{r.objective} band" + (f" {r.unit}" if wide else "")
     _table(rows, [("rank", "#"), ("short_name", "GPU"), ("data", "data"), ("fits_text", "fits"), *figures,
                   ("vs_best", "vs best"), ("band", band_head)],
-           title=f"{r.model} {list(r.input_shape)} {r.mode}, by {r.objective} per step"
+           title=f"{r.model} {list(r.input_shape)} {r.mode} at {r.precision}, by {r.objective} per step"
                  f"{', host-free (one CUDA graph)' if r.cuda_graphs else f', eager on host {r.host}'}",
            wrap=("short_name",))
     for note in r.notes:
@@ -887,6 +895,9 @@ def _render_ranking(r: Any) -> None:
         from gpurec.recommend import bound_rule
 
         typer.echo(f"bound{'' if wide else ' (* on ms: host-bound)'}: {bound_rule()}.")
+    if not r.precision_measured:
+        typer.echo(f"WARNING: the predictors were trained on no {r.precision} measurements: these figures extrapolate "
+                   "through the precision's peak rates and are not trustworthy yet.", err=True)
     typer.echo(f"Peak memory of the step: about {_fmt(r.memory_gb)} GB (parameters"
                f"{', gradients, activations kept for backward' if r.mode == 'training' else ', live activations'}; "
                "no optimizer state)." + (" GPUs that cannot hold it rank last." if r.fits_any and

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Host-free collection (issue 12) on every GPU of the machine, one worker per board.
 #   bash scripts/device_hostfree.sh BUDGET_S
-# GPUREC_PLAN picks the work order (default datasets/plans/main.json; the sequence models'
-# is datasets/plans/seq.json).
+# GPUREC_PLAN picks the work order (default datasets/plans/main.json), e.g.
+#   GPUREC_PLAN=datasets/plans/seq.json bash scripts/device_hostfree.sh 540
 # Output lives in ./out/hf_<tag>/ (git-ignored: a second call on the same warm machine
 # resumes); earlier sessions' rows are seeded from datasets/<tag>/raw so nothing measured
 # host-free is measured again.  Results come back packed in $OUT.
@@ -32,7 +32,7 @@ python3 - "$COL" <<'PY' 2>&1 | tee -a "$LOG"
 import collections, glob, json, statistics, sys
 rows = [json.loads(l) for f in glob.glob(sys.argv[1] + "/rows-*.jsonl") for l in open(f) if l.strip()]
 main = [r for r in rows if not r.get("repeat") and r.get("item") != "idle"]
-print("rows", collections.Counter((r.get("item"), r.get("mode"), r.get("status"), r.get("captured")) for r in main))
+print("rows", collections.Counter((r.get("item"), r.get("mode"), r.get("precision", "fp32"), r.get("status"), r.get("captured")) for r in main))
 ok = [r for r in main if r.get("status") == "ok"]
 for item in ("op", "network"):
     rr = [r for r in ok if r["item"] == item and r.get("gpu_time_ms")]

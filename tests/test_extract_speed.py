@@ -169,6 +169,8 @@ def _features_the_long_way(op) -> dict[str, float]:  # noqa: ANN001
         "groups": first(s.get("groups", 0)), "in_features": first(s.get("in_features")),
         "out_features": first(s.get("out_features")), "embed_dim": first(s.get("embed_dim")),
         "num_heads": first(s.get("num_heads")), "input_requires_grad": float(any(op.input_requires_grad)),
+        "element_bytes": {"bfloat16": 2.0, "float16": 2.0, "float64": 8.0}.get(op.dtype, 4.0),
+        "math_mode": {"bfloat16": 3.0, "float16": 2.0}.get(op.dtype, 1.0 if op.precision == "tf32" else 0.0),
     } | (_recurrent_features(op) if op.kind in ("LSTM", "GRU", "RNN") else {})
 
 

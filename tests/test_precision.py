@@ -280,3 +280,83 @@ def test_every_precision_name_is_accepted_by_the_options(tmp_path: Path) -> None
         CollectOptions(out=str(tmp_path), precision="bfloat16")
     opts = CollectOptions(out=str(tmp_path), precision="tf32")
     assert json.loads(opts.write(tmp_path / "spec.json").read_text())["precision"] == "tf32"
+
+
+# -- prediction -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def predictor():  # noqa: ANN201
+    from gpurec.model import load_predictor
+
+    return load_predictor(check_data=False)
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def test_a_module_cast_to_bf16_is_predicted_as_bf16_and_says_it_is_unmeasured(predictor) -> None:  # noqa: ANN001
+    from gpurec.ops.coverage import UnmeasuredPrecisionWarning
+
+    fp32 = predictor.predict(MLP(), (256, 1024), gpu="H100")
+    assert fp32.precision == "fp32" and fp32.precision_measured
+    with pytest.warns(UnmeasuredPrecisionWarning, match="no bf16 rows"):
+        bf16 = predictor.predict(MLP().bfloat16(), (256, 1024), gpu="H100")
+    assert bf16.precision == "bf16" and not bf16.precision_measured
+    assert bf16.gpu_time_ms < fp32.gpu_time_ms  # tensor-core peak and half the bytes
+
+
+def test_a_precision_contradicting_the_parameters_is_refused(predictor) -> None:  # noqa: ANN001
+    from gpurec.ops.precision import PrecisionMismatch
+
+    with pytest.raises(PrecisionMismatch, match="contradicts the module's bfloat16 parameters"):
+        predictor.predict(MLP().bfloat16(), (8, 1024), precision="fp16")
+    with pytest.raises(PrecisionMismatch, match="needs the module cast"):
+        predictor.predict(MLP(), (8, 1024), precision="bf16")
+
+
+def test_fp16_and_bf16_differ_where_the_gpu_differs(predictor) -> None:  # noqa: ANN001
+    import warnings
+
+    from gpurec.ops.coverage import UnmeasuredPrecisionWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnmeasuredPrecisionWarning)
+        t = {(g, p): predictor.predict("resnet50", (32, 3, 224, 224), gpu=g, precision=p).gpu_time_ms
+             for g in ("V100", "H100") for p in ("fp16-mixed", "bf16-mixed")}
+    # a V100 has fp16 tensor cores and no bf16 ones; an H100 has both at one rate
+    assert t[("V100", "bf16-mixed")] > 1.5 * t[("V100", "fp16-mixed")]
+    assert t[("H100", "bf16-mixed")] == pytest.approx(t[("H100", "fp16-mixed")], rel=0.05)
+
+
+def test_memory_follows_precision() -> None:
+    from gpurec.ops.memory import step_memory
+
+    def mem(precision: str, mode: str):  # noqa: ANN202
+        return step_memory(extract_operations("resnet18", (32, 3, 224, 224), mode=mode, precision=precision,
+                                              keep_sources=False), mode)
+
+    fp32, mixed, cast = mem("fp32", "training"), mem("bf16-mixed", "training"), mem("bf16", "training")
+    assert mixed.params_bytes == fp32.params_bytes  # autocast keeps float32 weights
+    assert cast.params_bytes * 2 == fp32.params_bytes
+    assert cast.activations_bytes < 0.6 * fp32.activations_bytes
+    assert mem("bf16-mixed", "inference").activations_bytes < mem("fp32", "inference").activations_bytes
+
+
+def test_the_ranking_states_its_precision(predictor) -> None:  # noqa: ANN001
+    import warnings
+
+    from gpurec.recommend import recommend
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = recommend("resnet18", (8, 3, 224, 224), gpus=["H100", "A100"], predictor=predictor,
+                      precision="bf16-mixed", batch_search=False)
+    assert r.precision == "bf16-mixed" and not r.precision_measured
+    assert r.to_json()["precision"] == "bf16-mixed"
+    assert all(e.precision == "bf16-mixed" for e in r.estimates.values())

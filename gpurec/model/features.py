@@ -329,13 +329,19 @@ class FeatureBuilder:
         tf32 = hw_b[:, _HW_INDEX["tf32_tflops"]]
         # cuDNN may use TF32 for convolutions (torch default); matmuls stay FP32 unless enabled.
         peak = np.where(group_idx == self._group_pos["conv"], np.maximum(tf32, fp32), fp32)
+        # Tensor-core products at the operation's precision run at the GPU's peak for that math
+        # mode (the catalogue carries the FP32 rate where a GPU has no such tensor cores);
+        # fp32 operations keep the peak above.
+        gemm = np.isin(group_idx, self._gemm_groups)
+        mode_col = v[:, col("math_mode")]
+        for code, name in ((1.0, "tf32_tflops"), (2.0, "fp16_tflops"), (3.0, "bf16_tflops")):
+            peak = np.where(gemm & (mode_col == code), np.maximum(hw_b[:, _HW_INDEX[name]], fp32), peak)
         bw = hw_b[:, _HW_INDEX["memory_bandwidth_gbs"]]
         t_compute = flops_mode / np.maximum(peak, 1e-9) / 1e9
         t_memory = bytes_mode / np.maximum(bw, 1e-9) / 1e6
         t_roof = np.maximum(t_compute, t_memory)
         l2_bytes = hw_b[:, _HW_INDEX["l2_cache_mb"]] * 2**20
-        param_ratio = v[:, col("params")] * 4.0 / np.maximum(l2_bytes, 1.0)
-        gemm = np.isin(group_idx, self._gemm_groups)
+        param_ratio = v[:, col("params")] * v[:, col("element_bytes")] / np.maximum(l2_bytes, 1.0)
         out_el = v[:, col("output_elements")]
         blocks = np.ceil(out_el / np.where(gemm, GEMM_TILE_ELEMENTS, OTHER_BLOCK_ELEMENTS))
         slots = np.maximum(hw_b[:, _HW_INDEX["sm_count"]], 1.0) * np.where(gemm, GEMM_BLOCKS_PER_SM,

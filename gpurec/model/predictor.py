@@ -46,7 +46,8 @@ from gpurec.model.host_model import HostDispatch, NetworkCalibration
 from gpurec.model.network import Correction, aggregate, free_kernel_free, waiting_power_w
 from gpurec.model.persist import check_manifest, default_model_dir, load_boosters, read_manifest
 from gpurec.model.timeline import bound_of, simulate
-from gpurec.ops.coverage import warn_if_low
+from gpurec.ops.coverage import warn_if_low, warn_unmeasured_precision
+from gpurec.ops.precision import resolve_precision
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -92,13 +93,14 @@ class Bound:
 
 @dataclass
 class _OpsEntry:
-    """Extracted operations of one (model, shape, mode), with their coverage verdicts."""
+    """Extracted operations of one (model, shape, mode, precision), with their coverage verdicts."""
 
     label: str
     block: OpBlock
     flops: np.ndarray
     covered: np.ndarray
     reason: np.ndarray  # '' when covered
+    precision: str = "fp32"
 
 
 @dataclass
@@ -156,6 +158,8 @@ class Estimate:
     coverage: float  # share of FLOPs in covered operations
     correction: str
     measured_share: float = 0.0  # share of operations whose values are measurements, not predictions
+    precision: str = "fp32"  # the math mode of the step (gpurec.ops.precision)
+    precision_measured: bool = True  # the training data held rows at this precision (else extrapolated)
     _ops: _OpDetail | None = field(default=None, init=False, repr=False, compare=False)
     _per_op: Any = field(default=None, init=False, repr=False, compare=False)
 
@@ -357,6 +361,9 @@ class Predictor:
         # tracing patches module-level state), are not safe to use from several threads at once.
         self._lock = threading.RLock()
         self._hw: dict[str, tuple[str, np.ndarray]] = {}
+        # Precisions with measured rows in the training data (models trained before precision
+        # existed saw fp32 only).
+        self.precisions_measured: tuple[str, ...] = tuple(manifest.get("precisions_measured", ["fp32"]))
 
     # -- GPUs -------------------------------------------------------------------------------------
     @property
@@ -377,8 +384,10 @@ class Predictor:
 
     # -- operations -------------------------------------------------------------------------------
     def _entry(self, model: str | nn.Module | Sequence[Any], input_shape: Sequence[int] | None, mode: str,
-               dtype: Any = None, example_inputs: Any = None) -> tuple[_OpsEntry, tuple[int, ...]]:
+               dtype: Any = None, example_inputs: Any = None, precision: str | None = None
+               ) -> tuple[_OpsEntry, tuple[int, ...]]:
         inputs: tuple[Any, ...] = ()
+        precision = resolve_precision(model, precision)  # a bf16 module is bf16; a contradiction raises
         if example_inputs is not None:
             inputs = example_input_tuple(example_inputs)
             shape = tuple(int(s) for s in inputs[0].shape)
@@ -389,9 +398,9 @@ class Predictor:
             shape = normalise_input_shape(input_shape if input_shape is not None else DEFAULT_INPUT_SHAPE)
             described = (shape, str(dtype))
         if isinstance(model, str):
-            key: tuple[Any, ...] = ("name", model, described, mode)
+            key: tuple[Any, ...] = ("name", model, described, mode, precision)
         else:
-            key = ("module", structure_key(model), described, mode)
+            key = ("module", structure_key(model), described, mode, precision)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
@@ -399,9 +408,9 @@ class Predictor:
         from gpurec.ops import extract_operations
 
         if inputs:
-            ops = extract_operations(model, mode=mode, keep_sources=False, example_inputs=inputs)
+            ops = extract_operations(model, mode=mode, keep_sources=False, example_inputs=inputs, precision=precision)
         else:
-            ops = extract_operations(model, shape, mode=mode, keep_sources=False,
+            ops = extract_operations(model, shape, mode=mode, keep_sources=False, precision=precision,
                                      **({"dtype": dtype} if dtype is not None else {}))
         label = model if isinstance(model, str) else type(model).__name__
         if not ops:  # 0 ms, coverage 1 and bound "host" would read as an estimate of real work
@@ -410,6 +419,7 @@ class Predictor:
             raise NoOperations(f"{label} runs no operations on input {list(shape)} (e.g. nn.Identity or an empty "
                                "nn.Sequential): there is no GPU work to estimate")
         entry = self._make_entry(label, OpBlock.from_operations(ops, mode), mode)
+        entry.precision = precision
         self._cache[key] = entry
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
@@ -442,7 +452,7 @@ class Predictor:
     # -- prediction -------------------------------------------------------------------------------
     def predict(self, model: str | nn.Module, input_shape: Sequence[int] | None = None, mode: str = "inference",
                 gpu: str = "H100", host: HostProfile | str | Path | None = None, dtype: Any = None,
-                example_inputs: Any = None) -> Estimate:
+                example_inputs: Any = None, precision: str | None = None) -> Estimate:
         """Estimate one network (a torchvision model name, a gpurec.sets sequence architecture or
         an nn.Module) on one GPU.
 
@@ -453,16 +463,20 @@ class Predictor:
         tuple of tensors, e.g. ``(src, tgt)`` for nn.Transformer; only shapes and dtypes are used)
         replaces ``input_shape`` and ``dtype``.  Raises what made the model unpredictable (e.g.
         ExtractionError).  Warns (gpurec.LowCoverageWarning) when under 90% of the FLOPs are in
-        known operations."""
+        known operations.
+
+        ``precision`` (gpurec.ops.precision.PRECISIONS): None = fp32, or bf16/fp16 for a module
+        whose parameters are; a precision contradicting them raises PrecisionMismatch.  Warns
+        (UnmeasuredPrecisionWarning) when the training data held no rows at that precision."""
         item = (model, input_shape) if example_inputs is None else (model, example_input_tuple(example_inputs))
-        out = self.predict_many([item], mode=mode, gpu=gpu, host=host, dtype=dtype)[0]
+        out = self.predict_many([item], mode=mode, gpu=gpu, host=host, dtype=dtype, precision=precision)[0]
         if isinstance(out, CandidateError):
             raise out.exception
         return out
 
     def predict_many(self, candidates: Iterable[Any], mode: str = "inference", gpu: str = "H100",
                      host: HostProfile | str | Path | None = None, dtype: Any = None,
-                     example_inputs: Any = None) -> list[Estimate | CandidateError]:
+                     example_inputs: Any = None, precision: str | None = None) -> list[Estimate | CandidateError]:
         """Estimate many networks at once (NAS loops): items are a model, (model, input_shape) or
         (model, example inputs: a tensor or a tuple of tensors); ``example_inputs`` applies to
         every item that gives neither.
@@ -482,7 +496,7 @@ class Predictor:
             for i, c in enumerate(candidates):
                 model, shape, inputs = _split_candidate(c, example_inputs)
                 try:
-                    entries.append(self._entry(model, shape, mode, dtype, inputs))
+                    entries.append(self._entry(model, shape, mode, dtype, inputs, precision))
                     results.append(None)
                 except Exception as exc:  # one bad candidate must not cost the others their answers
                     label = model if isinstance(model, str) else type(model).__name__
@@ -533,6 +547,10 @@ class Predictor:
             ft = e.flops.sum()
             cov = float(e.flops[covered].sum() / ft) if ft > 0 else float(covered.mean() if len(covered) else 1)
             warn_if_low(f"{e.label} {tuple(shape)} {mode}", cov, stacklevel=4)
+            precision_measured = e.precision in self.precisions_measured
+            if not precision_measured:
+                warn_unmeasured_precision(f"{e.label} {tuple(shape)} {mode}", e.precision, self.precisions_measured,
+                                          stacklevel=4)
             g_t = float(tl.gpu_time_ms[i])
             g_e = g_t * float(w_net[i])
             eager_t = float(tl.time_ms[i])
@@ -550,7 +568,8 @@ class Predictor:
                 gpu_energy_low_mj=g_e * elo, gpu_energy_high_mj=g_e * ehi,
                 op_sum_time_ms=float(sums.sum_time_ms[i]), op_sum_energy_mj=float(sums.sum_energy_mj[i]),
                 n_ops=int(b - a), coverage=cov, correction=key,
-                measured_share=float(hit[a:b].mean()) if b > a else 0.0)
+                measured_share=float(hit[a:b].mean()) if b > a else 0.0, precision=e.precision,
+                precision_measured=precision_measured)
             est._ops = _OpDetail(entry=e, gpu_time_ms=t[a:b], power_w=w[a:b], host_ms=d[a:b], measured=hit[a:b],
                                  covered=covered)
             out.append(est)

@@ -22,3 +22,17 @@ def warn_if_low(label: str, coverage: float, stacklevel: int = 3) -> bool:
                   "the estimate's totals are not trustworthy (see Estimate.uncovered)", LowCoverageWarning,
                   stacklevel=stacklevel)
     return True
+
+
+class UnmeasuredPrecisionWarning(UserWarning):
+    """The predictors were trained on no measured rows at the estimate's precision: its
+    operations are predicted through the precision's peak rates and element sizes (the
+    roofline features) from models fitted to other precisions, so the estimate is an
+    extrapolation, not a learned figure.  ``Estimate.precision_measured`` says the same."""
+
+
+def warn_unmeasured_precision(label: str, precision: str, measured: tuple[str, ...] | list[str],
+                              stacklevel: int = 3) -> None:
+    warnings.warn(f"{label}: no {precision} rows in the training data (measured: {', '.join(measured)}); "
+                  f"the estimate extrapolates through {precision}'s peak rates and is not trustworthy yet",
+                  UnmeasuredPrecisionWarning, stacklevel=stacklevel)

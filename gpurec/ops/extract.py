@@ -30,7 +30,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gpurec.ops.operation import ActRef, Operation, ParamRef, canonical_value
-from gpurec.ops.precision import CAST, DEFAULT_PRECISION, MIXED, check_precision, low_dtype
+from gpurec.ops.precision import (
+    CAST,
+    DEFAULT_PRECISION,
+    MIXED,
+    PrecisionMismatch,
+    low_dtype,
+    resolve_precision,
+)
 from gpurec.sets import MODES, SEQ_DATASET_ARCHS, SEQ_TEST_ARCHS, is_sequence_arch
 
 # Graph nodes that are pure Python bookkeeping (no kernel, no data movement).
@@ -785,7 +792,7 @@ def extract_operations(
     dtype: torch.dtype = torch.float32,
     keep_sources: bool = True,
     example_inputs: Any = None,
-    precision: str = DEFAULT_PRECISION,
+    precision: str | None = None,
 ) -> list[Operation]:
     """Every operation the forward of ``model`` executes on ``input_shape``, in order.
 
@@ -804,12 +811,15 @@ def extract_operations(
     autocast inserts on an operation's inputs and weights become operations themselves
     (kind ``autocast_cast``).  ``"bf16"``/``"fp16"`` run the module and its float inputs in that
     dtype.  ``"tf32"`` marks the operations that run cuBLAS matrix products (the rest stay fp32
-    operations: TF32 changes nothing else).
+    operations: TF32 changes nothing else).  ``None``: fp32, or the cast precision of a module
+    whose parameters are bf16/fp16; a precision contradicting them raises PrecisionMismatch.
     """
     if mode not in MODES:
         raise ExtractionError(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
     try:
-        check_precision(precision)
+        precision = resolve_precision(model, precision)
+    except PrecisionMismatch:
+        raise
     except ValueError as exc:
         raise ExtractionError(str(exc)) from None
     with _EXTRACTION_LOCK:

@@ -16,7 +16,21 @@ FEATURE_NAMES: tuple[str, ...] = (
     "in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups",
     "in_features", "out_features", "embed_dim", "num_heads",
     "input_requires_grad",
+    "element_bytes", "math_mode",
 )
+# math_mode codes: how the operation's arithmetic runs (gpurec.ops.precision); the GPU's peak
+# rate for it enters the roofline features (gpurec.model.features).
+MATH_MODES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
+_ELEMENT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "float64": 8.0}
+
+
+def math_mode(op: Operation) -> float:
+    """Index in MATH_MODES of the operation's arithmetic: its compute dtype, TF32 where marked."""
+    if op.dtype == "bfloat16":
+        return 3.0
+    if op.dtype == "float16":
+        return 2.0
+    return 1.0 if op.precision == "tf32" else 0.0
 
 
 def _first(value: Any, default: float = 0.0) -> float:
@@ -85,6 +99,7 @@ def operation_feature_row(op: Operation) -> list[float]:
         _first(get("stride", 0)), _first(get("padding", 0)), _first(get("dilation", 0)), _first(get("groups", 0)),
         in_features, out_features, embed_dim, num_heads,
         float(any(op.input_requires_grad)),
+        _ELEMENT_BYTES.get(op.dtype, 4.0), math_mode(op),
     ]
 
 

@@ -77,8 +77,7 @@ def _param_bytes(ops: Sequence[Any]) -> int:
         if key in seen:
             continue
         seen.add(key)
-        size = _ELEMENT_BYTES.get(op.dtype, 4)
-        total += int(op.params) * (size if op.dtype.startswith(("float", "bfloat")) else 4)
+        total += int(op.params) * _param_element_bytes(op)
     return total
 
 
@@ -102,6 +101,18 @@ def _attention_buffers(op: Any) -> int:
     heads = int(settings.get("num_heads", 1) or 1)
     scores = int(batch) * heads * int(tgt) * int(src) * _ELEMENT_BYTES.get(op.dtype, 4)
     return 4 * out_bytes + 2 * scores
+
+
+def _param_element_bytes(op: Any) -> int:
+    """Bytes per stored parameter: autocast keeps float32 weights (the bf16/fp16 copies are the
+    cast operations' outputs); a cast module stores them in its dtype."""
+    precision = getattr(op, "precision", "fp32")
+    if precision in ("bf16-mixed", "fp16-mixed"):
+        return 4
+    dtypes = getattr(op, "param_dtypes", None)
+    if dtypes:
+        return _ELEMENT_BYTES.get(next(iter(dtypes.values())), 4)
+    return _ELEMENT_BYTES.get(op.dtype, 4) if op.dtype.startswith(("float", "bfloat")) else 4
 
 
 def step_memory(ops: Sequence[Any], mode: str | None = None) -> StepMemory:
@@ -129,7 +140,8 @@ def step_memory(ops: Sequence[Any], mode: str | None = None) -> StepMemory:
                 # such tensor of a ViT alive at once (5x the measured peak).
                 root = storage_of[src] = src
                 shape = op.input_shapes[j] if j < len(op.input_shapes) else []
-                size_of[root] = _numel(shape) * _ELEMENT_BYTES.get(op.dtype, 4)
+                in_dtypes = getattr(op, "input_dtypes", None)  # the dtype it arrives in, where recorded
+                size_of[root] = _numel(shape) * _ELEMENT_BYTES.get(in_dtypes[j] if in_dtypes else op.dtype, 4)
                 born[root] = i
                 if i == 0:
                     inputs.add(root)
@@ -144,6 +156,8 @@ def step_memory(ops: Sequence[Any], mode: str | None = None) -> StepMemory:
         if op.kind not in NO_SAVE_KINDS:
             kept_roots.update(storage_of[src] for src in op.input_nodes)
         if op.kind in SAVES_OUTPUT_KINDS:
+            kept_roots.add(storage_of[op.node])
+        if op.kind == "autocast_cast" and not op.input_nodes:  # a weight's low-precision copy, saved for backward
             kept_roots.add(storage_of[op.node])
         if op.kind == "MultiheadAttention":  # a leaf that keeps q, k, v and the attention output inside
             mask_bytes += 4 * int(op.bytes_written)

@@ -41,3 +41,47 @@ def item_id(item: str, key: str, mode: str, precision: str = DEFAULT_PRECISION) 
     """A work item's / row's id: fp32 ids are as they always were, others end in the precision."""
     base = f"{item}:{key}:{mode}"
     return base if precision == DEFAULT_PRECISION else f"{base}:{precision}"
+
+
+class PrecisionMismatch(ValueError):
+    """A precision that contradicts the dtype of the module's parameters."""
+
+
+_CAST_OF_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def resolve_precision(model: Any, precision: str | None = None) -> str:
+    """The precision to extract and predict ``model`` at.
+
+    A module whose floating parameters are bf16 or fp16 runs at that cast precision: it is
+    what ``None`` means for it, and any other precision contradicts it (PrecisionMismatch,
+    one line saying how to fix it); so does a cast precision for a module still in float32.
+    A torchvision name has no parameters yet: ``None`` is fp32, any precision is taken.
+    """
+    if precision is not None:
+        check_precision(precision)
+    dtypes = _parameter_dtypes(model)
+    if not dtypes:
+        return precision or DEFAULT_PRECISION
+    low = {_CAST_OF_DTYPE[d] for d in dtypes if d in _CAST_OF_DTYPE}
+    if low:
+        if len(low) > 1 or len(dtypes) > 1:
+            raise PrecisionMismatch(f"the module's parameters mix dtypes ({', '.join(sorted(dtypes))}): cast it "
+                                    "to one dtype (model.bfloat16(), model.half() or model.float())")
+        found = low.pop()
+        if precision is not None and precision != found:
+            raise PrecisionMismatch(f"precision {precision!r} contradicts the module's {next(iter(dtypes))} "
+                                    f"parameters: use precision {found!r}, or model.float() for {precision}")
+        return found
+    if precision in CAST:
+        raise PrecisionMismatch(f"precision {precision!r} needs the module cast (model.{LOW_DTYPE[precision]}()): "
+                                f"its parameters are {', '.join(sorted(dtypes))}; or use {precision}-mixed")
+    return precision or DEFAULT_PRECISION
+
+
+def _parameter_dtypes(model: Any) -> set[str]:
+    """The dtypes of a module's floating parameters (empty for a name or a module without any)."""
+    params = getattr(model, "parameters", None)
+    if params is None or isinstance(model, str):
+        return set()
+    return {str(p.dtype).replace("torch.", "") for p in params() if p.is_floating_point()}

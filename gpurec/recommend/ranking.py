@@ -193,6 +193,8 @@ class Ranking:
     notes: tuple[str, ...] = ()  # how ambiguous GPU names were resolved
     evidence_source: str = ""  # where the evidence levels were read
     tie_rule: str = ""  # how ties were decided, with the source of the errors
+    precision: str = "fp32"  # the math mode every row is predicted at (gpurec.ops.precision)
+    precision_measured: bool = True  # the predictors' training data held rows at that precision
 
     def __iter__(self) -> Any:
         return iter(self.rows)
@@ -227,6 +229,7 @@ class Ranking:
         """The documented JSON shape of ``gpurec recommend --format json``, as Python values."""
         return {
             "model": self.model, "input_shape": list(self.input_shape), "mode": self.mode,
+            "precision": self.precision, "precision_measured": self.precision_measured,
             "objective": self.objective, "objective_unit": self.unit, "cuda_graphs": self.cuda_graphs,
             "host": self.host, "energy_per": "step (one batch)", "band": self.band,
             "memory_gb": self.memory_gb, "coverage": self.coverage, "fits_any": self.fits_any,
@@ -281,11 +284,12 @@ def bands_tie(a: tuple[float, float], b: tuple[float, float], share: float = TIE
 
 
 def predict_step(predictor: Any, model: Any, shape: Sequence[int], mode: str, gpu: str, host: Any = None,
-                 dtype: Any = None, example_inputs: Any = None) -> Any:
-    """``predictor.predict``, passing ``host``, ``dtype`` and ``example_inputs`` only when given
-    (and supported)."""
+                 dtype: Any = None, example_inputs: Any = None, precision: str | None = None) -> Any:
+    """``predictor.predict``, passing ``host``, ``dtype``, ``example_inputs`` and ``precision``
+    only when given (and supported)."""
     kwargs: dict[str, Any] = {"input_shape": tuple(shape), "mode": mode, "gpu": gpu}
-    for name, value in (("host", host), ("dtype", dtype), ("example_inputs", example_inputs)):
+    for name, value in (("host", host), ("dtype", dtype), ("example_inputs", example_inputs),
+                        ("precision", precision)):
         if value is not None:
             if name not in inspect.signature(predictor.predict).parameters:
                 raise ValueError(f"these predictors take no '{name}' argument: update gpurec and retrain")
@@ -298,7 +302,7 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
               host: Any = None, cuda_graphs: bool = False, dtype: Any = None,
               batch_search: bool = True, progress: Callable[[str], None] | None = None,
               example_inputs: Any = None, evidence: EvidenceSets | None = None,
-              spreads: DifferenceSpreads | None = None) -> Ranking:
+              spreads: DifferenceSpreads | None = None, precision: str | None = None) -> Ranking:
     """GPUs ranked best-first for ``objective`` on one step of ``model`` (a :class:`Ranking`).
 
     ``objective`` ranks by eager time/energy on ``host`` (None: the reference host; a
@@ -313,10 +317,14 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
     one line per slow stage.  ``example_inputs`` (a tensor or a tuple of tensors, e.g.
     ``(src, tgt)`` for nn.Transformer) replaces ``input_shape`` and ``dtype``; with it there is
     no batch search (which dimension is the batch of each input is the model's business).
+    ``precision`` (gpurec.ops.precision): None = fp32, or the cast precision of a module whose
+    parameters are bf16/fp16; the ranking states it.
     """
+    from gpurec.ops.precision import resolve_precision
     from gpurec.recommend.names import resolve_noted, split_gpus
 
     objective = check_objective(objective)
+    precision = resolve_precision(model, precision)  # one line (PrecisionMismatch) on a contradiction
     say = progress or (lambda _msg: None)
     names = split_gpus(gpus)
     if predictor is None:
@@ -347,13 +355,14 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
         spreads = load_difference_spreads(manifest)
     widening = float(manifest.get("uncertainty", {}).get("unmeasured_gpu_widening", UNMEASURED_WIDENING))
     say("estimating the step's memory")
-    memory = step_memory_of(model, shape, mode, dtype, example_inputs)
+    memory = step_memory_of(model, shape, mode, dtype, example_inputs, precision)
     memory_gb = memory.memory_gb
     rows: list[dict[str, Any]] = []
     estimates: dict[str, Any] = {}
     for spec in specs:
         say(f"predicting on {spec.short_name}")
-        est = predict_step(predictor, model, shape, mode, spec.nvml_name, host, dtype, example_inputs)
+        est = predict_step(predictor, model, shape, mode, spec.nvml_name, host, dtype, example_inputs,
+                           None if precision == "fp32" else precision)
         estimates[spec.nvml_name] = est
         f = estimate_fields(est)
         level = evidence_of(spec.nvml_name, evidence)
@@ -373,7 +382,8 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
     first = next(iter(estimates.values()), None)
     advice = None
     if ranked and ranked[0].fits and ranked[0].bound == "host" and not cuda_graphs:
-        advice = _bound_advice(ranked, predictor, model, shape, mode, host, dtype, batch_search, say, memory)
+        advice = _bound_advice(ranked, predictor, model, shape, mode, host, dtype, batch_search, say, memory,
+                               None if precision == "fp32" else precision)
     measured = tuple(e.nvml_name for e in predictor.gpus if e.measured)
     return Ranking(model=model if isinstance(model, str) else type(model).__name__, input_shape=shape, mode=mode,
                    objective=objective, cuda_graphs=bool(cuda_graphs), host=host_name, rows=tuple(ranked),
@@ -382,7 +392,8 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
                    uncovered=_uncovered(first), advice=advice,
                    band=band_description(predictor) + "; " + evidence_band_rule(widening),
                    estimates=estimates, notes=tuple(notes), evidence_source=evidence.source,
-                   tie_rule=tie_rule_text(spreads))
+                   tie_rule=tie_rule_text(spreads), precision=precision,
+                   precision_measured=all(getattr(e, "precision_measured", True) for e in estimates.values()))
 
 
 def _edp(f: dict[str, Any], cuda_graphs: bool) -> float:
@@ -470,8 +481,8 @@ def _uncovered(est: Any) -> tuple[dict[str, Any], ...]:
 
 
 def step_memory_of(model: Any, shape: tuple[int, ...], mode: str, dtype: Any = None,
-                   example_inputs: Any = None) -> Any:
-    """Estimated peak memory of one step (a gpurec.ops.memory.StepMemory)."""
+                   example_inputs: Any = None, precision: str | None = None) -> Any:
+    """Estimated peak memory of one step at ``precision`` (a gpurec.ops.memory.StepMemory)."""
     from gpurec.ops import extract_operations
     from gpurec.ops.memory import step_memory
 
@@ -479,7 +490,7 @@ def step_memory_of(model: Any, shape: tuple[int, ...], mode: str, dtype: Any = N
         ops = extract_operations(model, mode=mode, keep_sources=False, example_inputs=example_inputs)
         return step_memory(ops, mode)
     kwargs = {"dtype": dtype} if dtype is not None else {}
-    ops = extract_operations(model, shape, mode=mode, keep_sources=False, **kwargs)
+    ops = extract_operations(model, shape, mode=mode, keep_sources=False, precision=precision, **kwargs)
     return step_memory(ops, mode)
 
 
@@ -499,8 +510,8 @@ def largest_fitting_batch(memory: Any, batch: int, capacity_gb: float) -> int:
 
 
 def _bound_advice(ranked: list[RankedGPU], predictor: Any, model: Any, shape: tuple[int, ...], mode: str,
-                  host: Any, dtype: Any, batch_search: bool, say: Callable[[str], None], memory: Any
-                  ) -> BoundAdvice:
+                  host: Any, dtype: Any, batch_search: bool, say: Callable[[str], None], memory: Any,
+                  precision: str | None = None) -> BoundAdvice:
     fitting = [r for r in ranked if r.fits] or ranked
     best = ranked[0]
     host_bound = tuple(r.short_name for r in ranked if r.bound == "host" and (r is best or r.tie_with_best))
@@ -509,14 +520,15 @@ def _bound_advice(ranked: list[RankedGPU], predictor: Any, model: Any, shape: tu
     found, tried = None, shape[0]
     if batch_search:
         limit = min(MAX_BATCH_SEARCH, largest_fitting_batch(memory, shape[0], best.memory_capacity_gb))
-        found, tried = smallest_gpu_bound_batch(predictor, model, shape, mode, best.gpu, host, dtype, say, limit)
+        found, tried = smallest_gpu_bound_batch(predictor, model, shape, mode, best.gpu, host, dtype, say, limit,
+                                                precision)
     return BoundAdvice(gpus=host_bound, time_ms=best.time_ms, gpu_time_ms=best.gpu_time_ms, gpu_choice_pct=choice,
                        gpu_bound_batch_size=found, searched_up_to=tried)
 
 
 def smallest_gpu_bound_batch(predictor: Any, model: Any, shape: tuple[int, ...], mode: str, gpu: str, host: Any,
                              dtype: Any = None, say: Callable[[str], None] | None = None,
-                             limit: int = MAX_BATCH_SEARCH) -> tuple[int | None, int]:
+                             limit: int = MAX_BATCH_SEARCH, precision: str | None = None) -> tuple[int | None, int]:
     """(smallest batch size whose step is GPU-bound on ``gpu``, largest batch size tried).
 
     Doubles the batch size until the predictor says "gpu", then bisects (about 2 log2(B)
@@ -528,7 +540,7 @@ def smallest_gpu_bound_batch(predictor: Any, model: Any, shape: tuple[int, ...],
 
     def gpu_bound(batch: int) -> bool:
         say(f"batch size {batch}")
-        est = predict_step(predictor, model, (batch, *shape[1:]), mode, gpu, host, dtype)
+        est = predict_step(predictor, model, (batch, *shape[1:]), mode, gpu, host, dtype, precision)
         return estimate_fields(est)["bound"] == "gpu"
 
     lo, hi = shape[0], shape[0] * 2
@@ -551,8 +563,8 @@ def smallest_gpu_bound_batch(predictor: Any, model: Any, shape: tuple[int, ...],
 
 
 def predict_on(model: Any, input_shape: Sequence[int], mode: str, gpu: str, predictor: Any, host: Any = None,
-               cuda_graphs: bool = False, dtype: Any = None, evidence: EvidenceSets | None = None
-               ) -> dict[str, Any]:
+               cuda_graphs: bool = False, dtype: Any = None, evidence: EvidenceSets | None = None,
+               precision: str | None = None) -> dict[str, Any]:
     """One GPU's step as ``gpurec predict`` reports it: the estimate's fields (bands widened for
     the evidence behind the GPU, as in a ranking), the evidence, the step's memory and whether it
     fits, the bound rule, and a note when ``gpu`` fits several catalogue GPUs.
@@ -562,7 +574,8 @@ def predict_on(model: Any, input_shape: Sequence[int], mode: str, gpu: str, pred
     from gpurec.recommend.names import resolve_noted
 
     spec, note = resolve_noted(gpu)
-    est = predict_step(predictor, model, tuple(input_shape), mode, spec.nvml_name, host, dtype)
+    est = predict_step(predictor, model, tuple(input_shape), mode, spec.nvml_name, host, dtype,
+                       precision=None if precision in (None, "fp32") else precision)
     manifest = getattr(predictor, "manifest", None)
     manifest = manifest if isinstance(manifest, dict) else {}
     sets = evidence if evidence is not None else load_evidence(manifest=manifest)
@@ -572,7 +585,7 @@ def predict_on(model: Any, input_shape: Sequence[int], mode: str, gpu: str, pred
     if f["measured_gpu"]:
         f = widen_bands(f, level, widening)
     f["gpu_power_w"] = f["gpu_energy_mj"] / f["gpu_time_ms"] if f["gpu_time_ms"] > 0 else math.nan
-    memory = step_memory_of(model, tuple(input_shape), mode, dtype)
+    memory = step_memory_of(model, tuple(input_shape), mode, dtype, precision=precision)
     return {**f, "gpu": spec.nvml_name, "short_name": spec.short_name, "evidence": level,
             "evidence_source": sets.source, "memory_gb": memory.memory_gb,
             "memory_capacity_gb": float(spec.memory_gb), "fits": memory.memory_gb <= float(spec.memory_gb),
