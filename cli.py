@@ -309,6 +309,22 @@ def dataset_build(root: Path = typer.Option(Path("datasets"), "--root",
     _note_bad_lines({gpu: summary.get("bad_lines", []) for gpu, summary in result.items()})
 
 
+@dataset_app.command("external")
+def dataset_external(source: str = typer.Argument(..., help="which public data set: neusight"),
+                     src: Path = typer.Option(..., "--src", help="the artifact's copy, e.g. ../shared/external/neusight"),
+                     root: Path = typer.Option(Path("datasets"), "--root", help="dataset root (writes ROOT/external/SOURCE)")
+                     ) -> None:
+    """Rebuild a public data set's derived tables (with its licence and source) under ROOT/external/."""
+    if source != "neusight":
+        _fail(f"unknown public data set {source!r}; choices: neusight", 2)
+    from dataclasses import asdict
+
+    from gpurec.dataset.external import ingest_neusight
+
+    summary = _guard(ingest_neusight, src, root)
+    _print_json({k: str(v) if isinstance(v, Path) else v for k, v in asdict(summary).items()})
+
+
 @dataset_app.command("merge")
 def dataset_merge(shards: list[Path] = typer.Argument(..., help="shard directories or rows-*.jsonl files"),
                   out: Path = typer.Option(..., "--out", help="GPU dataset directory, e.g. datasets/h100"),
