@@ -40,6 +40,10 @@ def _artifact(root: Path) -> Path:
     _gz(src / "ops_train/conv/Tesla_T4.csv.gz",
         f"OPName,Latency,Device,{_META},Kernels,B,Input_Channel,Output_Channel,Kernel_Szie,Input_Size,Stride,Padding\n"
         + f"conv,0.07,{_meta('Tesla T4')},,1,3,8,3,8,1,1\n" + f"conv,1.0,{_meta('Tesla T4')},,2,16,32,3,32,2,1\n")
+    _gz(src / "ops_train/ln/Tesla_P4.csv.gz",
+        f"OPName,Latency,Device,{_META},Kernels,B,H\n" + f"ln,0.045,{_meta('Tesla P4')},,4,8\n")
+    _gz(src / "ops_test/ln.csv.gz",
+        f"OPName,Latency,Device,{_META},B,H,large\n" + f"ln,0.5,{_meta('Tesla T4')},32768,1024,True\n")
     _gz(src / "ops_test/elem.csv.gz",
         f"OPName,Latency,Device,{_META},B,H,large\n" + f"add,0.9,{_meta('Tesla P4')},32768,1024,True\n")
     (src / "models/Tesla_T4").mkdir(parents=True)
@@ -56,7 +60,7 @@ def test_ingest_maps_features_gpus_and_host_floor(tmp_path: Path) -> None:
     summary = ingest_neusight(src, tmp_path / "datasets")
     out = tmp_path / "datasets/external/neusight"
     assert (out / "LICENSE").read_text() == "MIT License\n" and COMMIT in (out / "SOURCE").read_text()
-    assert summary.rows == {"operations": 7, "models": 1, "nodes": 1}
+    assert summary.rows == {"operations": 9, "models": 1, "nodes": 1}
     ops = gpurec.load_dataset(source="neusight", root=tmp_path / "datasets")
     assert set(ops["gpu"]) == {"Tesla T4", "Tesla P4"}  # catalogue NVML names
     assert (ops["source_commit"] == COMMIT).all() and (ops["licence"] == "MIT").all()
@@ -73,6 +77,9 @@ def test_ingest_maps_features_gpus_and_host_floor(tmp_path: Path) -> None:
     add = ops[(ops["neusight_op"] == "add")].set_index("split")
     assert add.loc["test", "host_floor_ms"] == pytest.approx(0.025)  # from the train split
     assert bool(add.loc["test", "host_dominated"]) is False
+    # a (GPU, op) with only large test shapes takes the op's floor on the other GPUs
+    ln_t4 = ops[(ops["neusight_op"] == "ln") & (ops["gpu"] == "Tesla T4")].iloc[0]
+    assert ln_t4["host_floor_ms"] == pytest.approx(0.045) and ln_t4["gpu_time_ms"] == pytest.approx(0.455)
     mid = ops[(ops["neusight_op"] == "add") & (ops["b"] == 1024)].iloc[0]
     assert mid["latency_ms"] < HOST_DOMINATED_FACTOR * 0.025 and mid["host_dominated"]
     models = gpurec.load_dataset(source="neusight", root=tmp_path / "datasets", table="models")
