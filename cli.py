@@ -588,6 +588,22 @@ def train(
     _print_json(report)
 
 
+@app.command("train-crossgpu")
+def train_crossgpu(
+    data: Path = typer.Option(Path("datasets"), "--data", help="dataset root (own GPUs and external/neusight)"),
+    out: Path = typer.Option(Path("models"), "--out", help="directory holding the trained models"),
+    cache: Path = typer.Option(None, "--cache", help="directory to keep extracted model-input sets between runs"),
+    validate: bool = typer.Option(True, "--validate/--no-validate",
+                                  help="also leave each GPU out and write crossgpu_report.json (minutes)"),
+) -> None:
+    """Fit the cross-GPU operation time model (OUT/crossgpu.json) on every GPU with data."""
+    from gpurec.model.crossgpu_fit import fit_and_save
+
+    model = _guard(fit_and_save, data, out, str(cache) if cache is not None else None, validate,
+                   log=lambda msg: typer.echo(msg, err=True))
+    _print_json(model.info)
+
+
 MODELS_UNUSABLE = 3  # exit code whenever the trained models cannot be loaded (missing, damaged, incompatible)
 MODELS_HELP = "trained model directory (default: $GPUREC_MODELS, else models/ of this checkout)"
 HOST_HELP = ("host that issues the kernels: a `gpurec host-bench` JSON file, 'local' (measure this machine's CPU), "
