@@ -240,7 +240,7 @@ def ingest_neusight(src: Path | str, root: Path | str | None = None) -> IngestSu
     import pandas as pd
 
     from gpurec.dataset.load import default_root
-    from gpurec.dataset.store import atomic_write_file
+    from gpurec.dataset.store import atomic_write_file, atomic_write_text
 
     src = Path(src)
     if not (src / "LICENSE").exists():
@@ -268,6 +268,8 @@ def ingest_neusight(src: Path | str, root: Path | str | None = None) -> IngestSu
         atomic_write_file(out / f"{name}.parquet",
                           lambda tmp, df=df: df.to_parquet(tmp, index=False, compression="zstd"))
         files.append(f"{name}.parquet")
+    atomic_write_text(out / "README.md", _readme(commit, ops, models, nodes))
+    files.append("README.md")
     for name in ("LICENSE", "SOURCE"):
         if (src / name).exists():
             shutil.copyfile(src / name, out / f"{name}.tmp")
@@ -276,6 +278,25 @@ def ingest_neusight(src: Path | str, root: Path | str | None = None) -> IngestSu
     return IngestSummary(out_dir=out, rows={"operations": len(ops), "models": len(models), "nodes": len(nodes)},
                          rows_by_gpu={str(k): int(v) for k, v in ops["gpu"].value_counts().sort_index().items()},
                          host_dominated_rows=int(ops["host_dominated"].sum()), files=files)
+
+
+def _readme(commit: str, ops: Any, models: Any, nodes: Any) -> str:
+    """Provenance note written beside the derived tables."""
+    gpus = ", ".join(f"{g} ({n} rows)" for g, n in ops["gpu"].value_counts().sort_index().items())
+    return (
+        "# NeuSight's public GPU measurements (derived tables)\n\n"
+        f"Derived by `gpurec dataset external neusight --src PATH` (gpurec/dataset/external.py) from "
+        f"{SOURCE_REPO} at commit `{commit}` (ASPLOS 2025, Lee, Phanishayee, Mahajan), under the {LICENCE} "
+        "licence in `LICENSE`. **Not measured by this project**; read with "
+        "`gpurec.load_dataset(source=\"neusight\", table=...)`, never mixed into this project's rows.\n\n"
+        f"* `operations.parquet`: {len(ops)} per-operation rows, FP32 with TF32 off, mapped to gpurec kinds and "
+        f"features (FLOPs as 2 x MACs, FP32 bytes) and catalogue GPUs: {gpus}.\n"
+        f"* `models.parquet`: {len(models)} whole-model latencies (`e2e`/`fw`/`bwall`, ms, full depth).\n"
+        f"* `nodes.parquet`: {len(nodes)} nodes of the one-layer traces (torch.fx; `fw`/`bw`/`acc` ms).\n\n"
+        "Every latency is a CUDA event pair around one Python call, so the host's dispatch is inside it. "
+        "The host floor is excluded, not modelled: per (GPU, operation) the smallest latency of the train split "
+        f"is `host_floor_ms`; rows under {HOST_DOMINATED_FACTOR:g}x it are `host_dominated` with no GPU time, "
+        "the others carry `gpu_time_ms = latency_ms - host_floor_ms`. `latency_ms` is the published number.\n")
 
 
 def load_neusight(root: Path | str | None = None, table: str = "operations") -> Any:

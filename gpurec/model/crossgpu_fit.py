@@ -44,7 +44,8 @@ from gpurec.model.features import kind_group
 
 GPU_DOMINATED_RATIO = 0.9
 GPU_DOMINATED_HOST_FACTOR = 1.25
-NEUSIGHT_CAP_PER_OP = 300  # training rows per (GPU, NeuSight operation, split); evaluation uses all
+NEUSIGHT_CAP_PER_OP = 300
+PAIR_WEIGHT = 1.0  # the H200/H100 pairs' log-ratio loss, against 1.0 for all rows together  # training rows per (GPU, NeuSight operation, split); evaluation uses all
 H100 = "NVIDIA H100 80GB HBM3"
 H200 = "NVIDIA H200"
 
@@ -196,10 +197,11 @@ def fit(table: CrossTable, rows: np.ndarray, max_iter: int = 100, info: dict[str
         return torch.logaddexp(roof, torch.log(sp(scalars["c0"])))
 
     # Pairs: an operation measured on the H200 (GPU-dominated eager) and on the H100 (host-free).
-    # Their measured ratio is the only direct evidence of what bandwidth alone buys, so it is fitted
-    # as a ratio too, weighted as one more GPU.
+    # Their measured ratio is the only direct evidence of what bandwidth alone buys, and the
+    # predictor uses this model as a ratio to the H100, so the pairs' log ratio is fitted too,
+    # weighted as much as all rows together.
     pa, pb = _pairs(f)
-    pair_w = 1.0 / (f["gpu"].nunique() + 1) if len(pa) else 0.0
+    pair_w = PAIR_WEIGHT if len(pa) else 0.0
     pa_t, pb_t = torch.tensor(pa, dtype=torch.long), torch.tensor(pb, dtype=torch.long)
     everything = [*params.values(), *scalars.values()]
     opt = torch.optim.LBFGS(everything, lr=1.0, max_iter=max_iter, history_size=20, line_search_fn="strong_wolfe")
@@ -381,14 +383,18 @@ def public_model_table(nodes: Any, models: Any) -> tuple[Any, OpTable, np.ndarra
             continue
         layers = float(meta["num_layer"].iloc[0])
         training = key[2] == "training"
-        for r in part.itertuples(index=False):
+        part = part.sort_values("position")
+        # layer 0 spans from its first to its last named node (unnamed nodes between, e.g. addmm, belong to it)
+        marked = np.flatnonzero(part["node"].map(lambda n: bool(_LAYER.search(n))).to_numpy())
+        first, last = (marked[0], marked[-1]) if len(marked) else (1, 0)
+        for j, r in enumerate(part.itertuples(index=False)):
             got = node_operation(r.op, r.target, r.node, _shapes(r.input_shapes),
                                  (_shapes(r.output_shape) or [[]])[0], training)
             if got is None:
                 continue
             group, flops, nbytes, out_el = got
             rows.append({"gpu": key[0], "model": key[1], "mode": key[2], "seq_len": key[3], "batch": key[4],
-                         "node": r.node, "group": group, "mult": layers if _LAYER.search(r.node) else 1.0,
+                         "node": r.node, "group": group, "mult": layers if first <= j <= last else 1.0,
                          "e2e_latency_ms": float(meta["e2e_latency_ms"].iloc[0])})
             feats.append((flops, nbytes, out_el, group, training))
     frame = pd.DataFrame(rows)
