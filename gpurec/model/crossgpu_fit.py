@@ -356,12 +356,12 @@ def node_operation(op: str, target: str, name: str, inputs: list[list[int]], out
         return "data_movement", 0.0, 8.0 * out_el, out_el
     if "drop" in low:
         return ("elementwise", out_el, 8.0 * out_el, out_el) if training else None
+    if any(w in low for w in ("gelu", "relu", "act")):
+        return "activation", 8.0 * out_el, 8.0 * out_el, out_el
     if op == "call_module" and len(big) == 1 and len(output) >= 2:  # a Linear (q/k/v, dense, fc, proj)
         din, dout = big[0][-1], output[-1]
         rows = out_el / dout
         return "matmul", 2.0 * rows * din * dout, 4.0 * (in_el + din * dout + out_el), out_el
-    if any(w in low for w in ("gelu", "relu", "act")):
-        return "activation", 8.0 * out_el, 8.0 * out_el, out_el
     if "contiguous" in low:
         return "data_movement", 0.0, 8.0 * out_el, out_el
     fn = target.rsplit(" ", 1)[-1].strip("<>'") if op == "call_function" else target
