@@ -430,7 +430,8 @@ def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = Non
                         ) -> Any:
     """The collected networks GPU-bound on both the H100 and the H200, with the H200/H100 time ratio
     measured (eager over eager) and predicted (the model's op-sum ratio), and the H200's time
-    predicted as the H100's host-free network time times that ratio.
+    predicted as the H100's host-free network time times that ratio (``pred_h200_ms``, what the
+    predictor does) and directly as the model's summed operation times (``direct_h200_ms``).
 
     GPU-bound: on the H100, host-free / eager >= GPU_DOMINATED_RATIO; on the H200, eager time >=
     GPU_DOMINATED_HOST_FACTOR x the H100's single-step host time (as for operation rows)."""
@@ -450,17 +451,19 @@ def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = Non
         & (m["h200_time_ms"] >= GPU_DOMINATED_HOST_FACTOR * m["h100_host_ms"])
     m = m[bound.to_numpy()].reset_index(drop=True)
     extractor = SetExtractor(cache_dir)
-    ratio = np.full(len(m), np.nan)
+    ratio, direct = np.full(len(m), np.nan), np.full(len(m), np.nan)
     for i, r in enumerate(m.itertuples(index=False)):
         block = extractor.get(r.set_key, r.mode)
         if block is None or len(block) == 0:
             continue
         ops = op_table_from_block(block)
-        ratio[i] = model.predict_ms(ops, H200).sum() / model.predict_ms(ops, H100).sum()
+        direct[i] = model.predict_ms(ops, H200).sum()
+        ratio[i] = direct[i] / model.predict_ms(ops, H100).sum()
     extractor.save()
-    m = m.assign(pred_ratio=ratio, measured_ratio=m["h200_time_ms"] / m["h100_time_ms"])
+    m = m.assign(pred_ratio=ratio, measured_ratio=m["h200_time_ms"] / m["h100_time_ms"], direct_h200_ms=direct)
     m = m.assign(pred_h200_ms=m["h100_gpu_time_ms"] * m["pred_ratio"])
     return m.assign(ape=np.abs(m["pred_h200_ms"] / m["h200_time_ms"] - 1),
+                    direct_ape=np.abs(m["direct_h200_ms"] / m["h200_time_ms"] - 1),
                     ratio_error_pp=100 * (m["pred_ratio"] - m["measured_ratio"]))
 
 
@@ -484,6 +487,6 @@ def evaluate(table: CrossTable, data_root: Path | str | None = None, cache_dir: 
     }
     if h200 is not None:
         cols = ["set_key", "mode", "h100_gpu_time_ms", "h100_time_ms", "h200_time_ms", "pred_ratio",
-                "measured_ratio", "pred_h200_ms", "ape", "ratio_error_pp"]
+                "measured_ratio", "pred_h200_ms", "ape", "direct_h200_ms", "direct_ape", "ratio_error_pp"]
         out["h200_networks"] = h200[cols].to_dict(orient="records")
     return out
