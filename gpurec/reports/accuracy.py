@@ -400,8 +400,10 @@ def crossgpu_section(cross: dict[str, Any] | None) -> list[str]:
           "learnt from the operation's features only. It is monotone by construction: a GPU no worse in any "
           "specification (FP32 and TF32 peak, bandwidth, L2, SMs, clock, board power) is never predicted slower "
           "(tested over every such catalogue pair, `tests/test_crossgpu.py`).", "",
-          "Fitted by `gpurec train-crossgpu` on: " + ", ".join(f"{k.split('|')[0]} {short(k.split('|')[1])} "
-                                                              f"{v}" for k, v in sorted(src.items())) + " rows.",
+          "Fitted by `gpurec train-crossgpu` on the rows with data: " + ", ".join(
+              f"{k.split('|')[0]} {short(k.split('|')[1])} {v}" for k, v in sorted(src.items()))
+          + f" (the fit samples at most {info.get('neusight_cap_per_op')} NeuSight rows per GPU, operation and "
+            f"split, {info.get('rows')} rows in all; the evaluation below uses every row).",
           "",
           "* **NeuSight rows** (public, MIT, `datasets/external/neusight`; FP32, TF32 off) are timed around one "
           "Python call, so the host's dispatch is inside each number. The host floor is **excluded**: per GPU "
