@@ -354,6 +354,22 @@ def dataset_build(root: Path = typer.Option(None, "--root", help="dataset root w
     _note_bad_lines({gpu: summary.get("bad_lines", []) for gpu, summary in result.items()})
 
 
+@dataset_app.command("external")
+def dataset_external(source: str = typer.Argument(..., help="which public data set: neusight"),
+                     src: Path = typer.Option(..., "--src", help="the artifact's copy, e.g. ../shared/external/neusight"),
+                     root: Path = typer.Option(Path("datasets"), "--root", help="dataset root (writes ROOT/external/SOURCE)")
+                     ) -> None:
+    """Rebuild a public data set's derived tables (with its licence and source) under ROOT/external/."""
+    if source != "neusight":
+        _fail(f"unknown public data set {source!r}; choices: neusight", 2)
+    from dataclasses import asdict
+
+    from gpurec.dataset.external import ingest_neusight
+
+    summary = _guard(ingest_neusight, src, root)
+    _print_json({k: str(v) if isinstance(v, Path) else v for k, v in asdict(summary).items()})
+
+
 @dataset_app.command("merge")
 def dataset_merge(shards: list[Path] = typer.Argument(..., help="shard directories or rows-*.jsonl files"),
                   out: Path = typer.Option(..., "--out", help="GPU dataset directory, e.g. datasets/h100"),
@@ -617,6 +633,22 @@ def train(
 
     report = _guard(run_train, data, out, tune_trials=trials, seed=seed)
     _print_json(report)
+
+
+@app.command("train-crossgpu")
+def train_crossgpu(
+    data: Path = typer.Option(Path("datasets"), "--data", help="dataset root (own GPUs and external/neusight)"),
+    out: Path = typer.Option(Path("models"), "--out", help="directory holding the trained models"),
+    cache: Path = typer.Option(None, "--cache", help="directory to keep extracted model-input sets between runs"),
+    validate: bool = typer.Option(True, "--validate/--no-validate",
+                                  help="also leave each GPU out and write crossgpu_report.json (minutes)"),
+) -> None:
+    """Fit the cross-GPU operation time model (OUT/crossgpu.json) on every GPU with data."""
+    from gpurec.model.crossgpu_fit import fit_and_save
+
+    model = _guard(fit_and_save, data, out, str(cache) if cache is not None else None, validate,
+                   log=lambda msg: typer.echo(msg, err=True))
+    _print_json(model.info)
 
 
 MODELS_UNUSABLE = 3  # exit code whenever the trained models cannot be loaded (missing, damaged, incompatible)

@@ -38,6 +38,10 @@ REQUIRED = [
     "NVIDIA L40S",
     "NVIDIA A10",
     "Tesla T4",
+    # the GPUs of NeuSight's public per-operation data (datasets/external/neusight)
+    "Tesla P4",
+    "Tesla P100-PCIE-16GB",
+    "Tesla V100-PCIE-32GB",
 ]
 
 POSITIVE_FIELDS = [
@@ -139,7 +143,7 @@ def test_resolve_nvml_variant_conservatively() -> None:
     # A differently formatted NVML name is matched only when exactly one GPU fits.
     assert canonical_name("NVIDIA H100 SXM5 80GB HBM3") == "NVIDIA H100 80GB HBM3"
     assert canonical_name("NVIDIA A100 SXM4 40GB") == "NVIDIA A100-SXM4-40GB"
-    for unknown in ("NVIDIA H100 NVL", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "Tesla V100-PCIE-32GB",
+    for unknown in ("NVIDIA H100 NVL", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "Tesla V100-PCIE-16GB",
                     "NVIDIA A10G", "NVIDIA RTX A6000"):
         with pytest.raises(UnknownGPU):
             resolve_gpu(unknown)

@@ -320,11 +320,14 @@ def test_loading_and_predicting_imports_no_gpu_side(host_free: tuple[Path, dict]
 
 
 def _dominated_pairs() -> list[tuple[str, str]]:
-    """(weaker, stronger): no more FP32, TF32 peak or bandwidth, and less of at least one."""
+    """(weaker, stronger): no more of any specification the GPU time depends on (FP32 and TF32 peak,
+    bandwidth; and, through the cross-GPU model, L2, SMs, clock and board power: an A100 PCIe at
+    300 W does not hold an A100 SXM's clocks at 400 W), and less of at least one."""
     from gpurec.catalog import load_catalog
+    from gpurec.model.crossgpu import GPU_COLUMNS
 
-    keys = ("fp32_tflops", "tf32_tflops", "memory_bandwidth_gbs")
-    specs = [(s.nvml_name, s.features()) for s in load_catalog()]
+    keys = tuple(GPU_COLUMNS)
+    specs = [(s.nvml_name, {k: float(getattr(s, k)) for k in keys}) for s in load_catalog()]
     return [(a, b) for a, fa in specs for b, fb in specs
             if a != b and all(fa[k] <= fb[k] for k in keys) and any(fa[k] < fb[k] for k in keys)]
 

@@ -38,14 +38,29 @@ def _gpu_dirs(root: Path, gpu: str | None) -> list[Path]:
 
 
 def load_dataset(gpu: str | None = None, root: Path | str | None = None, table: str = "operations",
-                 status: str | None = "ok") -> Any:
+                 status: str | None = "ok", source: str = "gpurec") -> Any:
     """Per-operation measurements (``table='networks'`` for whole networks) as a DataFrame.
 
     Columns include gpu (NVML name), op_kind, op_signature, mode, time_ms, energy_mj,
     dynamic_energy_mj, power_w, sm_clock_mhz, model_sets and provenance (driver, torch,
     host_cpu, date, run_id).  ``status=None`` keeps failed rows too.
+
+    ``source='neusight'`` reads NeuSight's public measurements instead (tables ``operations``,
+    ``models``, ``nodes``; gpurec.dataset.external): they are never mixed into this project's rows.
     """
     import pandas as pd
+
+    if source == "neusight":
+        from gpurec.dataset.external import load_neusight
+
+        df = load_neusight(root, table)
+        if gpu is not None:
+            from gpurec.catalog import canonical_name
+
+            df = df[df["gpu"] == canonical_name(gpu)].reset_index(drop=True)
+        return df
+    if source != "gpurec":
+        raise ValueError(f"source must be 'gpurec' (this project's measurements) or 'neusight', not {source!r}")
 
     root = Path(root) if root is not None else default_root()
     if not root.exists():

@@ -33,6 +33,13 @@ from gpurec.catalog import HARDWARE_FEATURES, load_catalog, resolve_gpu
 from gpurec.host import HostProfile, resolve_host
 from gpurec.model._sets import MODES
 from gpurec.model.config import UNMEASURED_BAND_WIDENING
+from gpurec.model.crossgpu import (
+    CrossGPUModel,
+    CrossGPUModelError,
+    load_crossgpu,
+    op_table_from_block,
+    spec_row,
+)
 from gpurec.model.features import (
     FeatureBuilder,
     FeatureConfig,
@@ -364,6 +371,8 @@ class Predictor:
         # Precisions with measured rows in the training data (models trained before precision
         # existed saw fp32 only).
         self.precisions_measured: tuple[str, ...] = tuple(manifest.get("precisions_measured", ["fp32"]))
+        self.crossgpu: CrossGPUModel | None = load_crossgpu(self.model_dir)
+        self.cross_anchors = self._anchors()
 
     # -- GPUs -------------------------------------------------------------------------------------
     @property
@@ -381,6 +390,23 @@ class Predictor:
             spec = resolve_gpu(gpu)  # raises UnknownGPU (a ValueError listing the choices)
             hit = self._hw[gpu] = (spec.nvml_name, hardware_row(spec))
         return hit
+
+    def _anchors(self) -> list[str]:
+        """GPUs whose GPU time comes from their own host-free measurements (the cross-GPU anchors):
+        measured GPUs with host-free rows in the cross-GPU model's data.  Every other GPU takes
+        the first anchor's time times the cross-GPU model's ratio (see :meth:`_cross_time`)."""
+        if self.crossgpu is None:
+            return []
+        sources = self.crossgpu.info.get("sources", {})
+        host_free = {key.split("|", 1)[1] for key in sources if key.startswith("h100_host_free|")}
+        return [g for g in self.measured if g in host_free]
+
+    def cross_anchor(self, gpu: str) -> str | None:
+        """The anchor GPU whose time ``gpu``'s is transferred from (None: ``gpu`` uses its own)."""
+        nvml = self._gpu(gpu)[0]
+        if not self.cross_anchors or nvml in self.cross_anchors:
+            return None
+        return self.cross_anchors[0]
 
     # -- operations -------------------------------------------------------------------------------
     def _entry(self, model: str | nn.Module | Sequence[Any], input_shape: Sequence[int] | None, mode: str,
@@ -519,18 +545,25 @@ class Predictor:
         distinct = block if rows is None else block.take(rows)
         spread = (lambda a: a) if inverse is None else (lambda a: a[inverse])
         feats = self.builder.build(distinct, hw[None, :])
-        t = spread(np.exp(self._boosters["time"][mode].predict(masked(feats.X, self._masks["time"]),
-                                                                feats.margin_time)))
         w = spread(np.exp(self._boosters["power"][mode].predict(masked(feats.X, self._masks["power"]),
                                                                  feats.margin_power)))
         offsets = np.cumsum([0, *(len(e.block) for e, _ in entries)])
-        hit = np.zeros(len(t), dtype=bool)
-        if self.lookup is not None:
-            t, w, hit = self.lookup.apply(t, w, block.signatures, nvml, mode)
-        if self.kernel_free_no_gpu_time:
-            t = free_kernel_free(t, block.kernel_free, hit)
-        sums = aggregate(t, w, offsets, self.small_op_ms, hit)
-        t_net, w_net, key = self.correction.apply(sums, nvml, mode)
+        anchor = self.cross_anchor(nvml)
+        if anchor is None:
+            t = spread(np.exp(self._boosters["time"][mode].predict(masked(feats.X, self._masks["time"]),
+                                                                    feats.margin_time)))
+            hit = np.zeros(len(t), dtype=bool)
+            if self.lookup is not None:
+                t, w, hit = self.lookup.apply(t, w, block.signatures, nvml, mode)
+            if self.kernel_free_no_gpu_time:
+                t = free_kernel_free(t, block.kernel_free, hit)
+            sums = aggregate(t, w, offsets, self.small_op_ms, hit)
+            t_net, w_net, key = self.correction.apply(sums, nvml, mode)
+        else:
+            t, t_net, w_net, key, sums = self._cross_time(distinct, spread, block, offsets, mode, nvml, anchor, w)
+            hit = np.zeros(len(t), dtype=bool)
+            if self.kernel_free_no_gpu_time:
+                t = free_kernel_free(t, block.kernel_free, hit)
         # The correction rescales each network's GPU work; the timeline then places it behind the host.
         factor = np.repeat(t_net / np.maximum(sums.sum_time_ms, 1e-12), np.diff(offsets))
         groups = self.builder.group_index(distinct.kinds)
@@ -574,6 +607,34 @@ class Predictor:
                                  covered=covered)
             out.append(est)
         return out
+
+    def _cross_time(self, distinct: OpBlock, spread: Any, block: OpBlock, offsets: np.ndarray, mode: str,
+                    nvml: str, anchor: str, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, Any]:
+        """GPU time on a GPU without host-free measurements: the anchor's (its measured operations
+        and its whole-network correction included) times, per operation, the cross-GPU model's
+        ratio (gpurec.model.crossgpu) of this GPU to the anchor.  A GPU no worse than the anchor
+        in every specification gets ratios <= 1, so it is never predicted slower; power stays
+        this GPU's own."""
+        a_nvml, a_hw = self._gpu(anchor)
+        feats_a = self.builder.build(distinct, a_hw[None, :])
+        t_a = spread(np.exp(self._boosters["time"][mode].predict(masked(feats_a.X, self._masks["time"]),
+                                                                  feats_a.margin_time)))
+        hit_a = np.zeros(len(t_a), dtype=bool)
+        if self.lookup is not None:
+            t_a, _, hit_a = self.lookup.apply(t_a, np.ones_like(t_a), block.signatures, a_nvml, mode)
+        sums_a = aggregate(t_a, np.ones_like(t_a), offsets, self.small_op_ms, hit_a)
+        t_net_a, _, key_a = self.correction.apply(sums_a, a_nvml, mode)
+        table = op_table_from_block(distinct)
+        cross = self.crossgpu
+        if cross is None:  # anchors exist only with a cross-GPU model
+            raise CrossGPUModelError("no cross-GPU model loaded: a GPU cannot take an anchor's time without it")
+        ratio = spread(cross.predict_ms(table, spec_row(nvml)) / cross.predict_ms(table, spec_row(a_nvml)))
+        t = t_a * ratio
+        sums = aggregate(t, w, offsets, self.small_op_ms, None)
+        _, w_net, _ = self.correction.apply(sums, nvml, mode)
+        # the anchor's network correction, carried over as a factor on the transferred operations
+        t_net = t_net_a / np.maximum(sums_a.sum_time_ms, 1e-12) * sums.sum_time_ms
+        return t, t_net, w_net, f"{key_a} x cross-GPU ratio to {anchor}", sums
 
     def clear_cache(self) -> None:
         self._cache.clear()

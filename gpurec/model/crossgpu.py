@@ -1,0 +1,232 @@
+"""Cross-GPU operation time: a roofline with wave quantisation and a learned, bounded efficiency.
+
+After NeuSight (ASPLOS'25), an operation's GPU time on GPU g is built from g's specifications:
+
+    rate_c = rate_c0 * p(g),  rate_c0 = max(fp32(g) * u_ff, tf32_ok * tf32(g) * u_tc)   FLOP/s
+    p(g)   = (TDP(g) / (TDP(g) + rho * rate_c0))^gamma                 power headroom, gamma in (0, 1)
+    rate_m = bandwidth(g) * u_m(L2(g))                                 effective DRAM byte/s
+    rate_s = SMs(g) * clock(g) * beta * u_s                            effective on-chip byte/s
+    t      = (sum of (F/rate_c, B/rate_m, B/rate_s)^k)^(1/k) * Q(g)^a + c0
+
+F and B are the operation's FLOPs and bytes in its mode; the efficiencies ``u`` lie in (0, 1)
+(a sigmoid of a linear function of the operation's features: kind group, log FLOPs, log bytes,
+log output elements, intensity, mode), so no GPU is ever credited beyond its peak.  The third
+term is the SMs' own load/store throughput (``beta`` bytes per SM per clock, learned): an
+operation whose data stays in L2 does not speed up with DRAM bandwidth (an H200 is an H100 with
+43% more bandwidth, and most small operations run no faster on it).  ``p(g)`` is the power headroom: a card with a
+low board power per peak FLOP/s (T4: 70 W for 8.1 TFLOPS) cannot hold its boost clock on large
+operations; ``gamma`` (per operation, in (0, 1)) keeps the rate non-decreasing in peak and TDP. ``Q`` is wave
+quantisation: GEMM-like kernels run 128x128 output tiles, one per SM at a time, and a partly
+filled last wave costs a full one. ``u_m`` grows with log(L2 / working set) through a weight kept
+non-negative, so a larger L2 never slows an operation down.
+
+**Monotone by construction.** Time depends on the GPU only through fp32, tf32 (inside a max,
+times non-negative efficiencies), bandwidth, L2 (non-decreasing ``u_m``) and the SM count (``Q``
+is taken as the best quantisation over any count up to the GPU's, which never increases with
+more SMs; the on-chip term falls with more SMs and a higher clock). So a GPU that is not worse in any of these never gets a longer time.
+
+Prediction is numpy only; fitting lives in gpurec.model.crossgpu_fit (torch autograd).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpurec.catalog import GPUSpec, resolve_gpu
+from gpurec.model.features import KIND_GROUPS, OpBlock, kind_group
+
+CROSSGPU_SCHEMA = 1
+CROSSGPU_FILE = "crossgpu.json"
+GEMM_GROUPS = ("conv", "matmul", "attention")
+GEMM_TILE = 128 * 128
+MAX_SM = 256  # wave quantisation looks at SM counts up to this
+
+# GPU columns the model reads (units in the names), in this order.
+GPU_COLUMNS = ("fp32_tflops", "tf32_tflops", "memory_bandwidth_gbs", "l2_cache_mb", "sm_count", "max_sm_clock_mhz",
+               "tdp_w")
+# Per-operation columns: what crosses the GPU (raw) and what the efficiencies see (design).
+OP_COLUMNS = ("flops_mode", "bytes_mode", "output_elements", "gemm", "tf32_ok")
+
+
+class CrossGPUModelError(ValueError):
+    """The cross-GPU model file is missing, of another schema, or does not fit this code."""
+
+
+def spec_row(gpu: str | GPUSpec) -> np.ndarray:
+    """The GPU columns of one catalogue GPU."""
+    s = resolve_gpu(gpu)
+    return np.array([s.fp32_tflops, s.tf32_tflops, s.memory_bandwidth_gbs, s.l2_cache_mb, s.sm_count,
+                     s.max_sm_clock_mhz, s.tdp_w], dtype=np.float64)
+
+
+@dataclass
+class OpTable:
+    """Operations as the cross-GPU model sees them: raw columns and the efficiency design matrix."""
+
+    raw: np.ndarray  # (n, len(OP_COLUMNS))
+    design: np.ndarray  # (n, n_design)
+
+    def __len__(self) -> int:
+        return int(self.raw.shape[0])
+
+    def take(self, idx: np.ndarray) -> OpTable:
+        return OpTable(self.raw[idx], self.design[idx])
+
+
+# Per kind group: intercept, log FLOPs, log bytes, log output elements, log intensity, log of the
+# reduction length (FLOPs per output element: K of a GEMM, C_in x k^2 of a convolution) and squares.
+_PER_GROUP = ("1", "log_flops", "log_bytes", "log_out", "log_intensity", "log_reduction", "log_flops^2",
+              "log_bytes^2", "log_reduction^2")
+
+
+def design_names() -> list[str]:
+    """Names of the efficiency design columns: per kind group, an intercept and slopes."""
+    names = []
+    for g in KIND_GROUPS:
+        names += [f"{g}:{c}" for c in _PER_GROUP]
+    return [*names, "training", "training:log_flops", "training:log_bytes"]
+
+
+def op_table(flops_mode: np.ndarray, bytes_mode: np.ndarray, output_elements: np.ndarray, groups: Sequence[str],
+             training: np.ndarray, tf32_ok: np.ndarray) -> OpTable:
+    """Build the table from per-operation arrays (groups are KIND_GROUPS names)."""
+    f = np.maximum(np.asarray(flops_mode, dtype=np.float64), 0.0)
+    b = np.maximum(np.asarray(bytes_mode, dtype=np.float64), 1.0)
+    o = np.maximum(np.asarray(output_elements, dtype=np.float64), 1.0)
+    gidx = np.array([KIND_GROUPS.index(g) for g in groups], dtype=np.int64)
+    tr = np.asarray(training, dtype=np.float64)
+    n = len(f)
+    lf, lb, lo = np.log10(f + 1.0) / 10, np.log10(b) / 10, np.log10(o) / 10
+    li = np.log10((f + 1.0) / b) / 4
+    lr = np.log10(f / (2.0 * o) + 1.0) / 4
+    per = np.stack([np.ones(n), lf, lb, lo, li, lr, lf**2, lb**2, lr**2], axis=1)
+    w = per.shape[1]
+    design = np.zeros((n, len(KIND_GROUPS) * w + 3))
+    for j in range(w):
+        design[np.arange(n), gidx * w + j] = per[:, j]
+    design[:, -3:] = np.stack([tr, tr * lf, tr * lb], axis=1)
+    gemm = np.isin(gidx, [KIND_GROUPS.index(g) for g in GEMM_GROUPS]).astype(np.float64)
+    raw = np.stack([f, b, o, gemm, np.asarray(tf32_ok, dtype=np.float64)], axis=1)
+    return OpTable(raw=raw, design=design)
+
+
+def op_table_from_block(block: OpBlock, tf32_convs: bool = True) -> OpTable:
+    """The table of extracted operations (``tf32_convs``: cuDNN may use TF32, PyTorch's default)."""
+    from gpurec.ops.features import FEATURE_NAMES
+
+    v = block.values
+    col = FEATURE_NAMES.index
+    training = block.training.astype(np.float64)
+    has_bwd = training * ((v[:, col("flops_bwd")] > 0) | (v[:, col("input_requires_grad")] > 0))
+    flops_mode = v[:, col("flops_total")] + training * v[:, col("flops_bwd")]
+    bytes_mode = v[:, col("bytes_total")] * (1.0 + 2.0 * has_bwd)  # as gpurec.model.features
+    groups = [kind_group(k) for k in block.kinds]
+    tf32_ok = np.array([tf32_convs and g == "conv" for g in groups], dtype=np.float64)
+    return op_table(flops_mode, bytes_mode, v[:, col("output_elements")], groups, training, tf32_ok)
+
+
+def wave_factor(output_elements: np.ndarray, gemm: np.ndarray, sm_count: float) -> np.ndarray:
+    """Wave quantisation >= 1 of GEMM-like kernels on ``sm_count`` SMs (1 elsewhere).
+
+    The best over any SM count up to the GPU's, so that more SMs never raise it."""
+    tiles = np.ceil(np.maximum(output_elements, 1.0) / GEMM_TILE)
+    out = np.ones(len(tiles))
+    idx = np.flatnonzero(gemm > 0)
+    if len(idx) == 0:
+        return out
+    s = np.arange(1, int(min(max(sm_count, 1), MAX_SM)) + 1, dtype=np.float64)
+    t = tiles[idx, None]
+    q = np.ceil(t / s[None, :]) * s[None, :] / t
+    out[idx] = q.min(axis=1)
+    return out
+
+
+@dataclass
+class CrossGPUModel:
+    """Fitted parameters (see the module docstring); ``info`` records how and on what it was fitted."""
+
+    theta_ff: np.ndarray
+    theta_tc: np.ndarray
+    theta_m: np.ndarray
+    theta_s: np.ndarray
+    theta_p: np.ndarray
+    sm_bytes_per_clock: float  # > 0
+    watts_per_tflops: float  # > 0 (rho)
+    l2_weight: float  # >= 0
+    k: float  # > 0, soft-max exponent of the roofline
+    wave_exponent: float  # >= 0
+    c0_ms: float  # >= 0, shortest kernel
+    info: dict[str, Any]
+
+    def predict_ms(self, ops: OpTable, gpu: str | GPUSpec | np.ndarray) -> np.ndarray:
+        """GPU time (ms) of each operation on one GPU (a name, a spec, or its spec_row)."""
+        spec = gpu if isinstance(gpu, np.ndarray) else spec_row(gpu)
+        return self.predict_ms_rows(ops, np.broadcast_to(spec, (len(ops), len(GPU_COLUMNS))))
+
+    def predict_ms_rows(self, ops: OpTable, specs: np.ndarray, waves: np.ndarray | None = None) -> np.ndarray:
+        """GPU time (ms) of operation i on the GPU of spec row i (``waves``: precomputed wave_factor)."""
+        f, b, o, gemm, tf32_ok = (ops.raw[:, j] for j in range(len(OP_COLUMNS)))
+        fp32, tf32, bw, l2, sms, clock, tdp = (specs[:, j] for j in range(len(GPU_COLUMNS)))
+        x = ops.design
+        u_ff = _sigmoid(x @ self.theta_ff)
+        u_tc = _sigmoid(x @ self.theta_tc)
+        l2_fit = np.clip(np.log2(l2 * 2**20 / b), 0.0, 8.0)
+        u_m = _sigmoid(x @ self.theta_m + self.l2_weight * l2_fit)
+        peak = np.maximum(fp32 * u_ff, tf32_ok * tf32 * u_tc)
+        gamma = _sigmoid(x @ self.theta_p)
+        # in the rate actually used, so the rate stays non-decreasing in both peaks and in TDP
+        headroom = (tdp / (tdp + self.watts_per_tflops * peak)) ** gamma
+        rate_c = peak * headroom * 1e9  # FLOP per ms
+        rate_m = bw * u_m * 1e6  # byte per ms
+        rate_s = sms * clock * 1e3 * self.sm_bytes_per_clock * _sigmoid(x @ self.theta_s)  # byte per ms
+        k = self.k
+        roof = ((f / rate_c) ** k + (b / rate_m) ** k + (b / rate_s) ** k) ** (1.0 / k)
+        if waves is None:
+            if np.all(sms == sms[0]) if len(sms) else True:
+                waves = wave_factor(o, gemm, float(sms[0]) if len(sms) else 1.0)
+            else:
+                waves = np.array([wave_factor(o[i:i + 1], gemm[i:i + 1], float(sms[i]))[0] for i in range(len(o))])
+        return roof * waves ** self.wave_exponent + self.c0_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": CROSSGPU_SCHEMA, "design": design_names(), "gpu_columns": list(GPU_COLUMNS),
+                "theta_ff": self.theta_ff.tolist(), "theta_tc": self.theta_tc.tolist(), "theta_m": self.theta_m.tolist(),
+                "theta_s": self.theta_s.tolist(), "sm_bytes_per_clock": self.sm_bytes_per_clock,
+                "theta_p": self.theta_p.tolist(), "watts_per_tflops": self.watts_per_tflops,
+                "l2_weight": self.l2_weight, "k": self.k, "wave_exponent": self.wave_exponent, "c0_ms": self.c0_ms,
+                "info": self.info}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CrossGPUModel:
+        if d.get("schema") != CROSSGPU_SCHEMA or d.get("design") != design_names() \
+                or d.get("gpu_columns") != list(GPU_COLUMNS):
+            raise CrossGPUModelError("the cross-GPU model was fitted for another feature layout; refit it with "
+                                     "`gpurec train-crossgpu` (gpurec.model.crossgpu_fit.fit_and_save)")
+        if min(d["l2_weight"], d["wave_exponent"], d["c0_ms"]) < 0 or d["k"] <= 0 \
+                or min(d["sm_bytes_per_clock"], d["watts_per_tflops"]) <= 0:
+            raise CrossGPUModelError("cross-GPU model parameters break monotonicity (negative L2 weight, wave "
+                                     "exponent or floor, or k <= 0); refit it")
+        return cls(np.asarray(d["theta_ff"], dtype=np.float64), np.asarray(d["theta_tc"], dtype=np.float64),
+                   np.asarray(d["theta_m"], dtype=np.float64), np.asarray(d["theta_s"], dtype=np.float64),
+                   np.asarray(d["theta_p"], dtype=np.float64),
+                   float(d["sm_bytes_per_clock"]), float(d["watts_per_tflops"]),
+                   float(d["l2_weight"]), float(d["k"]),
+                   float(d["wave_exponent"]), float(d["c0_ms"]), dict(d.get("info", {})))
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
+
+
+def load_crossgpu(model_dir: Path | str) -> CrossGPUModel | None:
+    """The cross-GPU model saved beside the predictors, or None when there is none."""
+    path = Path(model_dir) / CROSSGPU_FILE
+    if not path.exists():
+        return None
+    return CrossGPUModel.from_dict(json.loads(path.read_text(encoding="utf-8")))

@@ -1,0 +1,492 @@
+"""Fit and validate the cross-GPU operation time model (gpurec.model.crossgpu) on every GPU with data.
+
+Training rows, one table:
+
+* ``neusight``: NeuSight's public per-operation rows (Tesla P4, P100, T4, V100, A100-PCIe-40GB,
+  A100-80GB-PCIe; FP32, TF32 off) that are not host-dominated, with the host floor subtracted
+  (gpurec.dataset.external explains the floor);
+* ``h100_host_free``: this project's H100 rows timed as CUDA-graph replays (``gpu_time_ms``);
+* ``h200_eager``: the H200's eager rows where the GPU dominates the eager time.  Eager time over
+  back-to-back calls is about max(host issue, GPU), so a row counts when, for the same operation
+  and mode on the H100, host-free / eager >= ``GPU_DOMINATED_RATIO`` (the GPU was the bottleneck
+  there) and the H200's eager time is at least ``GPU_DOMINATED_HOST_FACTOR`` times the H100
+  host's issue time ``host_ms`` (it still is on the faster H200).
+
+The operations of our rows come from re-extracting their model-input sets (as training does).
+Fitting minimises the squared log error with every GPU weighted equally and, within a GPU, every
+kind group equally, by L-BFGS through torch autograd (a few seconds).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpurec.model.crossgpu import (
+    CROSSGPU_FILE,
+    GPU_COLUMNS,
+    CrossGPUModel,
+    OpTable,
+    op_table,
+    op_table_from_block,
+    spec_row,
+    wave_factor,
+)
+from gpurec.model.features import kind_group
+
+GPU_DOMINATED_RATIO = 0.9
+GPU_DOMINATED_HOST_FACTOR = 1.25
+NEUSIGHT_CAP_PER_OP = 300
+PAIR_WEIGHT = 1.0  # the H200/H100 pairs' log-ratio loss, against 1.0 for all rows together  # training rows per (GPU, NeuSight operation, split); evaluation uses all
+H100 = "NVIDIA H100 80GB HBM3"
+H200 = "NVIDIA H200"
+
+
+@dataclass
+class CrossTable:
+    """Training/evaluation rows: a frame (source, gpu, group, kind, mode, target_ms, ...) and its OpTable."""
+
+    frame: Any
+    ops: OpTable
+    specs: np.ndarray  # (n, len(GPU_COLUMNS))
+    waves: np.ndarray  # (n,) wave factor of each row on its GPU
+
+    def take(self, idx: np.ndarray) -> CrossTable:
+        return CrossTable(self.frame.iloc[idx].reset_index(drop=True), self.ops.take(idx), self.specs[idx],
+                          self.waves[idx])
+
+
+def _neusight_rows(data_root: Path | str | None) -> tuple[Any, OpTable]:
+    from gpurec.dataset import load_dataset
+
+    d = load_dataset(source="neusight", root=data_root)
+    d = d[~d["host_dominated"] & (d["gpu_time_ms"] > 0)].reset_index(drop=True)
+    groups = [kind_group(k) for k in d["op_kind"]]
+    ops = op_table(d["flops"] + d["flops_elementwise"], d["bytes_read"] + d["bytes_written"], d["output_elements"],
+                   groups, np.zeros(len(d)), np.zeros(len(d)))  # TF32 off in every NeuSight row
+    frame = d[["gpu", "op_kind", "neusight_op", "split", "latency_ms", "host_floor_ms"]].rename(
+        columns={"op_kind": "kind"}).assign(source="neusight", group=groups, mode="inference",
+                                            target_ms=d["gpu_time_ms"].to_numpy())
+    return frame, ops
+
+
+def gpu_dominated_h200(h100: Any, h200: Any) -> Any:
+    """The H200 eager rows where the GPU dominates (module docstring), with the H100's figures beside."""
+    a = h100[["op_signature", "mode", "gpu_time_ms", "time_ms", "host_ms"]].rename(
+        columns={"gpu_time_ms": "h100_gpu_time_ms", "time_ms": "h100_time_ms", "host_ms": "h100_host_ms"})
+    m = h200.merge(a, on=["op_signature", "mode"], how="inner")
+    ratio = m["h100_gpu_time_ms"] / m["h100_time_ms"]
+    keep = (ratio >= GPU_DOMINATED_RATIO) & (m["time_ms"] >= GPU_DOMINATED_HOST_FACTOR * m["h100_host_ms"]) \
+        & (m["time_ms"] > 0)
+    return m[keep.to_numpy()].reset_index(drop=True)
+
+
+def _own_rows(data_root: Path | str | None, cache_dir: str | None, log: Callable[[str], None]) -> tuple[Any, OpTable]:
+    import pandas as pd
+
+    from gpurec.dataset import load_dataset
+    from gpurec.model._sets import test_arch_names
+    from gpurec.model.evaluate import arch_of
+    from gpurec.model.features import SetExtractor, operations_of_rows
+
+    ops = load_dataset(root=data_root, table="operations")
+    ops = ops[~ops["set_key"].map(lambda s: arch_of(s) in test_arch_names())]  # never trained on
+    h100 = ops[(ops["gpu"] == H100) & (pd.to_numeric(ops["gpu_time_ms"], errors="coerce") > 0)
+               & ops.get("captured", pd.Series(True, index=ops.index)).fillna(False).astype(bool)]
+    h100 = h100.drop_duplicates(["op_signature", "mode"], keep="last").reset_index(drop=True)
+    h200 = gpu_dominated_h200(h100, ops[ops["gpu"] == H200].drop_duplicates(["op_signature", "mode"], keep="last"))
+    rows = pd.concat([h100.assign(source="h100_host_free", target_ms=h100["gpu_time_ms"].astype(float)),
+                      h200.assign(source="h200_eager", target_ms=h200["time_ms"].astype(float))], ignore_index=True)
+    t0 = time.perf_counter()
+    extractor = SetExtractor(cache_dir)
+    matched = operations_of_rows(rows, extractor)
+    extractor.save()
+    rows = rows.iloc[matched.row_index].reset_index(drop=True)
+    log(f"cross-GPU: {len(rows)} own rows matched to their operations in {time.perf_counter() - t0:.0f} s "
+        f"(unmatched: {matched.unmatched or 'none'})")
+    table = op_table_from_block(matched.block, tf32_convs=True)  # the rows ran with cuDNN TF32 allowed
+    groups = [kind_group(k) for k in matched.block.kinds]
+    frame = rows[["gpu", "op_kind", "mode", "source", "target_ms", "op_signature", "set_key"]].rename(
+        columns={"op_kind": "kind"}).assign(group=groups, split="train")
+    return frame, table
+
+
+def build_table(data_root: Path | str | None = None, cache_dir: str | None = None,
+                log: Callable[[str], None] = print) -> CrossTable:
+    """Every row of every GPU with data (module docstring)."""
+    import pandas as pd
+
+    nf, no = _neusight_rows(data_root)
+    of, oo = _own_rows(data_root, cache_dir, log)
+    frame = pd.concat([nf, of], ignore_index=True)
+    ops = OpTable(np.concatenate([no.raw, oo.raw]), np.concatenate([no.design, oo.design]))
+    spec_of = {g: spec_row(g) for g in frame["gpu"].unique()}
+    specs = np.stack([spec_of[g] for g in frame["gpu"]])
+    waves = np.ones(len(frame))
+    for g in spec_of:
+        idx = np.flatnonzero(frame["gpu"].to_numpy() == g)
+        waves[idx] = wave_factor(ops.raw[idx, 2], ops.raw[idx, 3], float(spec_of[g][GPU_COLUMNS.index("sm_count")]))
+    return CrossTable(frame, ops, specs, waves)
+
+
+def training_rows(table: CrossTable, exclude_gpu: str | None = None, seed: int = 0) -> np.ndarray:
+    """Rows to fit on: NeuSight rows capped per (GPU, operation, split), all of ours; minus one GPU."""
+    f = table.frame
+    rng = np.random.default_rng(seed)
+    keep = []
+    for (gpu, source, _op, _split), idx in f.groupby(["gpu", "source", "neusight_op", "split"], dropna=False).indices.items():
+        if gpu == exclude_gpu:
+            continue
+        if source == "neusight" and len(idx) > NEUSIGHT_CAP_PER_OP:
+            idx = rng.choice(idx, NEUSIGHT_CAP_PER_OP, replace=False)
+        keep.append(np.asarray(idx))
+    return np.sort(np.concatenate(keep))
+
+
+def fit(table: CrossTable, rows: np.ndarray, max_iter: int = 100, info: dict[str, Any] | None = None) -> CrossGPUModel:
+    """Fit the parameters on ``rows`` of ``table`` (squared log error, GPUs and kind groups weighted equally)."""
+    import torch
+
+    torch.set_num_threads(1)  # small problem; more threads only contend on a shared machine
+    sub = table.take(rows)
+    f = sub.frame
+    per_group = f.groupby(["gpu", "group"])["target_ms"].transform("size").to_numpy(dtype=np.float64)
+    groups_of_gpu = f.groupby("gpu")["group"].transform("nunique").to_numpy(dtype=np.float64)
+    w = 1.0 / (per_group * groups_of_gpu)
+    w = w / w.sum()
+    dt = torch.float64
+    x = torch.tensor(sub.ops.design, dtype=dt)
+    raw = torch.tensor(sub.ops.raw, dtype=dt)
+    spec = torch.tensor(sub.specs, dtype=dt)
+    waves = torch.tensor(np.log(sub.waves), dtype=dt)
+    y = torch.tensor(np.log(f["target_ms"].to_numpy(dtype=np.float64)), dtype=dt)
+    wt = torch.tensor(w, dtype=dt)
+    n_design = x.shape[1]
+    params = {name: torch.zeros(n_design, dtype=dt, requires_grad=True) for name in ("ff", "tc", "m", "s", "p")}
+    scalars = {name: torch.tensor(v, dtype=dt, requires_grad=True)
+               for name, v in (("l2", -2.0), ("k", 0.5), ("wave", -1.0), ("c0", -6.0), ("beta", 4.0),
+                               ("rho", 1.0))}
+    fl, by, tf32_ok = raw[:, 0], raw[:, 1], raw[:, 4]
+    fp32, tf32, bw, l2, sms, clock, tdp = (spec[:, j] for j in range(len(GPU_COLUMNS)))
+    l2_fit = torch.clamp(torch.log2(l2 * 2**20 / by), 0.0, 8.0)
+    sp = torch.nn.functional.softplus
+
+    def predict_log() -> torch.Tensor:
+        u_ff, u_tc = torch.sigmoid(x @ params["ff"]), torch.sigmoid(x @ params["tc"])
+        u_m = torch.sigmoid(x @ params["m"] + sp(scalars["l2"]) * l2_fit)
+        gamma = torch.sigmoid(x @ params["p"])
+        peak = torch.maximum(fp32 * u_ff, tf32_ok * tf32 * u_tc)
+        rate_c = peak * (tdp / (tdp + sp(scalars["rho"]) * peak)) ** gamma * 1e9
+        rate_m = bw * u_m * 1e6
+        rate_s = sms * clock * 1e3 * sp(scalars["beta"]) * torch.sigmoid(x @ params["s"])
+        k = 0.5 + sp(scalars["k"])
+        # log of (a^k + b^k)^(1/k) via logsumexp, stable over five orders of magnitude
+        la = torch.log(torch.clamp(fl, min=1e-30) / rate_c)
+        la = torch.where(fl > 0, la, torch.full_like(la, -1e3))
+        lb = torch.log(by / rate_m)
+        ls = torch.log(by / rate_s)
+        roof = torch.logsumexp(torch.stack([k * la, k * lb, k * ls]), dim=0) / k + sp(scalars["wave"]) * waves
+        return torch.logaddexp(roof, torch.log(sp(scalars["c0"])))
+
+    # Pairs: an operation measured on the H200 (GPU-dominated eager) and on the H100 (host-free).
+    # Their measured ratio is the only direct evidence of what bandwidth alone buys, and the
+    # predictor uses this model as a ratio to the H100, so the pairs' log ratio is fitted too,
+    # weighted as much as all rows together.
+    pa, pb = _pairs(f)
+    pair_w = PAIR_WEIGHT if len(pa) else 0.0
+    pa_t, pb_t = torch.tensor(pa, dtype=torch.long), torch.tensor(pb, dtype=torch.long)
+    everything = [*params.values(), *scalars.values()]
+    opt = torch.optim.LBFGS(everything, lr=1.0, max_iter=max_iter, history_size=20, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        pred = predict_log()
+        loss = (wt * (pred - y) ** 2).sum() + 1e-4 * sum((p ** 2).sum() for p in params.values())
+        if len(pa):
+            loss = loss + pair_w * (((pred[pa_t] - pred[pb_t]) - (y[pa_t] - y[pb_t])) ** 2).mean()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        loss = float((wt * (predict_log() - y) ** 2).sum())
+        k = float(0.5 + sp(scalars["k"]))
+        return CrossGPUModel(
+            theta_ff=params["ff"].detach().numpy().copy(), theta_tc=params["tc"].detach().numpy().copy(),
+            theta_m=params["m"].detach().numpy().copy(), theta_s=params["s"].detach().numpy().copy(),
+            theta_p=params["p"].detach().numpy().copy(), sm_bytes_per_clock=float(sp(scalars["beta"])),
+            watts_per_tflops=float(sp(scalars["rho"])), l2_weight=float(sp(scalars["l2"])), k=k,
+            wave_exponent=float(sp(scalars["wave"])), c0_ms=float(sp(scalars["c0"])),
+            info={**(info or {}), "rows": int(len(rows)), "weighted_log_mse": loss,
+                  "rows_by_gpu": {str(g): int(n) for g, n in f["gpu"].value_counts().sort_index().items()}})
+
+
+def _pairs(f: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Positions (H200 row, H100 row) of the same (operation, mode) in ``f`` (both sources present)."""
+    if "op_signature" not in f:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    pos = np.arange(len(f))
+    h100 = {(s, m): i for s, m, i, src in zip(f["op_signature"], f["mode"], pos, f["source"], strict=True)
+            if src == "h100_host_free"}
+    pairs = [(i, h100[(s, m)]) for s, m, i, src in zip(f["op_signature"], f["mode"], pos, f["source"], strict=True)
+             if src == "h200_eager" and (s, m) in h100]
+    if not pairs:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    a, b = zip(*pairs, strict=True)
+    return np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)
+
+
+def predict_rows(model: CrossGPUModel, table: CrossTable, idx: np.ndarray | None = None) -> np.ndarray:
+    """Predicted GPU time (ms) of rows of the table, each on its own GPU."""
+    sub = table if idx is None else table.take(idx)
+    return model.predict_ms_rows(sub.ops, sub.specs, sub.waves)
+
+
+def leave_one_gpu_out(table: CrossTable, gpus: list[str] | None = None, log: Callable[[str], None] = print
+                      ) -> tuple[Any, dict[str, CrossGPUModel]]:
+    """Per held-out GPU, a model fitted without it; returns a frame of every row of that GPU with
+    its prediction (columns of ``table.frame`` + ``pred_ms``) and the fold models."""
+    import pandas as pd
+
+    gpus = gpus or sorted(table.frame["gpu"].unique())
+    parts, models = [], {}
+    for g in gpus:
+        t0 = time.perf_counter()
+        m = fit(table, training_rows(table, exclude_gpu=g), info={"held_out": g})
+        idx = np.flatnonzero(table.frame["gpu"].to_numpy() == g)
+        part = table.frame.iloc[idx].reset_index(drop=True).assign(pred_ms=predict_rows(m, table, idx))
+        parts.append(part)
+        models[g] = m
+        ape = np.abs(part["pred_ms"] / part["target_ms"] - 1)
+        log(f"cross-GPU leave out {g}: MAPE {100 * ape.mean():.1f}% over {len(part)} rows "
+            f"({time.perf_counter() - t0:.0f} s)")
+    return pd.concat(parts, ignore_index=True), models
+
+
+CROSSGPU_REPORT_FILE = "crossgpu_report.json"
+
+
+def fit_and_save(data_root: Path | str | None = None, out_dir: Path | str = "models", cache_dir: str | None = None,
+                 validate: bool = True, log: Callable[[str], None] = print) -> CrossGPUModel:
+    """Fit on every GPU with data and write ``out_dir/crossgpu.json``; with ``validate``, also the
+    leave-one-GPU-out evaluation ``out_dir/crossgpu_report.json`` (docs/accuracy.md reads it)."""
+    from gpurec.dataset.store import atomic_write_text
+
+    t0 = time.perf_counter()
+    table = build_table(data_root, cache_dir, log)
+    counts = table.frame.groupby(["source", "gpu"]).size()
+    model = fit(table, training_rows(table), info={
+        "sources": {f"{s}|{g}": int(n) for (s, g), n in counts.items()},
+        "gpu_dominated_h200": {"h100_host_free_over_eager_min": GPU_DOMINATED_RATIO,
+                               "h200_eager_over_h100_host_ms_min": GPU_DOMINATED_HOST_FACTOR},
+        "neusight_cap_per_op": NEUSIGHT_CAP_PER_OP})
+    out = Path(out_dir)
+    atomic_write_text(out / CROSSGPU_FILE, json.dumps(model.to_dict(), indent=1, sort_keys=True) + "\n")
+    log(f"cross-GPU model: weighted log MSE {model.info['weighted_log_mse']:.4f} on {model.info['rows']} rows, "
+        f"saved to {out / CROSSGPU_FILE} ({time.perf_counter() - t0:.0f} s)")
+    if validate:
+        report = evaluate(table, data_root, cache_dir, log)
+        report["model_info"] = model.info
+        report["seconds"] = time.perf_counter() - t0
+        atomic_write_text(out / CROSSGPU_REPORT_FILE, json.dumps(_json_ready(report), indent=1, sort_keys=True)
+                          + "\n")
+        log(f"cross-GPU validation saved to {out / CROSSGPU_REPORT_FILE}")
+    return model
+
+
+def _json_ready(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _json_ready(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_ready(x) for x in v]
+    if isinstance(v, (np.floating, float)):
+        return None if not np.isfinite(v) else round(float(v), 6)
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+# -- whole public models: NeuSight's one-layer traces, full depth -------------------------------
+
+_LAYER = re.compile(r"(?:^|[._])(?:layer|layers|h|block|blocks)[._]0(?:[._]|$)")
+_ELEMENTWISE_FN = ("add", "mul", "sub", "truediv", "div", "pow", "tanh", "neg", "rsub", "where", "masked_fill")
+
+
+def _shapes(text: str) -> list[list[int]]:
+    try:
+        v = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return []
+    if isinstance(v, tuple):
+        v = [list(v)]
+    return [list(s) for s in v if isinstance(s, (list, tuple)) and all(isinstance(x, int) for x in s)]
+
+
+def node_operation(op: str, target: str, name: str, inputs: list[list[int]], output: list[int],
+                   training: bool) -> tuple[str, float, float, float] | None:
+    """(kind group, FLOPs, bytes, output elements) of one traced node, or None when it launches
+    no GPU work we model (shape queries, views, dropout in inference, placeholders)."""
+    out_el = float(np.prod(output)) if output else 0.0
+    low = f"{target} {name}".lower()
+    if op in ("placeholder", "get_attr", "output") or out_el <= 1:
+        return None
+    big = [s for s in inputs if len(s) >= 2]
+    in_el = float(sum(np.prod(s) for s in big))
+    if "addmm" in low and len(inputs) >= 3:
+        (m, k), n = inputs[1][-2:], inputs[2][-1]
+        return "matmul", 2.0 * m * k * n, 4.0 * (m * k + k * n + m * n + n), out_el
+    if any(w in low for w in ("matmul", "bmm", "baddbmm")) and len(big) >= 2:
+        a, b = big[0], big[1]
+        batch = float(np.prod(a[:-2])) if len(a) > 2 else 1.0
+        m, k, n = a[-2], a[-1], b[-1]
+        return "matmul", 2.0 * batch * m * k * n, 4.0 * (float(np.prod(a)) + float(np.prod(b)) + out_el), out_el
+    if "softmax" in low:
+        return "activation", 5.0 * out_el, 8.0 * out_el, out_el
+    if any(w in low for w in ("layernorm", "layer_norm", "ln_", "_ln", "norm")):
+        return "norm", 8.0 * out_el, 8.0 * out_el, out_el
+    if any(w in low for w in ("wte", "wpe", "embed")):
+        return "data_movement", 0.0, 8.0 * out_el, out_el
+    if "drop" in low:
+        return ("elementwise", out_el, 8.0 * out_el, out_el) if training else None
+    if any(w in low for w in ("gelu", "relu", "act")):
+        return "activation", 8.0 * out_el, 8.0 * out_el, out_el
+    if op == "call_module" and len(big) == 1 and len(output) >= 2:  # a Linear (q/k/v, dense, fc, proj)
+        din, dout = big[0][-1], output[-1]
+        rows = out_el / dout
+        return "matmul", 2.0 * rows * din * dout, 4.0 * (in_el + din * dout + out_el), out_el
+    if "contiguous" in low:
+        return "data_movement", 0.0, 8.0 * out_el, out_el
+    fn = target.rsplit(" ", 1)[-1].strip("<>'") if op == "call_function" else target
+    if op in ("call_function", "call_method") and any(fn.endswith(w) for w in _ELEMENTWISE_FN) and big:
+        return "elementwise", out_el, 4.0 * (in_el + out_el), out_el
+    return None
+
+
+def public_model_table(nodes: Any, models: Any) -> tuple[Any, OpTable, np.ndarray]:
+    """Operations of each traced public model (one row per modelled node) with its multiplicity:
+    a node of transformer layer 0 counts ``num_layer`` times, the rest (embeddings, head) once."""
+    import pandas as pd
+
+    rows, feats = [], []
+    for key, part in nodes.groupby(["gpu", "model", "mode", "seq_len", "batch"], sort=True):
+        meta = models[(models["gpu"] == key[0]) & (models["model"] == key[1]) & (models["mode"] == key[2])
+                      & (models["seq_len"] == key[3]) & (models["batch"] == key[4]) & (models["variant"] == "")]
+        if meta.empty or not np.isfinite(meta["num_layer"].iloc[0]) or meta["num_layer"].iloc[0] <= 0:
+            continue
+        layers = float(meta["num_layer"].iloc[0])
+        training = key[2] == "training"
+        part = part.sort_values("position")
+        # layer 0 spans from its first to its last named node (unnamed nodes between, e.g. addmm, belong to it)
+        marked = np.flatnonzero(part["node"].map(lambda n: bool(_LAYER.search(n))).to_numpy())
+        first, last = (marked[0], marked[-1]) if len(marked) else (1, 0)
+        for j, r in enumerate(part.itertuples(index=False)):
+            got = node_operation(r.op, r.target, r.node, _shapes(r.input_shapes),
+                                 (_shapes(r.output_shape) or [[]])[0], training)
+            if got is None:
+                continue
+            group, flops, nbytes, out_el = got
+            rows.append({"gpu": key[0], "model": key[1], "mode": key[2], "seq_len": key[3], "batch": key[4],
+                         "node": r.node, "group": group, "mult": layers if first <= j <= last else 1.0,
+                         "e2e_latency_ms": float(meta["e2e_latency_ms"].iloc[0])})
+            feats.append((flops, nbytes, out_el, group, training))
+    frame = pd.DataFrame(rows)
+    f = np.array([x[0] for x in feats]) * np.where([x[4] for x in feats], 3.0, 1.0)
+    b = np.array([x[1] for x in feats]) * np.where([x[4] for x in feats], 3.0, 1.0)
+    ops = op_table(f, b, np.array([x[2] for x in feats]), [x[3] for x in feats],
+                   np.array([x[4] for x in feats], dtype=float), np.zeros(len(feats)))  # TF32 off
+    return frame, ops, frame["mult"].to_numpy(dtype=np.float64)
+
+
+def public_model_errors(models_by_gpu: dict[str, CrossGPUModel], data_root: Path | str | None = None) -> Any:
+    """Each traced public model on its GPU, predicted by the model fitted without that GPU:
+    sum over nodes of predicted GPU time x multiplicity, against the measured full-depth e2e latency."""
+    from gpurec.dataset import load_dataset
+
+    nodes = load_dataset(source="neusight", root=data_root, table="nodes")
+    models = load_dataset(source="neusight", root=data_root, table="models")
+    frame, ops, mult = public_model_table(nodes, models)
+    frame = frame.assign(pred_ms=np.nan)
+    for gpu, idx in frame.groupby("gpu").indices.items():
+        model = models_by_gpu.get(str(gpu))
+        if model is None:
+            continue
+        frame.loc[idx, "pred_ms"] = model.predict_ms(ops.take(idx), str(gpu)) * mult[idx]
+    out = frame.groupby(["gpu", "model", "mode", "seq_len", "batch"], as_index=False).agg(
+        pred_ms=("pred_ms", "sum"), measured_ms=("e2e_latency_ms", "first"), nodes=("node", "size"))
+    return out.assign(ape=np.abs(out["pred_ms"] / out["measured_ms"] - 1))
+
+
+# -- H200 against H100 on whole networks ---------------------------------------------------------
+
+def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = None, cache_dir: str | None = None
+                        ) -> Any:
+    """The collected networks GPU-bound on both the H100 and the H200, with the H200/H100 time ratio
+    measured (eager over eager) and predicted (the model's op-sum ratio), and the H200's time
+    predicted as the H100's host-free network time times that ratio (``pred_h200_ms``, what the
+    predictor does) and directly as the model's summed operation times (``direct_h200_ms``).
+
+    GPU-bound: on the H100, host-free / eager >= GPU_DOMINATED_RATIO; on the H200, eager time >=
+    GPU_DOMINATED_HOST_FACTOR x the H100's single-step host time (as for operation rows)."""
+    import pandas as pd
+
+    from gpurec.dataset import load_dataset
+    from gpurec.model.features import SetExtractor
+
+    nets = load_dataset(root=data_root, table="networks")
+    a = nets[nets["gpu"] == H100][["set_key", "mode", "gpu_time_ms", "time_ms", "host_ms"]].rename(
+        columns={"gpu_time_ms": "h100_gpu_time_ms", "time_ms": "h100_time_ms", "host_ms": "h100_host_ms"})
+    b = nets[nets["gpu"] == H200][["set_key", "mode", "time_ms"]].rename(columns={"time_ms": "h200_time_ms"})
+    m = a.merge(b, on=["set_key", "mode"]).drop_duplicates(["set_key", "mode"], keep="last")
+    for c in ("h100_gpu_time_ms", "h100_time_ms", "h100_host_ms", "h200_time_ms"):
+        m[c] = pd.to_numeric(m[c], errors="coerce")
+    bound = (m["h100_gpu_time_ms"] / m["h100_time_ms"] >= GPU_DOMINATED_RATIO) \
+        & (m["h200_time_ms"] >= GPU_DOMINATED_HOST_FACTOR * m["h100_host_ms"])
+    m = m[bound.to_numpy()].reset_index(drop=True)
+    extractor = SetExtractor(cache_dir)
+    ratio, direct = np.full(len(m), np.nan), np.full(len(m), np.nan)
+    for i, r in enumerate(m.itertuples(index=False)):
+        block = extractor.get(r.set_key, r.mode)
+        if block is None or len(block) == 0:
+            continue
+        ops = op_table_from_block(block)
+        direct[i] = model.predict_ms(ops, H200).sum()
+        ratio[i] = direct[i] / model.predict_ms(ops, H100).sum()
+    extractor.save()
+    m = m.assign(pred_ratio=ratio, measured_ratio=m["h200_time_ms"] / m["h100_time_ms"], direct_h200_ms=direct)
+    m = m.assign(pred_h200_ms=m["h100_gpu_time_ms"] * m["pred_ratio"])
+    return m.assign(ape=np.abs(m["pred_h200_ms"] / m["h200_time_ms"] - 1),
+                    direct_ape=np.abs(m["direct_h200_ms"] / m["h200_time_ms"] - 1),
+                    ratio_error_pp=100 * (m["pred_ratio"] - m["measured_ratio"]))
+
+
+def evaluate(table: CrossTable, data_root: Path | str | None = None, cache_dir: str | None = None,
+             log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Leave one GPU out per operation kind group, on whole public models and on the H200's
+    GPU-bound networks, plus the H200/H100 ratio error; JSON-ready tables for docs/accuracy.md."""
+    logo, models = leave_one_gpu_out(table, log=log)
+    logo = logo.assign(ape=np.abs(logo["pred_ms"] / logo["target_ms"] - 1))
+    per_op = []
+    for (gpu, group), part in logo.groupby(["gpu", "group"]):
+        per_op.append({"gpu": gpu, "group": group, "rows": int(len(part)), "mape": float(part["ape"].mean()),
+                       "median_ape": float(part["ape"].median())})
+    per_gpu = [{"gpu": g, "rows": int(len(p)), "mape": float(p["ape"].mean()), "median_ape": float(p["ape"].median()),
+                "sources": sorted(p["source"].unique().tolist())} for g, p in logo.groupby("gpu")]
+    public = public_model_errors(models, data_root)
+    h200 = h200_network_errors(models[H200], data_root, cache_dir) if H200 in models else None
+    out: dict[str, Any] = {
+        "per_op": per_op, "per_gpu": per_gpu,
+        "public_models": public.drop(columns=[]).to_dict(orient="records"),
+    }
+    if h200 is not None:
+        cols = ["set_key", "mode", "h100_gpu_time_ms", "h100_time_ms", "h200_time_ms", "pred_ratio",
+                "measured_ratio", "pred_h200_ms", "ape", "direct_h200_ms", "direct_ape", "ratio_error_pp"]
+        out["h200_networks"] = h200[cols].to_dict(orient="records")
+    return out
