@@ -360,3 +360,21 @@ def test_the_ranking_states_its_precision(predictor) -> None:  # noqa: ANN001
     assert r.precision == "bf16-mixed" and not r.precision_measured
     assert r.to_json()["precision"] == "bf16-mixed"
     assert all(e.precision == "bf16-mixed" for e in r.estimates.values())
+
+
+def test_training_matches_a_row_to_the_operation_of_its_precision() -> None:
+    """A bf16-mixed row is featurised from the bf16-mixed extraction of its set: looked up in
+    the fp32 extraction its signature is not there, and the row would be lost to training."""
+    import pandas as pd
+
+    from gpurec.model.features import SetExtractor, operations_of_rows
+    from gpurec.ops import extract_operations
+
+    ops = extract_operations("resnet18", (1, 3, 32, 32), mode="inference", precision="bf16-mixed")
+    conv = next(op for op in ops if op.kind == "Conv2d")
+    row = {"set_key": "resnet18:b1:r32", "mode": "inference", "op_signature": conv.signature, "model_sets": None}
+    extractor = SetExtractor()
+    matched = operations_of_rows(pd.DataFrame([{**row, "precision": "bf16-mixed"}]), extractor)
+    assert len(matched.row_index) == 1 and matched.block.kinds[0] == "Conv2d"
+    as_fp32 = operations_of_rows(pd.DataFrame([{**row, "precision": None}]), extractor)
+    assert len(as_fp32.row_index) == 0 and sum(as_fp32.unmatched.values()) == 1

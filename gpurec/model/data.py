@@ -273,6 +273,12 @@ def prepare(data_root: Path | str | None, feature: FeatureConfig, time_target: s
     extra = ops[extra_cols].to_numpy(dtype=np.float64, na_value=np.nan) if extra_cols else None
     feats = builder.build(matched.block, hardware_matrix(ops["gpu"].tolist()), extra)
     test_archs, train_archs = set(test_arch_names()), set(dataset_arch_names())
+    if len(nets) and "precision" in nets:
+        # Network blocks are extracted in fp32: a network measured at another precision stays out of
+        # the network-level fits until they extract at the row's precision (counted, not dropped silently).
+        low = nets["precision"].fillna("fp32") != "fp32"
+        dropped["networks at a precision other than fp32"] = int(low.sum())
+        nets = nets[~low].reset_index(drop=True)
     if len(nets):
         nets = nets.assign(arch=nets["set_key"].map(arch_of))
         nets = nets[nets["arch"].isin(train_archs | test_archs)].reset_index(drop=True)

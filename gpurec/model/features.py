@@ -423,21 +423,21 @@ class SetExtractor:
                     self._disk = {}
         self._dirty = False
 
-    def get(self, set_key: str, mode: str) -> OpBlock | None:
-        key = (set_key, mode)
+    def get(self, set_key: str, mode: str, precision: str = "fp32") -> OpBlock | None:
+        key = (set_key, mode) if precision == "fp32" else (set_key, mode, precision)
         if key in self._mem:
             return self._mem[key]
-        block = self._from_disk(set_key, mode)
+        block = self._from_disk(set_key, mode, precision)
         if block is None:
-            block = self._extract(set_key, mode)
+            block = self._extract(set_key, mode, precision)
         self._mem[key] = block
         return block
 
-    def _disk_key(self, set_key: str, mode: str) -> str:
-        return f"{set_key}|{mode}".replace(":", "~")
+    def _disk_key(self, set_key: str, mode: str, precision: str = "fp32") -> str:
+        return (f"{set_key}|{mode}" + ("" if precision == "fp32" else f"|{precision}")).replace(":", "~")
 
-    def _from_disk(self, set_key: str, mode: str) -> OpBlock | None:
-        k = self._disk_key(set_key, mode)
+    def _from_disk(self, set_key: str, mode: str, precision: str = "fp32") -> OpBlock | None:
+        k = self._disk_key(set_key, mode, precision)
         if k + "|v" not in self._disk:
             return None
         meta = json.loads(str(self._disk[k + "|m"]))
@@ -447,15 +447,16 @@ class SetExtractor:
                        signatures=meta["signatures"], names=meta["names"],
                        kernel_free=None if free is None else np.array(free, dtype=bool))
 
-    def _extract(self, set_key: str, mode: str) -> OpBlock | None:
+    def _extract(self, set_key: str, mode: str, precision: str = "fp32") -> OpBlock | None:
         try:
-            ops = self.sets.operations(set_key, mode)
+            ops = self.sets.operations(set_key, mode, precision)
         except Exception as exc:  # a set this torchvision cannot build: its rows are reported, not fatal
-            self.errors[(set_key, mode)] = f"{type(exc).__name__}: {exc}"[:300]
+            self.errors[(set_key, mode) if precision == "fp32" else (set_key, f"{mode}|{precision}")] = \
+                f"{type(exc).__name__}: {exc}"[:300]
             return None
         block = OpBlock.from_operations(ops, mode)
         if self._cache_file is not None:
-            k = self._disk_key(set_key, mode)
+            k = self._disk_key(set_key, mode, precision)
             self._disk[k + "|v"] = block.values
             self._disk[k + "|m"] = np.array(json.dumps({
                 "kinds": list(block.kinds), "signatures": block.signatures, "names": block.names,
@@ -495,6 +496,12 @@ def _candidate_sets(row: Any) -> list[str]:
     return sets
 
 
+def row_precision_of(row: Any) -> str:
+    """A row's precision: rows measured before precision was a column are fp32."""
+    p = getattr(row, "precision", None)
+    return p if isinstance(p, str) and p else "fp32"
+
+
 def operations_of_rows(df: pd.DataFrame, extractor: SetExtractor) -> RowOps:
     """Recover each measured operation row's Operation features from its set (signature lookup)."""
     index_cache: dict[tuple[str, str], dict[str, int]] = {}
@@ -503,11 +510,12 @@ def operations_of_rows(df: pd.DataFrame, extractor: SetExtractor) -> RowOps:
     unmatched: dict[str, int] = {}
     for pos, row in enumerate(df.itertuples(index=False)):
         found = None
+        precision = row_precision_of(row)
         for set_key in _candidate_sets(row)[:3]:
-            block = extractor.get(set_key, row.mode)
+            block = extractor.get(set_key, row.mode, precision)
             if block is None:
                 continue
-            key = (set_key, row.mode)
+            key = (set_key, row.mode, precision)
             idx = index_cache.get(key)
             if idx is None:
                 idx = index_cache[key] = {}
@@ -517,7 +525,8 @@ def operations_of_rows(df: pd.DataFrame, extractor: SetExtractor) -> RowOps:
                 found = (block, idx[row.op_signature])
                 break
         if found is None:
-            reason = "extraction failed" if all(extractor.get(s, row.mode) is None for s in _candidate_sets(row)[:1]) \
+            reason = "extraction failed" if all(extractor.get(s, row.mode, precision) is None
+                                                for s in _candidate_sets(row)[:1]) \
                 else "signature not found (torch/ops version drift)"
             unmatched[reason] = unmatched.get(reason, 0) + 1
             continue

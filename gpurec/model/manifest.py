@@ -82,6 +82,9 @@ def build_manifest(p: Prepared, cfg: TrainConfig, final: dict[str, Routed], corr
                           "networks": int(len(p.nets)), "rows_by_gpu_mode": report["rows"]["by_gpu_mode"]},
         "versions": library_versions(),
         "gpus_measured": gpus,
+        # the math modes the operation rows were measured in (the predictor warns outside them)
+        "precisions_measured": sorted(set(p.ops["precision"].fillna("fp32").astype(str).tolist())
+                                      if "precision" in p.ops else ["fp32"]),
         "gpus_networks_measured": sorted(set(p.nets["gpu"].astype(str).tolist())) if len(p.nets) else [],
         "hyperparameters": {t: {"params": next(iter(final[t].models_.values())).params,
                                 "rounds": next(iter(final[t].models_.values())).num_rounds} for t in final},
