@@ -42,7 +42,7 @@ from gpurec.model.features import (
     target_mask,
 )
 from gpurec.model.host_model import HostDispatch, NetworkCalibration
-from gpurec.model.network import Correction, aggregate, waiting_power_w
+from gpurec.model.network import Correction, aggregate, bounded_power, power_class, waiting_power_w
 from gpurec.model.persist import check_manifest, default_model_dir, load_boosters, read_manifest
 from gpurec.model.timeline import bound_of, simulate
 from gpurec.ops.coverage import warn_if_low
@@ -328,6 +328,10 @@ class Predictor:
             hit = self._hw[gpu] = (spec.nvml_name, hardware_row(spec))
         return hit
 
+    def _power_bounds(self, gpu: str) -> tuple[float, float]:
+        """(idle, limit) board power of a GPU, in W (gpurec.catalog.GPUSpec.power_bounds_w)."""
+        return resolve_gpu(gpu).power_bounds_w()
+
     # -- operations -------------------------------------------------------------------------------
     def _entry(self, model: str | nn.Module | Sequence[Any], input_shape: Sequence[int] | None, mode: str,
                dtype: Any = None) -> tuple[_OpsEntry, tuple[int, ...]]:
@@ -425,15 +429,19 @@ class Predictor:
         hit = np.zeros(len(t), dtype=bool)
         if self.lookup is not None:
             t, w, hit = self.lookup.apply(t, w, block.signatures, nvml, mode)
-        sums = aggregate(t, w, offsets, self.small_op_ms, hit)
+        idle_w, limit_w = self._power_bounds(nvml)
+        w = bounded_power(w, idle_w, limit_w)
+        groups = self.builder.group_index(distinct.kinds)
+        classes = power_class(spread(groups), block.column("groups"))
+        sums = aggregate(t, w, offsets, self.small_op_ms, hit, classes, idle_w, limit_w)
         t_net, w_net, key = self.correction.apply(sums, nvml, mode)
         # The correction rescales each network's GPU work; the timeline then places it behind the host.
         factor = np.repeat(t_net / np.maximum(sums.sum_time_ms, 1e-12), np.diff(offsets))
-        groups = self.builder.group_index(distinct.kinds)
         d = spread(self.host_model.predict_ms(masked(feats.X, self._masks["host"]), groups, mode,
                                               self.host_scale(host)))
         tl = simulate(t * factor, d, offsets)
-        p_wait = waiting_power_w(self.waiting_power, nvml, float(hw[HARDWARE_FEATURES.index("tdp_w")]))
+        p_wait = float(bounded_power(waiting_power_w(self.waiting_power, nvml,
+                                                     float(hw[HARDWARE_FEATURES.index("tdp_w")])), idle_w, limit_w))
         measured = nvml in self.measured
         (tlo, thi), (elo, ehi) = self._band_measured if measured else self._band_unmeasured
         out = []
