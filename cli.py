@@ -903,12 +903,19 @@ def report(
 
 
 @tools_app.command("plan")
-def tools_plan(out: Path = typer.Option(Path("datasets/plans/main.json"), "--out",
-                                       help="where to write the plan JSON")) -> None:
+def tools_plan(out: Path = typer.Option(None, "--out",
+                                       help="where to write the plan JSON (default datasets/plans/main.json, "
+                                            "or targeted.json with --targeted)"),
+               targeted: bool = typer.Option(False, "--targeted",
+                                             help="the plan of the hand-written architectures and operation sweeps "
+                                                  "(gpurec.sets SYNTH_ARCHS, SWEEP_ARCHS)")) -> None:
     """Write the collection plan (work order) with the local torch."""
-    from gpurec.tools.plan import write_main_plan
+    from gpurec.tools.plan import write_main_plan, write_targeted_plan
 
-    _print_json(_guard(write_main_plan, out))
+    if targeted:
+        _print_json(_guard(write_targeted_plan, out or Path("datasets/plans/targeted.json")))
+    else:
+        _print_json(_guard(write_main_plan, out or Path("datasets/plans/main.json")))
 
 
 @tools_app.command("gpu-time-sources")

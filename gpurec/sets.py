@@ -26,6 +26,15 @@ TEST_ARCHS: tuple[str, ...] = (
     "shufflenet_v2_x0_5", "swin_s", "squeezenet1_1",
 )
 TEST_BATCH_SIZES: tuple[int, ...] = (8, 64)
+# Hand-written architectures (built by gpurec.synthsets, never torchvision classifiers) that
+# target the operation kinds carrying the time error on unseen networks: measured per
+# operation and whole, they join the training data like DATASET_ARCHS.
+SYNTH_ARCHS: tuple[str, ...] = ("synthgconv", "synthdense", "synthwin", "synthse", "synthsd")
+SYNTH_BATCH_SIZES: tuple[int, ...] = (8, 32, 128)
+# Operation sweeps: many shapes of one kind side by side, measured per operation only (as a
+# network they are not a meaningful step, and the wide ones would not fit in training).
+SWEEP_ARCHS: tuple[str, ...] = ("sweepgconv", "sweepwindow")
+SWEEP_BATCH_SIZES: tuple[int, ...] = (8, 32)
 
 
 @dataclass(frozen=True)

@@ -119,9 +119,11 @@ class NetworkUnit:
         torch.manual_seed(seed)
         # Built directly on the device: the real initialisers are fast there and set index
         # buffers (e.g. Swin's relative_position_index) that random init would corrupt.
+        from gpurec.synthsets import SYNTH_BUILDERS, build_synthetic
+
         kwargs = {"init_weights": False} if arch in ("googlenet", "inception_v3") else {}
         with torch.device(device):
-            model = tvm.get_model(arch, weights=None, **kwargs)
+            model = build_synthetic(arch) if arch in SYNTH_BUILDERS else tvm.get_model(arch, weights=None, **kwargs)
         self.training = mode == "training"
         model.train(self.training)
         self.model = model

@@ -280,6 +280,11 @@ class _UnrolledRNN(nn.Module):
 
 @functools.lru_cache(maxsize=64)
 def _build_torchvision_meta(name: str) -> nn.Module:
+    from gpurec.synthsets import SYNTH_BUILDERS, build_synthetic
+
+    if name in SYNTH_BUILDERS:  # the hand-written architectures of gpurec.sets (SYNTH/SWEEP_ARCHS)
+        with torch.device("meta"):
+            return build_synthetic(name)
     import torchvision.models as tvm
 
     kwargs: dict[str, Any] = {"weights": None}
@@ -407,7 +412,9 @@ def _check_name(model: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _model_names() -> tuple[str, ...]:
-    return tuple(classification_models())
+    from gpurec.synthsets import SYNTH_BUILDERS
+
+    return (*classification_models(), *SYNTH_BUILDERS)
 
 
 @dataclasses.dataclass(frozen=True)

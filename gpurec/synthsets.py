@@ -1,0 +1,254 @@
+"""Hand-written architectures and operation sweeps for the operation kinds that carry the
+whole-network time error on unseen networks.
+
+Held-out torchvision networks are mispredicted most where they lean on kinds the training
+architectures hold few shapes of: grouped and depthwise convolutions with many groups (RegNet,
+ResNeXt), channel concatenation in training (DenseNet, Inception), window attention with its
+roll, pad and window partition (Swin, MaxViT), squeeze-excite blocks (EfficientNet, RegNetY)
+and stochastic depth.  Rather than measuring more torchvision classifiers (which must stay
+unseen), these small networks put many shapes of exactly those kinds into the training data:
+
+* ``sweepgconv``: one input through parallel 3x3/5x5 convolutions whose groups run from 1 to
+  depthwise, at several widths (an operation sweep: each branch is a distinct operation);
+* ``sweepwindow``: window attention over several window sizes and shifts (roll, pad, window
+  partition and reverse, attention, projection);
+* ``synthgconv``, ``synthdense``, ``synthwin``, ``synthse``, ``synthsd``: small networks
+  built from grouped-conv, dense-concat, shifted-window, squeeze-excite and stochastic-depth
+  blocks, measured whole and per operation like the dataset architectures.
+
+Names hold no digit or underscore, so each is its own family (gpurec.model.evaluate.family).
+CPU side: torch only, no torchvision classifier is built here.  gpurec.sets lists the names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _stem(out_ch: int, stride: int = 4) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, out_ch, stride, stride=stride, bias=False), nn.BatchNorm2d(out_ch),
+                         nn.ReLU(inplace=True))
+
+
+class GroupedConvSweep(nn.Module):
+    """Parallel grouped convolutions on one input, groups from 1 to depthwise, summed."""
+
+    def __init__(self, widths: tuple[int, ...] = (64, 256, 512), kernels: tuple[int, ...] = (3, 5)) -> None:
+        super().__init__()
+        self.stems = nn.ModuleList()
+        self.branches = nn.ModuleList()
+        for c in widths:
+            self.stems.append(_stem(c))
+            groups = sorted({g for g in (1, 2, 4, 8, 16, 32, 64, c // 8, c // 2, c) if c % g == 0 and g <= c})
+            self.branches.append(nn.ModuleList(
+                nn.Sequential(nn.Conv2d(c, c, k, stride=s, padding=k // 2, groups=g, bias=False), nn.BatchNorm2d(c))
+                for g in groups for k in kernels for s in (1, 2)))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = []
+        for stem, branches in zip(self.stems, self.branches, strict=True):
+            h = stem(x)
+            out.extend(self.pool(b(h)).flatten(1) for b in branches)
+        return torch.cat(out, 1)
+
+
+def _window_partition(x: torch.Tensor, w: int) -> torch.Tensor:
+    """(B, H, W, C) -> (B * H/w * W/w, w*w, C); H and W multiples of w."""
+    b, h, wd, c = x.shape
+    x = x.view(b, h // w, w, wd // w, w, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, w * w, c)
+
+
+def _window_reverse(x: torch.Tensor, w: int, b: int, h: int, wd: int) -> torch.Tensor:
+    c = x.shape[-1]
+    x = x.view(b, h // w, wd // w, w, w, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, h, wd, c)
+
+
+class WindowAttention(nn.Module):
+    """Swin-style (shifted) window attention on a (B, H, W, C) map: pad to a multiple of the
+    window, roll by the shift, partition, attend, reverse, roll back, crop, project; pre-norm
+    residual with an MLP."""
+
+    def __init__(self, dim: int, heads: int, window: int, shift: int, pad: int) -> None:
+        super().__init__()
+        self.window, self.shift, self.pad = window, shift, pad
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, h, wd, c = x.shape
+        y = self.norm1(x)
+        y = F.pad(y, (0, 0, 0, self.pad, 0, self.pad))
+        hp, wp = h + self.pad, wd + self.pad
+        y = torch.roll(y, shifts=(-self.shift, -self.shift), dims=(1, 2))
+        win = _window_partition(y, self.window)
+        win = self.attn(win, win, win, need_weights=False)[0]
+        y = _window_reverse(win, self.window, b, hp, wp)
+        y = torch.roll(y, shifts=(self.shift, self.shift), dims=(1, 2))
+        if self.pad:  # a constructor constant, so tracing sees no branch on a tensor
+            y = y[:, :-self.pad, :-self.pad, :].contiguous()
+        x = x + y
+        return x + self.mlp(self.norm2(x))
+
+
+class WindowNet(nn.Module):
+    """Patch embedding, then window-attention blocks (window, shift, pad per block), then a head.
+    With the 4x4 patch stem, 224 px gives a 56x56 map: pads make it a multiple of each window."""
+
+    def __init__(self, dim: int, heads: int, blocks: tuple[tuple[int, int, int], ...], classes: int = 1000) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, dim, 4, stride=4)
+        self.blocks = nn.Sequential(*(WindowAttention(dim, heads, w, s, p) for w, s, p in blocks))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x).permute(0, 2, 3, 1)
+        x = self.blocks(x)
+        return self.head(self.norm(x).mean(dim=(1, 2)))
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, ch: int, squeeze: int) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(ch, squeeze, 1)
+        self.act = nn.SiLU(inplace=True)
+        self.fc2 = nn.Conv2d(squeeze, ch, 1)
+        self.gate = nn.Sigmoid()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gate(self.fc2(self.act(self.fc1(self.pool(x)))))
+
+
+class Block(nn.Module):
+    """A residual bottleneck: 1x1 expand, kxk grouped (or depthwise) conv, optional
+    squeeze-excite, 1x1 project; optional stochastic depth on the residual branch."""
+
+    def __init__(self, cin: int, cout: int, expand: int, groups_width: int, kernel: int, stride: int,
+                 se: bool, drop: float) -> None:
+        super().__init__()
+        mid = cin * expand
+        groups = mid // groups_width if groups_width else mid
+        layers: list[nn.Module] = [
+            nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.SiLU(inplace=True),
+            nn.Conv2d(mid, mid, kernel, stride=stride, padding=kernel // 2, groups=groups, bias=False),
+            nn.BatchNorm2d(mid), nn.SiLU(inplace=True)]
+        if se:
+            layers.append(SqueezeExcite(mid, max(8, cin // 4)))
+        layers += [nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout)]
+        self.body = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+        self.drop = _stochastic_depth(drop) if self.residual and drop > 0 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.body(x)
+        if not self.residual:
+            return y
+        return x + (self.drop(y) if self.drop is not None else y)
+
+
+def _stochastic_depth(p: float) -> nn.Module:
+    from torchvision.ops import StochasticDepth  # the op, not a classifier
+
+    return StochasticDepth(p, "row")
+
+
+class BlockNet(nn.Module):
+    """Stem, stages of Blocks (cout, repeats, stride), pooled linear head."""
+
+    def __init__(self, stages: tuple[tuple[int, int, int], ...], expand: int, groups_width: int, kernel: int,
+                 se: bool, drop: float, stem: int = 32, classes: int = 1000) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, stem, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(stem),
+                                  nn.SiLU(inplace=True))
+        blocks: list[nn.Module] = []
+        cin = stem
+        n_blocks = sum(r for _, r, _ in stages)
+        i = 0
+        for cout, repeats, stride in stages:
+            for r in range(repeats):
+                blocks.append(Block(cin, cout, expand, groups_width, kernel, stride if r == 0 else 1, se,
+                                    drop * i / max(n_blocks - 1, 1)))
+                cin = cout
+                i += 1
+        self.blocks = nn.Sequential(*blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.pool(self.blocks(self.stem(x))).flatten(1))
+
+
+class DenseNet(nn.Module):
+    """Dense blocks: each layer's output is concatenated to its input (the channel concatenation
+    whose training cost the operation sum misses), with transitions between blocks."""
+
+    def __init__(self, growth: int = 32, layers: tuple[int, ...] = (4, 8, 8), stem: int = 64,
+                 classes: int = 1000) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, stem, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(stem),
+                                  nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1))
+        self.blocks = nn.ModuleList()
+        self.transitions = nn.ModuleList()
+        ch = stem
+        for j, n in enumerate(layers):
+            block = nn.ModuleList()
+            for _ in range(n):
+                block.append(nn.Sequential(nn.BatchNorm2d(ch), nn.ReLU(inplace=True),
+                                           nn.Conv2d(ch, 4 * growth, 1, bias=False), nn.BatchNorm2d(4 * growth),
+                                           nn.ReLU(inplace=True),
+                                           nn.Conv2d(4 * growth, growth, 3, padding=1, bias=False)))
+                ch += growth
+            self.blocks.append(block)
+            if j < len(layers) - 1:
+                self.transitions.append(nn.Sequential(nn.BatchNorm2d(ch), nn.Conv2d(ch, ch // 2, 1, bias=False),
+                                                      nn.AvgPool2d(2, stride=2)))
+                ch //= 2
+        self.norm = nn.BatchNorm2d(ch)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(ch, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for j, block in enumerate(self.blocks):
+            for layer in block:
+                x = torch.cat([x, layer(x)], 1)
+            if j < len(self.transitions):
+                x = self.transitions[j](x)
+        return self.head(self.pool(F.relu(self.norm(x))).flatten(1))
+
+
+# name -> builder.  Window blocks: (window, shift, pad) with 56 + pad a multiple of the window.
+SYNTH_BUILDERS: dict[str, Callable[[], nn.Module]] = {
+    "sweepgconv": lambda: GroupedConvSweep(),
+    "sweepwindow": lambda: WindowNet(96, 3, ((7, 0, 0), (7, 3, 0), (8, 0, 0), (8, 4, 0), (12, 6, 4), (14, 7, 0),
+                                              (16, 8, 8))),
+    "synthgconv": lambda: BlockNet(((64, 2, 2), (128, 3, 2), (256, 4, 2), (512, 2, 2)), expand=1, groups_width=16,
+                                   kernel=3, se=False, drop=0.0),
+    "synthdense": lambda: DenseNet(),
+    "synthwin": lambda: WindowNet(128, 4, ((7, 0, 0), (7, 3, 0), (7, 0, 0), (7, 3, 0))),
+    "synthse": lambda: BlockNet(((24, 2, 2), (48, 3, 2), (96, 3, 2), (160, 2, 1)), expand=4, groups_width=0,
+                                kernel=5, se=True, drop=0.0),
+    "synthsd": lambda: BlockNet(((48, 2, 2), (96, 3, 2), (192, 4, 2), (384, 2, 1)), expand=4, groups_width=0,
+                                kernel=3, se=True, drop=0.2),
+}
+
+
+def build_synthetic(name: str, **kwargs: Any) -> nn.Module:
+    """A fresh (CPU, or under the active torch.device) instance of a hand-written architecture;
+    KeyError names the choices."""
+    try:
+        builder = SYNTH_BUILDERS[name]
+    except KeyError:
+        raise KeyError(f"unknown hand-written architecture {name!r}; choices: {', '.join(SYNTH_BUILDERS)}") from None
+    return builder(**kwargs)
