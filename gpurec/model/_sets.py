@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
-from gpurec.sets import DATASET_ARCHS, MODES, TEST_ARCHS, ModelInputSet
+from gpurec.sets import DATASET_ARCHS, MODES, SYNTH_ARCHS, TEST_ARCHS, ModelInputSet
 
 __all__ = ["MODES", "dataset_arch_names", "parse_set", "test_arch_names"]
 
 
 def dataset_arch_names() -> tuple[str, ...]:
-    return tuple(DATASET_ARCHS)
+    """The training architectures: the torchvision dataset ones and the hand-written ones
+    (gpurec.synthsets; the sweeps have no network rows)."""
+    return (*DATASET_ARCHS, *SYNTH_ARCHS)
 
 
 def test_arch_names() -> tuple[str, ...]:
