@@ -918,6 +918,22 @@ def tools_plan(out: Path = typer.Option(None, "--out",
         _print_json(_guard(write_main_plan, out or Path("datasets/plans/main.json")))
 
 
+@tools_app.command("unseen-snapshot")
+def tools_unseen_snapshot(
+    models: Path = typer.Option(Path("models"), "--models", help="the trained models to describe"),
+    out: Path = typer.Option(Path("benchmarks/unseen_before.json"), "--out", help="where to write the snapshot"),
+    data: Path = typer.Option(None, "--data", help="dataset root (default: datasets/)"),
+) -> None:
+    """Record the unseen-architecture errors of a set of models (per-kind in-network time error,
+    host-free MAPE per mode), which docs/accuracy.md shows beside the shipped models' (minutes)."""
+    from gpurec.dataset.store import atomic_write_json
+    from gpurec.model.kind_errors import snapshot
+
+    snap = _guard(snapshot, models, data)
+    atomic_write_json(out, snap)
+    _print_json(snap["unseen"])
+
+
 @tools_app.command("gpu-time-sources")
 def tools_gpu_time_sources(
     data: Path = typer.Option(Path("datasets"), "--data", help="dataset root with one directory per GPU"),

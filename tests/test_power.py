@@ -124,3 +124,70 @@ def test_kind_power_fit_recovers_per_class_factors() -> None:
     got = np.array([coef[f"dyn_{c}"] for c in POWER_CLASSES]) + 1.0
     assert got == pytest.approx(factors, abs=1e-3)
     assert apply_power(sums, coef) == pytest.approx(true_w, rel=1e-4)
+
+
+def test_error_kinds() -> None:
+    from gpurec.model.kind_errors import error_kind
+
+    assert error_kind("Conv2d", 1) == "conv (dense)"
+    assert error_kind("Conv2d", 32) == "conv (grouped/depthwise)"
+    assert error_kind("cat", 0) == "channel concat"
+    assert error_kind("roll", 0) == error_kind("shifted_window_attention", 0) == "window attention"
+    assert error_kind("Sigmoid", 0) == "squeeze-excite gate"
+    assert error_kind("StochasticDepth", 0) == "stochastic depth"
+    assert error_kind("BatchNorm2d", 0) == "batch norm"
+    assert error_kind("ReLU", 0) == "other"
+
+
+def test_per_kind_errors_attribute_a_known_error_to_its_kind(shipped, tmp_path: Path) -> None:
+    """In-network kernel times = the predictor's own per-op times, except dense convs measured
+    25% longer: the dense-conv row shows -20% bias and all the error; the others none."""
+    import warnings
+
+    import pandas as pd
+
+    from gpurec.model.kind_errors import per_kind_errors
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = shipped.predict("resnet18", (8, 3, 224, 224), mode="inference", gpu="H100")
+    block = est._ops.entry.block
+    conv = np.array([k == "Conv2d" for k in block.kinds])
+    kernel_ms = np.where(conv, est._ops.gpu_time_ms * 1.25, est._ops.gpu_time_ms)
+    rows = pd.DataFrame({"position": np.arange(len(block)), "op_signature": block.signatures, "kernel_ms": kernel_ms,
+                         "gpu": est.gpu, "set_key": "resnet18:b8:r224", "mode": "inference"})
+    (tmp_path / "h100").mkdir()
+    rows.to_parquet(tmp_path / "h100" / "in_network.parquet")
+    rows[["gpu", "set_key", "mode"]].head(1).to_parquet(tmp_path / "h100" / "networks.parquet")
+    got = {r["kind"]: r for r in per_kind_errors(shipped, tmp_path, archs=["resnet18"])}
+    assert got["conv (dense)"]["bias_pct"] == pytest.approx(-20.0)
+    assert got["conv (dense)"]["share_of_error"] == pytest.approx(1.0)
+    assert got["batch norm"]["bias_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert sum(r["n_ops"] for r in got.values()) == len(block)
+
+
+def test_gpu_bound_transfer_uses_only_networks_gpu_bound_on_the_host_free_gpu() -> None:
+    import pandas as pd
+
+    from gpurec.model.kind_errors import gpu_bound_transfer
+
+    nan = float("nan")
+    rec = pd.DataFrame([
+        # on the GPU with host-free rows: a is GPU-bound (0.95), b is host-bound (0.5)
+        {"gpu": "A", "set_key": "a", "mode": "inference", "measured_time_ms": 1.0, "measured_gpu_time_ms": 0.95},
+        {"gpu": "A", "set_key": "b", "mode": "inference", "measured_time_ms": 1.0, "measured_gpu_time_ms": 0.5},
+        # the other GPU (eager only): a is predicted 10% low in energy, b wildly off (ignored)
+        {"gpu": "B", "set_key": "a", "mode": "inference", "measured_time_ms": 2.0, "measured_gpu_time_ms": nan},
+        {"gpu": "B", "set_key": "b", "mode": "inference", "measured_time_ms": 2.0, "measured_gpu_time_ms": nan},
+    ])
+    rec["measured_energy_mj"] = 100.0
+    rec["pred_energy_mj"] = [nan, nan, 90.0, 10.0]
+    rec["pred_time_ms"] = [nan, nan, 2.0, 2.0]
+    rec["is_test"] = False
+    rec["error"] = ""
+    out = gpu_bound_transfer(rec)
+    assert out["n_gpu_bound_sets"] == 1
+    (row,) = out["rows"]
+    assert row["gpu"] == "B" and row["n"] == 1
+    assert row["energy_mj_bias"] == pytest.approx(-10.0) and row["power_w_bias"] == pytest.approx(-10.0)
+    assert row["time_ms_mape"] == pytest.approx(0.0)
