@@ -179,11 +179,17 @@ def gpus(fmt: str = typer.Option("table", "--format", "-f", help="table or json"
     if fmt == "json":
         _print_json([asdict(s) for s in specs])
         return
-    _table([{**asdict(s), "alias": s.short_name, "source": "\n".join(s.sources)} for s in specs],
+    def idle(s: Any) -> str:
+        w = s.power_bounds_w()[0]
+        return f"{w:.0f}" if s.idle_power_w is not None else f"~{w:.0f} (est.)"
+
+    _table([{**asdict(s), "alias": s.short_name, "source": "\n".join(s.sources), "idle": idle(s),
+             "limit": f"{s.power_bounds_w()[1]:.0f}"} for s in specs],
            [("nvml_name", "NVML name"), ("alias", "alias"), ("architecture", "arch"), ("sm_count", "SMs"),
             ("max_sm_clock_mhz", "max MHz"), ("fp32_tflops", "FP32 TF"), ("tf32_tflops", "TF32 TF"),
             ("bf16_tflops", "BF16 TF"), ("memory_gb", "GB"), ("memory_bandwidth_gbs", "GB/s"),
-            ("l2_cache_mb", "L2 MB"), ("tdp_w", "TDP W"), ("source", "sources")])
+            ("l2_cache_mb", "L2 MB"), ("tdp_w", "TDP W"), ("idle", "idle W"), ("limit", "limit W"),
+            ("source", "sources")])
 
 
 def _csv_list(text: str | None, kind: type = str, option: str = "") -> list[Any] | None:
