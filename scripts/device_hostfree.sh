@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Host-free collection (issue 12) on every GPU of the machine, one worker per board.
 #   bash scripts/device_hostfree.sh BUDGET_S
+#   GPUREC_PLAN=datasets/plans/targeted.json bash scripts/device_hostfree.sh BUDGET_S   (another plan)
 # Output lives in ./out/hf_<tag>/ (git-ignored: a second call on the same warm machine
 # resumes); earlier sessions' rows are seeded from datasets/<tag>/raw so nothing measured
 # host-free is measured again.  Results come back packed in $OUT.
 set -u
 BUDGET_S="${1:-540}"
+PLAN="${GPUREC_PLAN:-datasets/plans/main.json}"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 START=$(date +%s)
 mkdir -p "$OUT"
@@ -22,7 +24,7 @@ fi
 NGPU=$(nvidia-smi -L | wc -l); DEVS=$(seq -s, 0 $((NGPU - 1)))
 left=$(( BUDGET_S - ( $(date +%s) - START ) - 25 ))
 say "collect on GPUs $DEVS for $left s"
-python3 cli.py collect --out "$COL" --plan datasets/plans/main.json --devices "$DEVS" --time-budget-s "$left" > "$OUT/collect_$TAG.txt" 2>&1
+python3 cli.py collect --out "$COL" --plan "$PLAN" --devices "$DEVS" --time-budget-s "$left" > "$OUT/collect_$TAG.txt" 2>&1
 say "collection rc=$?; packing"
 tar czf "$OUT/hf_$TAG.tar.gz" --exclude="seed-*" -C out "hf_$TAG"
 python3 - "$COL" <<'PY' 2>&1 | tee -a "$LOG"
