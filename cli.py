@@ -570,11 +570,16 @@ def train(
     out: Path = typer.Option(Path("models"), "--out", help="directory to write the trained models to"),
     trials: int = typer.Option(20, "--trials", help="Optuna trials per target"),
     seed: int = typer.Option(0, "--seed", help="random seed for tuning and cross-validation"),
+    reuse_tuning: Path = typer.Option(None, "--reuse-tuning",
+                                      help="a report.json whose tuned hyper-parameters are reused instead of "
+                                           "tuning again (same data and features: the same boosters, minutes "
+                                           "sooner)"),
 ) -> None:
     """Train the per-operation predictors and the whole-network corrections."""
     from gpurec.model import train as run_train
 
-    report = _guard(run_train, data, out, tune_trials=trials, seed=seed)
+    extra = {"reuse_tuning": str(reuse_tuning)} if reuse_tuning is not None else {}
+    report = _guard(run_train, data, out, tune_trials=trials, seed=seed, **extra)
     _print_json(report)
 
 
