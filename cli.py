@@ -205,12 +205,18 @@ def gpus(fmt: str = typer.Option("table", "--format", "-f", help="table or json"
         _print_json([asdict(s) for s in specs])
         return
     wide = _terminal_width() >= 160
-    _table([{**asdict(s), "alias": s.short_name, "source": "\n".join(s.sources)} for s in specs],
+
+    def idle(s: Any) -> str:
+        w = s.power_bounds_w()[0]
+        return f"{w:.0f}" if s.idle_power_w is not None else f"~{w:.0f} (est.)"
+
+    _table([{**asdict(s), "alias": s.short_name, "source": "\n".join(s.sources), "idle": idle(s),
+             "limit": f"{s.power_bounds_w()[1]:.0f}"} for s in specs],
            [("nvml_name", "NVML name"), ("alias", "alias"), ("architecture", "arch"), ("sm_count", "SMs"),
             *([("max_sm_clock_mhz", "max MHz")] if wide else []), ("fp32_tflops", "FP32 TF"),
             *([("tf32_tflops", "TF32 TF")] if wide else []), ("bf16_tflops", "BF16 TF"), ("memory_gb", "GB"),
             ("memory_bandwidth_gbs", "GB/s"), *([("l2_cache_mb", "L2 MB")] if wide else []), ("tdp_w", "TDP W"),
-            *([("source", "sources")] if wide else [])],
+            ("idle", "idle W"), ("limit", "limit W"), *([("source", "sources")] if wide else [])],
            wrap=("nvml_name", "alias", "architecture", "source"))
     if not wide:  # the sources below the table, one GPU a line (every figure and `--format json` has them)
         typer.echo("sources:")
@@ -627,11 +633,16 @@ def train(
     out: Path = typer.Option(Path("models"), "--out", help="directory to write the trained models to"),
     trials: int = typer.Option(20, "--trials", help="Optuna trials per target"),
     seed: int = typer.Option(0, "--seed", help="random seed for tuning and cross-validation"),
+    reuse_tuning: Path = typer.Option(None, "--reuse-tuning",
+                                      help="a report.json whose tuned hyper-parameters are reused instead of "
+                                           "tuning again (same data and features: the same boosters, minutes "
+                                           "sooner)"),
 ) -> None:
     """Train the per-operation predictors and the whole-network corrections."""
     from gpurec.model import train as run_train
 
-    report = _guard(run_train, data, out, tune_trials=trials, seed=seed)
+    extra = {"reuse_tuning": str(reuse_tuning)} if reuse_tuning is not None else {}
+    report = _guard(run_train, data, out, tune_trials=trials, seed=seed, **extra)
     _print_json(report)
 
 
@@ -1103,6 +1114,22 @@ def tools_plan(out: Path = typer.Option(None, "--out",
         _fail(f"--sets must be one of main, {', '.join(writers)}, not {sets!r}", 2)
     write, default = writers[sets]
     _print_json(_guard(write, out or default))
+
+
+@tools_app.command("unseen-snapshot")
+def tools_unseen_snapshot(
+    models: Path = typer.Option(Path("models"), "--models", help="the trained models to describe"),
+    out: Path = typer.Option(Path("benchmarks/unseen_before.json"), "--out", help="where to write the snapshot"),
+    data: Path = typer.Option(None, "--data", help="dataset root (default: datasets/)"),
+) -> None:
+    """Record the unseen-architecture errors of a set of models (per-kind in-network time error,
+    host-free MAPE per mode), which docs/accuracy.md shows beside the shipped models' (minutes)."""
+    from gpurec.dataset.store import atomic_write_json
+    from gpurec.model.kind_errors import snapshot
+
+    snap = _guard(snapshot, models, data)
+    atomic_write_json(out, snap)
+    _print_json(snap["unseen"])
 
 
 @tools_app.command("gpu-time-sources")

@@ -22,6 +22,7 @@ __all__ = [
     "UnknownGPU",
     "canonical_name",
     "gpu_names",
+    "idle_share_of_limit",
     "load_catalog",
     "parse_catalog",
     "resolve_gpu",
@@ -84,6 +85,9 @@ class GPUSpec:
     release_year: int
     sources: tuple[str, ...]
     notes: str = ""
+    power_limit_w: float | None = None  # default enforced board power limit (None: tdp_w)
+    idle_power_w: float | None = None  # measured idle board power (None: not measured, estimated)
+    power_source: str = ""
 
     def features(self) -> dict[str, float]:
         """Numeric hardware features, keyed as in HARDWARE_FEATURES, for models that generalise across GPUs.
@@ -107,6 +111,17 @@ class GPUSpec:
             "ridge_tf32_flop_per_byte": self.tf32_tflops * 1e12 / bytes_per_s,
         }
         return {key: out[key] for key in HARDWARE_FEATURES}
+
+    def power_bounds_w(self) -> tuple[float, float]:
+        """(idle, limit): the range an average board power must lie in.
+
+        The firmware holds the average power at or below the enforced limit (it lowers clocks),
+        and a board with a live context never draws less than its idle power.  Where the idle
+        power was not measured it is estimated as the limit times the median idle/limit share of
+        the catalogued GPUs that were measured (:func:`idle_share_of_limit`)."""
+        limit = float(self.power_limit_w if self.power_limit_w is not None else self.tdp_w)
+        idle = self.idle_power_w if self.idle_power_w is not None else idle_share_of_limit() * limit
+        return float(min(idle, limit)), limit
 
     @property
     def short_name(self) -> str:
@@ -172,6 +187,22 @@ def load_catalog() -> list[GPUSpec]:
     """All catalogued GPUs, in file order. The list is shared between callers: copy it before changing it."""
     text = resources.files("gpurec").joinpath("data/gpus.json").read_text(encoding="utf-8")
     return parse_catalog(json.loads(text))
+
+
+# Idle/limit share used before any GPU of the catalogue has a measured idle power.
+DEFAULT_IDLE_SHARE_OF_LIMIT = 0.1
+
+
+@functools.lru_cache(maxsize=1)
+def idle_share_of_limit() -> float:
+    """Median measured idle power / power limit over the catalogued GPUs with a measured idle power
+    (the estimate of an unmeasured GPU's idle power, as a share of its limit)."""
+    shares = sorted(s.idle_power_w / float(s.power_limit_w if s.power_limit_w is not None else s.tdp_w)
+                    for s in load_catalog() if s.idle_power_w is not None)
+    if not shares:
+        return DEFAULT_IDLE_SHARE_OF_LIMIT
+    mid = len(shares) // 2
+    return shares[mid] if len(shares) % 2 else 0.5 * (shares[mid - 1] + shares[mid])
 
 
 @functools.lru_cache(maxsize=1)

@@ -430,3 +430,17 @@ def test_host_band_is_kept_per_bound() -> None:
     assert h[0] <= band["ratio"][0] <= band["ratio"][1] <= h[1] and band["n"] == 80
     few = _host_band((np.ones(3), np.array(["gpu"] * 3, dtype=object)), TrainConfig())
     assert few["ratio"] == [1.0, 1.0] and "by_bound" not in few
+
+
+def test_reused_tuning_takes_each_gpu_target_with_its_parameters(tmp_path: Path) -> None:
+    """`gpurec train --reuse-tuning REPORT`: the earlier run's tuned parameters and rounds per GPU
+    target; a target without them (not tuned) is tuned again."""
+    import json
+
+    from gpurec.model.training import _reused_tuning
+
+    rep = {"tuning": {"time": {"best_params": {"max_depth": 8}, "rounds": 600, "trials": 20},
+                      "power": {"trials": 0}, "host": {"best_params": {"max_depth": 3}, "rounds": 5}}}
+    (tmp_path / "report.json").write_text(json.dumps(rep))
+    got = _reused_tuning(str(tmp_path / "report.json"))
+    assert set(got) == {"time"} and got["time"]["best_params"] == {"max_depth": 8} and got["time"]["rounds"] == 600

@@ -8,6 +8,7 @@ from gpurec.sets import (
     MODES,
     SEQ_DATASET_ARCHS,
     SEQ_TEST_ARCHS,
+    SYNTH_ARCHS,
     TEST_ARCHS,
     AnyInputSet,
     parse_set_key,
@@ -17,8 +18,9 @@ __all__ = ["MODES", "dataset_arch_names", "parse_set", "test_arch_names"]
 
 
 def dataset_arch_names() -> tuple[str, ...]:
-    """Architectures trained on: torchvision's and the sequence models' (gpurec.sets)."""
-    return tuple(DATASET_ARCHS) + tuple(SEQ_DATASET_ARCHS)
+    """The training architectures: torchvision's, the sequence models' and the hand-written ones
+    (gpurec.sets; the sweeps have no network rows)."""
+    return (*DATASET_ARCHS, *SEQ_DATASET_ARCHS, *SYNTH_ARCHS)
 
 
 def test_arch_names() -> tuple[str, ...]:

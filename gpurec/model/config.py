@@ -48,6 +48,7 @@ class TrainConfig:
     host_min_rows: int = 40  # fewer host_ms rows: the host model stays the profile prior
     logo_min_train_share: float = 0.25  # leave-one-GPU-out needs other GPUs' rows >= this share of the held-out
     host_rounds: int = 300
+    reuse_tuning: str | None = None  # a report.json whose tuned parameters are reused (no tuning)
     feature: FeatureConfig = field(default_factory=FeatureConfig)
 
     def as_dict(self) -> dict[str, Any]:

@@ -8,11 +8,22 @@ of ones the per-operation model has memorised:
 
 * time:  t_net = scale * sum_t_op + intercept_ms + per_op_ms * n_ops + per_small_op_ms * n_small_ops
 * power: p_net = p_ops * (scale + small_time_fraction * f_small + log_time * log(sum_t_op / 1 ms))
+         + sum_k dyn_k * D_k / sum_t_op
 
 where p_ops is the energy-weighted mean power of the operations (sum E_op / sum t_op) and
 f_small the share of time in operations predicted shorter than ``small_op_ms``. The power
 form is relative so it carries over to GPUs with other TDPs; the log-time term is the "long,
-heavy runs" term (clocks and board power settle differently over long steps).
+heavy runs" term (clocks and board power settle differently over long steps).  D_k is the
+*dynamic* energy (above the GPU's idle power) of the operations of power class k (dense conv,
+grouped conv, matmul/attention, normalisation, the memory-bound rest): an isolated operation
+draws a different power than the same operation among its neighbours, and how differently
+depends on its kind (CNN sums under-predicted the network's energy, ViT training ones
+over-predicted it), so each class's dynamic energy gets its own factor (1 + dyn_k).
+
+Every power lies within the GPU's [idle power, power limit] (gpurec.catalog
+``GPUSpec.power_bounds_w``): each operation's before summing, and the network's after the
+correction.  The firmware lowers clocks to hold the average at the limit, and a board with a
+live context never draws less than idle, so a value outside is an extrapolation error.
 
 Each term's benefit is measured (second-level leave-one-family-out) and reported; the
 variant with the lowest cross-validated error is the one kept.
@@ -21,7 +32,7 @@ variant with the lowest cross-validated error is the one kept.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -35,14 +46,41 @@ TIME_VARIANTS: dict[str, tuple[str, ...]] = {
     "scale+intercept+n_ops": ("scale", "intercept_ms", "per_op_ms"),
     "full": TIME_TERMS,
 }
-POWER_TERMS: tuple[str, ...] = ("scale", "small_time_fraction", "log_time")
-POWER_IDENTITY = {"scale": 1.0, "small_time_fraction": 0.0, "log_time": 0.0}
+# Power classes of operations (their dynamic energy gets one factor each); see power_class().
+POWER_CLASSES: tuple[str, ...] = ("conv", "grouped_conv", "matmul", "norm", "memory")
+_DYN_TERMS: tuple[str, ...] = tuple(f"dyn_{c}" for c in POWER_CLASSES)
+POWER_TERMS: tuple[str, ...] = ("scale", "small_time_fraction", "log_time", *_DYN_TERMS)
+POWER_IDENTITY = {"scale": 1.0, "small_time_fraction": 0.0, "log_time": 0.0, **{t: 0.0 for t in _DYN_TERMS}}
 POWER_VARIANTS: dict[str, tuple[str, ...]] = {
     "none": (),
     "scale": ("scale",),
     "scale+small_fraction": ("scale", "small_time_fraction"),
-    "full": POWER_TERMS,
+    "full": ("scale", "small_time_fraction", "log_time"),
+    "kinds": _DYN_TERMS,
+    "kinds+log_time": ("log_time", *_DYN_TERMS),
+    "kinds+full": POWER_TERMS,
 }
+
+
+def power_class(kind_group: np.ndarray, conv_groups: np.ndarray) -> np.ndarray:
+    """Power class index (into POWER_CLASSES) per operation, from its kind group index (into
+    gpurec.model.features.KIND_GROUPS) and its convolution ``groups`` (>1: grouped/depthwise)."""
+    from gpurec.model.features import KIND_GROUPS
+
+    kind_group = np.asarray(kind_group, dtype=np.int64)
+    table = np.full(len(KIND_GROUPS), POWER_CLASSES.index("memory"), dtype=np.int64)
+    table[KIND_GROUPS.index("conv")] = POWER_CLASSES.index("conv")
+    table[KIND_GROUPS.index("matmul")] = table[KIND_GROUPS.index("attention")] = POWER_CLASSES.index("matmul")
+    table[KIND_GROUPS.index("norm")] = POWER_CLASSES.index("norm")
+    out = table[kind_group]
+    grouped = (out == POWER_CLASSES.index("conv")) & (np.nan_to_num(np.asarray(conv_groups, dtype=np.float64)) > 1)
+    out[grouped] = POWER_CLASSES.index("grouped_conv")
+    return out
+
+
+def bounded_power(power_w: np.ndarray, idle_w: Any, limit_w: Any) -> np.ndarray:
+    """``power_w`` held inside [idle, limit] (scalars or arrays that broadcast)."""
+    return np.minimum(np.maximum(power_w, idle_w), limit_w)
 
 
 @dataclass
@@ -55,6 +93,9 @@ class NetworkSums:
     n_small: np.ndarray
     small_time_ms: np.ndarray
     measured_time_ms: np.ndarray | None = None  # time of operations looked up from measurements (None: none)
+    dyn_energy_mj: np.ndarray | None = None  # (networks, len(POWER_CLASSES)): energy above idle per class
+    idle_w: np.ndarray | None = None  # per network: the GPU's power bounds (None: unbounded)
+    limit_w: np.ndarray | None = None
 
     @property
     def measured_share(self) -> np.ndarray:
@@ -71,10 +112,27 @@ class NetworkSums:
     def small_fraction(self) -> np.ndarray:
         return self.small_time_ms / np.maximum(self.sum_time_ms, 1e-12)
 
+    @property
+    def dyn_share_w(self) -> np.ndarray:
+        """(networks, classes): each class's dynamic energy over the summed time (W)."""
+        if self.dyn_energy_mj is None:
+            return np.zeros((len(self.sum_time_ms), len(POWER_CLASSES)))
+        return self.dyn_energy_mj / np.maximum(self.sum_time_ms, 1e-12)[:, None]
+
     def take(self, idx: Any) -> NetworkSums:
+        opt = lambda a: None if a is None else a[idx]  # noqa: E731
         return NetworkSums(self.sum_time_ms[idx], self.sum_energy_mj[idx], self.n_ops[idx], self.n_small[idx],
-                           self.small_time_ms[idx],
-                           None if self.measured_time_ms is None else self.measured_time_ms[idx])
+                           self.small_time_ms[idx], opt(self.measured_time_ms), opt(self.dyn_energy_mj),
+                           opt(self.idle_w), opt(self.limit_w))
+
+    @staticmethod
+    def concat(parts: Sequence[NetworkSums]) -> NetworkSums:
+        """One NetworkSums of several, in order (optional arrays kept only when every part has them)."""
+        def cat(name: str) -> Any:
+            vals = [getattr(p, name) for p in parts]
+            return None if any(v is None for v in vals) else np.concatenate(vals)
+
+        return NetworkSums(*(cat(f.name) for f in fields(NetworkSums)))
 
 
 def free_kernel_free(time_ms: np.ndarray, kernel_free: np.ndarray | None, measured: np.ndarray | None) -> np.ndarray:
@@ -88,9 +146,13 @@ def free_kernel_free(time_ms: np.ndarray, kernel_free: np.ndarray | None, measur
 
 
 def aggregate(time_ms: np.ndarray, power_w: np.ndarray, offsets: np.ndarray, small_op_ms: float,
-              measured: np.ndarray | None = None) -> NetworkSums:
+              measured: np.ndarray | None = None, power_classes: np.ndarray | None = None,
+              idle_w: Any = None, limit_w: Any = None) -> NetworkSums:
     """Segment sums over ``offsets`` (len = networks + 1) of per-op predictions; ``measured``
-    marks operations whose values were looked up from measurements."""
+    marks operations whose values were looked up from measurements, ``power_classes`` (per
+    operation, power_class()) splits the dynamic energy by class, and ``idle_w``/``limit_w``
+    (per network, or one for all) are the GPUs' power bounds the network power is held in.
+    Operation powers are summed as given: bound them first (bounded_power)."""
     offsets = np.asarray(offsets, dtype=np.int64)
     n = len(offsets) - 1
     if n <= 0:
@@ -98,11 +160,22 @@ def aggregate(time_ms: np.ndarray, power_w: np.ndarray, offsets: np.ndarray, sma
         return NetworkSums(z, z, z, z, z)
     small = time_ms < small_op_ms
     cs = lambda a: np.concatenate([[0.0], np.cumsum(a, dtype=np.float64)])  # noqa: E731
-    t, e, s, st = cs(time_ms), cs(time_ms * power_w), cs(small.astype(np.float64)), cs(np.where(small, time_ms, 0.0))
+    energy = time_ms * power_w
+    t, e, s, st = cs(time_ms), cs(energy), cs(small.astype(np.float64)), cs(np.where(small, time_ms, 0.0))
     lo, hi = offsets[:-1], offsets[1:]
     mt = None if measured is None else cs(np.where(measured, time_ms, 0.0))
+    idle_n = None if idle_w is None else np.broadcast_to(np.asarray(idle_w, dtype=np.float64), (n,)).copy()
+    limit_n = None if limit_w is None else np.broadcast_to(np.asarray(limit_w, dtype=np.float64), (n,)).copy()
+    dyn = None
+    if power_classes is not None:
+        idle_op = 0.0 if idle_n is None else np.repeat(idle_n, hi - lo)
+        dyn_op = energy - time_ms * idle_op
+        dyn = np.empty((n, len(POWER_CLASSES)))
+        for k in range(len(POWER_CLASSES)):
+            c = cs(np.where(power_classes == k, dyn_op, 0.0))
+            dyn[:, k] = c[hi] - c[lo]
     return NetworkSums(t[hi] - t[lo], e[hi] - e[lo], (hi - lo).astype(np.float64), s[hi] - s[lo], st[hi] - st[lo],
-                       None if mt is None else mt[hi] - mt[lo])
+                       None if mt is None else mt[hi] - mt[lo], dyn, idle_n, limit_n)
 
 
 def _time_design(s: NetworkSums) -> np.ndarray:
@@ -111,7 +184,7 @@ def _time_design(s: NetworkSums) -> np.ndarray:
 
 def _power_design(s: NetworkSums) -> np.ndarray:
     p = s.power_ops_w
-    return np.stack([p, p * s.small_fraction, p * np.log(np.maximum(s.sum_time_ms, 1e-6))], axis=1)
+    return np.column_stack([p, p * s.small_fraction, p * np.log(np.maximum(s.sum_time_ms, 1e-6)), s.dyn_share_w])
 
 
 def _fit_relative(D: np.ndarray, y: np.ndarray, terms: Sequence[str], all_terms: Sequence[str],
@@ -170,7 +243,10 @@ def apply_time(s: NetworkSums, coef: dict[str, float]) -> np.ndarray:
 def apply_power(s: NetworkSums, coef: dict[str, float]) -> np.ndarray:
     D = _power_design(s)
     out = D @ np.array([coef.get(t, POWER_IDENTITY[t]) for t in POWER_TERMS])
-    return np.clip(out, 0.3 * s.power_ops_w, 3.0 * s.power_ops_w)
+    out = np.clip(out, 0.3 * s.power_ops_w, 3.0 * s.power_ops_w)
+    if s.idle_w is not None and s.limit_w is not None:
+        out = bounded_power(out, s.idle_w, s.limit_w)
+    return out
 
 
 @dataclass

@@ -50,7 +50,14 @@ from gpurec.model.features import (
     target_mask,
 )
 from gpurec.model.host_model import HostDispatch, NetworkCalibration
-from gpurec.model.network import Correction, aggregate, free_kernel_free, waiting_power_w
+from gpurec.model.network import (
+    Correction,
+    aggregate,
+    bounded_power,
+    free_kernel_free,
+    power_class,
+    waiting_power_w,
+)
 from gpurec.model.persist import check_manifest, default_model_dir, load_boosters, read_manifest
 from gpurec.model.timeline import bound_of, simulate
 from gpurec.ops.coverage import warn_if_low, warn_unmeasured_precision
@@ -408,6 +415,10 @@ class Predictor:
             return None
         return self.cross_anchors[0]
 
+    def _power_bounds(self, gpu: str) -> tuple[float, float]:
+        """(idle, limit) board power of a GPU, in W (gpurec.catalog.GPUSpec.power_bounds_w)."""
+        return resolve_gpu(gpu).power_bounds_w()
+
     # -- operations -------------------------------------------------------------------------------
     def _entry(self, model: str | nn.Module | Sequence[Any], input_shape: Sequence[int] | None, mode: str,
                dtype: Any = None, example_inputs: Any = None, precision: str | None = None
@@ -548,6 +559,9 @@ class Predictor:
         w = spread(np.exp(self._boosters["power"][mode].predict(masked(feats.X, self._masks["power"]),
                                                                  feats.margin_power)))
         offsets = np.cumsum([0, *(len(e.block) for e, _ in entries)])
+        idle_w, limit_w = self._power_bounds(nvml)
+        groups = self.builder.group_index(distinct.kinds)
+        classes = power_class(spread(groups), block.column("groups"))
         anchor = self.cross_anchor(nvml)
         if anchor is None:
             t = spread(np.exp(self._boosters["time"][mode].predict(masked(feats.X, self._masks["time"]),
@@ -557,20 +571,21 @@ class Predictor:
                 t, w, hit = self.lookup.apply(t, w, block.signatures, nvml, mode)
             if self.kernel_free_no_gpu_time:
                 t = free_kernel_free(t, block.kernel_free, hit)
-            sums = aggregate(t, w, offsets, self.small_op_ms, hit)
+            w = bounded_power(w, idle_w, limit_w)
+            sums = aggregate(t, w, offsets, self.small_op_ms, hit, classes, idle_w, limit_w)
             t_net, w_net, key = self.correction.apply(sums, nvml, mode)
         else:
-            t, t_net, w_net, key, sums = self._cross_time(distinct, spread, block, offsets, mode, nvml, anchor, w)
+            w = bounded_power(w, idle_w, limit_w)
+            t, t_net, w_net, key, sums = self._cross_time(distinct, spread, block, offsets, mode, nvml, anchor, w,
+                                                          (classes, idle_w, limit_w))
             hit = np.zeros(len(t), dtype=bool)
-            if self.kernel_free_no_gpu_time:
-                t = free_kernel_free(t, block.kernel_free, hit)
         # The correction rescales each network's GPU work; the timeline then places it behind the host.
         factor = np.repeat(t_net / np.maximum(sums.sum_time_ms, 1e-12), np.diff(offsets))
-        groups = self.builder.group_index(distinct.kinds)
         d = spread(self.host_model.predict_ms(masked(feats.X, self._masks["host"]), groups, mode,
                                               self.host_scale(host)))
         tl = simulate(t * factor, d, offsets)
-        p_wait = waiting_power_w(self.waiting_power, nvml, float(hw[HARDWARE_FEATURES.index("tdp_w")]))
+        p_wait = float(bounded_power(waiting_power_w(self.waiting_power, nvml,
+                                                     float(hw[HARDWARE_FEATURES.index("tdp_w")])), idle_w, limit_w))
         measured = nvml in self.measured
         (tlo, thi), (elo, ehi) = self._band_measured if measured else self._band_unmeasured
         out = []
@@ -609,7 +624,8 @@ class Predictor:
         return out
 
     def _cross_time(self, distinct: OpBlock, spread: Any, block: OpBlock, offsets: np.ndarray, mode: str,
-                    nvml: str, anchor: str, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, Any]:
+                    nvml: str, anchor: str, w: np.ndarray, power: tuple[Any, float, float] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, Any]:
         """GPU time on a GPU without host-free measurements: the anchor's (its measured operations
         and its whole-network correction included) times, per operation, the cross-GPU model's
         ratio (gpurec.model.crossgpu) of this GPU to the anchor.  A GPU no worse than the anchor
@@ -630,7 +646,9 @@ class Predictor:
             raise CrossGPUModelError("no cross-GPU model loaded: a GPU cannot take an anchor's time without it")
         ratio = spread(cross.predict_ms(table, spec_row(nvml)) / cross.predict_ms(table, spec_row(a_nvml)))
         t = t_a * ratio
-        sums = aggregate(t, w, offsets, self.small_op_ms, None)
+        if self.kernel_free_no_gpu_time:
+            t = free_kernel_free(t, block.kernel_free, np.zeros(len(t), dtype=bool))
+        sums = aggregate(t, w, offsets, self.small_op_ms, None, *(power or ()))
         _, w_net, _ = self.correction.apply(sums, nvml, mode)
         # the anchor's network correction, carried over as a factor on the transferred operations
         t_net = t_net_a / np.maximum(sums_a.sum_time_ms, 1e-12) * sums.sum_time_ms

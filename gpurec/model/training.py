@@ -86,6 +86,14 @@ def _host_band(ratios_bounds: tuple[np.ndarray, np.ndarray], cfg: TrainConfig) -
                       "each with its run's host profile, per simulated bound; in-sample for the GPU models"}
 
 
+def _reused_tuning(path: str) -> dict[str, Any]:
+    """The tuned parameters of an earlier run's report.json, per GPU target that has them."""
+    import json
+
+    tuning = json.loads(Path(path).read_text()).get("tuning", {})
+    return {t: v for t, v in tuning.items() if t in GPU_TARGETS and "best_params" in v and "rounds" in v}
+
+
 def train(data_root: Path | str | None = None, out_dir: Path | str = "models", tune_trials: int = 20,
           seed: int = 0, config: TrainConfig | None = None, log: Callable[[str], None] = print,
           **overrides: Any) -> dict[str, Any]:
@@ -127,7 +135,13 @@ def train(data_root: Path | str | None = None, out_dir: Path | str = "models", t
     params: dict[str, dict[str, Any]] = {}
     rounds: dict[str, int] = {}
     report["tuning"] = {}
+    reused = _reused_tuning(cfg.reuse_tuning) if cfg.reuse_tuning else {}
     for target in GPU_TARGETS:
+        if target in reused:
+            params[target], rounds[target] = dict(reused[target]["best_params"]), int(reused[target]["rounds"])
+            report["tuning"][target] = {**reused[target], "reused_from": cfg.reuse_tuning}
+            log(f"tuning {target}: reused from {cfg.reuse_tuning} ({rounds[target]} rounds)")
+            continue
         log(f"tuning {target} ({cfg.tune_trials} trials)")
         params[target], rounds[target], report["tuning"][target] = tune_xgboost(
             p.X[target], p.y[target], p.margin[target], sig_groups, cfg, log,

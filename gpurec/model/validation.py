@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from gpurec.catalog import resolve_gpu
 from gpurec.model._sets import MODES, dataset_arch_names
 from gpurec.model.config import TrainConfig
 from gpurec.model.data import Prepared
@@ -23,9 +24,11 @@ from gpurec.model.network import (
     Correction,
     NetworkSums,
     aggregate,
+    bounded_power,
     correction_cv,
     fit_correction,
     free_kernel_free,
+    power_class,
 )
 from gpurec.model.regressors import ForestModel, RooflineLinearModel, Routed, XGBModel
 
@@ -89,7 +92,14 @@ def predict_networks(models: dict[str, Routed], p: Prepared, net_rows: np.ndarra
                                                     str(p.nets["mode"].iat[i]))
     if p.net_kernel_free is not None:
         t = free_kernel_free(t, p.net_kernel_free[idx], hit)
-    return aggregate(t, w, offsets, small_op_ms, hit)
+    bounds = {g: resolve_gpu(g).power_bounds_w() for g in set(p.nets["gpu"].to_numpy()[net_rows].astype(str))}
+    idle = np.array([bounds[str(p.nets["gpu"].iat[i])][0] for i in net_rows])
+    limit = np.array([bounds[str(p.nets["gpu"].iat[i])][1] for i in net_rows])
+    counts = np.diff(offsets)
+    w = bounded_power(w, np.repeat(idle, counts), np.repeat(limit, counts))
+    names = p.builder.feature_names
+    conv_groups = p.net_X["power"][idx, names.index("groups")] if "groups" in names else np.zeros(len(idx))
+    return aggregate(t, w, offsets, small_op_ms, hit, power_class(p.net_groups[idx], conv_groups), idle, limit)
 
 
 def net_measured(p: Prepared, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -166,8 +176,7 @@ def leave_one_family_out(p: Prepared, suite: Suite, cfg: TrainConfig, log: Calla
         nparts = net_parts[kind]
         if nparts:
             rows = np.concatenate([r for r, _ in nparts])
-            sums = NetworkSums(*(np.concatenate([getattr(s, f) for _, s in nparts]) for f in
-                                 ("sum_time_ms", "sum_energy_mj", "n_ops", "n_small", "small_time_ms")))
+            sums = NetworkSums.concat([s for _, s in nparts])
             entry["network_raw"] = net_breakdown(sums, sums.sum_time_ms, sums.power_ops_w, p, rows)
             oof_nets[kind] = (rows, sums)
         out[kind] = entry

@@ -466,7 +466,7 @@ def crossgpu_section(cross: dict[str, Any] | None) -> list[str]:
 
 def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: Path | None = None,
           host_gpu: dict[str, Any] | None = None, sources: dict[str, Any] | None = None,
-          cross: dict[str, Any] | None = None) -> str:
+          cross: dict[str, Any] | None = None, energy: dict[str, Any] | None = None) -> str:
     """Render the report (and its plots next to ``out``); return the Markdown text."""
     img = out.parent / "img"
     made = plots(rep, img)
@@ -662,6 +662,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
                  if "time_ratio" in u else f"{u.get('source', 'measured band widened')}."), ""]
     L += host_gpu_section(host_gpu, rep, sources)
     L += memory_section(data_root)
+    L += energy_section(energy, manifest)
     L += repeatability_section(data_root)
     L += ["## Speed", "",
           "Prediction speed is measured by `gpurec report speed --measure` and reported in "
@@ -745,8 +746,138 @@ def generate(models_dir: Path | str = "models", out: Path | str = "docs/accuracy
     sources = json.loads(sources_file.read_text()) if sources_file.exists() else None
     cross_file = models_dir / "crossgpu_report.json"
     cross = json.loads(cross_file.read_text()) if cross_file.exists() else None
+    host_gpu = host_gpu_tables(models_dir, data_root, rep)
     return write(rep, manifest, Path(out), Path(data_root) if data_root is not None else None,
-                 host_gpu_tables(models_dir, data_root, rep), sources, cross)
+                 host_gpu, sources, cross, energy_tables(models_dir, data_root, rep, host_gpu))
+
+
+def energy_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str, Any],
+                  host_gpu: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The energy, power-bound and per-kind tables (gpurec.model.kind_errors) of the shipped
+    models, with the recorded snapshot of the models before them (benchmarks/unseen_before.json,
+    written by `gpurec tools unseen-snapshot`) where it exists."""
+    from gpurec.model import load_predictor
+    from gpurec.model.kind_errors import (
+        POWER_GRID,
+        gpu_bound_transfer,
+        per_kind_errors,
+        power_bound_violations,
+        unseen_summary,
+    )
+
+    try:
+        predictor = load_predictor(models_dir, data_root=data_root, check_data=False)
+    except Exception:
+        return None
+    before_file = models_dir.parent / "benchmarks" / "unseen_before.json"
+    out: dict[str, Any] = {
+        "before": json.loads(before_file.read_text()) if before_file.exists() else None,
+        "after": {"unseen": unseen_summary(rep), "per_kind": per_kind_errors(predictor, data_root)},
+        "bounds": power_bound_violations(predictor, POWER_GRID), "grid": POWER_GRID,
+        "transfer": gpu_bound_transfer(host_gpu["records"]) if host_gpu is not None else None,
+        "rows_by_gpu_mode": rep.get("rows", {}).get("by_gpu_mode", {}),
+        "eager_proxy_min_ms": rep.get("targets", {}).get("eager_proxy_min_ms")}
+    return out
+
+
+def energy_section(energy: dict[str, Any] | None, manifest: dict[str, Any]) -> list[str]:
+    """Energy inside networks, power bounds, H200 eager energy, and the kinds that carry the error."""
+    from gpurec.model.network import POWER_CLASSES
+
+    if energy is None:
+        return []
+    L = ["## Energy inside networks, power bounds and the kinds that carry the error", ""]
+    b = energy["bounds"]
+    L += ["### Power bounded by physics", "",
+          "Every operation's, network's and waiting power is held inside its GPU's [idle power, power limit] "
+          "(`GPUSpec.power_bounds_w`; the firmware holds the average at the limit, a board with a live context "
+          "never draws less than idle). Limits are the datasheet maximum board power (NVML's enforced limit, "
+          "700 W, on the measured H100 and H200); idle is measured on the H100 and H200 (median of "
+          "`datasets/<gpu>/idle.parquet`) and estimated elsewhere as the limit × their median idle/limit share.",
+          "",
+          f"Over {b['estimates']} estimates (every catalogue GPU × "
+          + ", ".join(f"{m} b{bs} {mode}" for m, bs, mode in energy["grid"])
+          + f"): **{b['above_limit']} above the power limit, {b['below_idle']} below idle** "
+          f"(eager, host-free and every operation's power; highest {100 * b['max_power_over_limit']:.1f}% of "
+          "the limit).", ""]
+    coef = manifest.get("network_correction", {})
+    pc = coef.get("power_coef", {})
+    L += ["### Energy inside networks", "",
+          f"Chosen power correction: `{coef.get('power_variant', '?')}` (the variants and their "
+          "leave-one-family-out MAPE are in *What each correction term buys* above). In the `kinds` variants "
+          "each power class's dynamic energy (above idle) is scaled by its own factor, fitted on the training "
+          "architectures' host-free network energy; a factor above 1 says the class draws more power inside "
+          "a network than in isolation.", ""]
+    lines = []
+    for key, c in sorted(pc.items()):
+        if any(f"dyn_{k}" in c for k in POWER_CLASSES):
+            lines.append(row([key.replace("*|", "pooled, "), *(f"{1 + c.get(f'dyn_{k}', 0.0):.3f}"
+                                                                for k in POWER_CLASSES)]))
+    L += (table(["GPU | mode", *POWER_CLASSES], lines) if lines
+          else ["No per-class factors kept: the chosen variant does not scale power classes."]) + [""]
+    before, after = energy.get("before"), energy["after"]
+    L += [f"### Unseen test architectures, host-free, before and after (target ≤ {TARGET_MAPE:g}% per mode, "
+          "no network worse than 15%)", ""]
+    if before is not None:
+        L += [f"Before: the models trained {before.get('models_created', '?')} (power correction "
+              f"`{(before.get('network_correction') or {}).get('power', '?')}`), recorded in "
+              "`benchmarks/unseen_before.json` by `gpurec tools unseen-snapshot`; after: the shipped models.", ""]
+    lines = []
+    met = True
+    for mode, a in after["unseen"].items():
+        bf = (before or {}).get("unseen", {}).get(mode, {})
+        ok = a["time_mape"] <= TARGET_MAPE and a["energy_mape"] <= TARGET_MAPE and not a["over_15pct"]
+        met &= ok
+        lines.append(row([mode, str(a["n"]), pct(bf.get("time_mape")), pct(a["time_mape"]),
+                          pct(bf.get("energy_mape")), pct(a["energy_mape"]),
+                          f"{a['worst_time']['set_key']} {a['worst_time']['error_pct']:+.1f}%",
+                          f"{a['worst_energy']['set_key']} {a['worst_energy']['error_pct']:+.1f}%",
+                          ", ".join(a["over_15pct"]) or "none", "met" if ok else "**NOT met**"]))
+    L += table(["mode", "networks", "time MAPE before", "time MAPE after", "energy MAPE before",
+                "energy MAPE after", "worst time (after)", "worst energy (after)", "networks over 15% (after)",
+                "target"], lines)
+    L += ["", f"**Target {'met' if met else 'NOT met'}.**", ""]
+    L += ["### The kinds that carry the time error, unseen test architectures", "",
+          "Each operation's predicted GPU time against the kernel time the in-network pass attributed to it "
+          "(`in_network.parquet`), summed per kind over the unseen networks: bias = predicted / measured − 1, "
+          "weighted error = Σ|predicted − measured| / Σ measured, share = the kind's part of all absolute error. "
+          "Squeeze-excite counts its gate (pooling, sigmoid, multiply); its 1×1 convolutions are dense convs.", ""]
+    bk = {(r["gpu"], r["mode"], r["kind"]): r for r in (before or {}).get("per_kind", [])}
+    lines = []
+    for r in after["per_kind"]:
+        o = bk.get((r["gpu"], r["mode"], r["kind"]), {})
+        lines.append(row([short(r["gpu"]), r["mode"], r["kind"], str(r["n_ops"]), f"{r['measured_ms']:.1f}",
+                          f"{o['bias_pct']:+.1f}%" if o else "—", f"{r['bias_pct']:+.1f}%",
+                          pct(o.get("weighted_error_pct")) if o else "—", pct(r["weighted_error_pct"]),
+                          f"{100 * o['share_of_error']:.0f}%" if o else "—", f"{100 * r['share_of_error']:.0f}%"]))
+    L += table(["GPU", "mode", "kind", "ops", "measured ms", "bias before", "bias after", "weighted error before",
+                "weighted error after", "share before", "share after"], lines)
+    L += ["", "The hand-written architectures and operation sweeps that target these kinds (`gpurec.synthsets`; "
+          "plan `datasets/plans/targeted.json`, `gpurec tools plan --targeted`) are not measured yet: the "
+          "per-kind time error changes only once their rows are collected and the models retrained.", ""]
+    tr = energy.get("transfer")
+    if tr is not None and tr["rows"]:
+        L += ["### Eager energy of GPU-bound networks on GPUs without host-free data", "",
+              f"GPU-bound, from data: the same (set, mode) spends ≥ {100 * tr['min_gpu_share']:.0f}% of its eager "
+              f"time on the GPU (host-free / eager time) on the GPU that has host-free rows ({tr['n_gpu_bound_sets']} "
+              "(set, mode) pairs). Predicted eager energy (reference host) against the measured eager energy.", ""]
+        lines = [row([short(r["gpu"]), r["mode"], str(r["n"]), str(r["n_test_archs"]), pct(r["energy_mj_mape"]),
+                      f"{r['energy_mj_bias']:+.1f}%", pct(r["power_w_mape"]), f"{r['power_w_bias']:+.1f}%",
+                      pct(r["time_ms_mape"]), f"{r['time_ms_bias']:+.1f}%"])
+                 for r in tr["rows"]]
+        L += table(["GPU", "mode", "networks", "of unseen archs", "eager energy MAPE", "mean error",
+                    "power MAPE", "mean error", "eager time MAPE", "mean error"], lines)
+        per_gpu: dict[str, int] = {}
+        for k, n in energy.get("rows_by_gpu_mode", {}).items():
+            per_gpu[k.split("|")[0]] = per_gpu.get(k.split("|")[0], 0) + int(n)
+        L += ["", "The per-operation power model is fitted on "
+              + " and ".join(f"{n:,} {short(g)} rows" for g, n in per_gpu.items())
+              + f" (on a GPU without host-free rows, eager rows of at least {energy.get('eager_proxy_min_ms')} ms, "
+              "where the GPU dominates the eager time, stand in for host-free ones; `gpurec.model.data`); the "
+              "network correction on the H100's host-free networks only. Power = energy / time separates the "
+              "power model from the time model: where the power column is small and the time column carries the "
+              "error, the energy error is the time error (the cross-GPU time model's part).", ""]
+    return L
 
 
 def host_gpu_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str, Any]) -> dict[str, Any] | None:

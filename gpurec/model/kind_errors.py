@@ -1,0 +1,196 @@
+"""Where the whole-network error sits, as data for docs/accuracy.md.
+
+* per_kind_errors: on the unseen test architectures, each operation's predicted GPU time
+  against the kernel time the in-network pass attributed to it (datasets/<gpu>/in_network.parquet),
+  summed per *error kind*: the kinds issue reports single out (grouped/depthwise convolution,
+  channel concatenation, window attention, squeeze-excite, stochastic depth) and the rest.
+* gpu_bound_transfer: eager energy (and time) of the networks of a GPU without host-free data
+  that are GPU-bound, predicted against measured.  GPU-bound is decided from data: the same
+  (set, mode) measured on a GPU with host-free rows spends at least ``min_gpu_share`` of its eager
+  time on the GPU (host-free time / eager time), so the host adds little on the faster board too.
+* power_bound_violations: estimates above the power limit or below idle over a grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+ERROR_KINDS: tuple[str, ...] = ("conv (dense)", "conv (grouped/depthwise)", "channel concat", "window attention",
+                                "squeeze-excite gate", "stochastic depth", "batch norm", "linear / attention",
+                                "other")
+_WINDOW = frozenset({"shifted_window_attention", "roll", "pad", "_patch_merging_pad", "_get_relative_position_bias",
+                     "window_partition", "window_reverse"})
+_SE = frozenset({"Sigmoid", "sigmoid", "Hardsigmoid", "hardsigmoid", "mul", "AdaptiveAvgPool2d"})
+
+
+def error_kind(kind: str, groups: float) -> str:
+    """The error kind of an operation (its kind name and, for convolutions, its ``groups``).
+    Squeeze-excite is its gate (pooling, sigmoid, the multiply); its 1x1 convolutions stay dense."""
+    if "conv" in kind.lower():
+        return "conv (grouped/depthwise)" if groups > 1 else "conv (dense)"
+    if kind in ("cat", "concat", "stack"):
+        return "channel concat"
+    if kind in _WINDOW:
+        return "window attention"
+    if kind in _SE:
+        return "squeeze-excite gate"
+    if kind.lower() in ("stochasticdepth", "stochastic_depth"):
+        return "stochastic depth"
+    if kind.startswith("BatchNorm"):
+        return "batch norm"
+    if kind in ("Linear", "MultiheadAttention", "matmul", "bmm", "linear") or "attention" in kind.lower():
+        return "linear / attention"
+    return "other"
+
+
+def per_kind_errors(predictor: Any, data_root: Any = None, archs: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Per (gpu, mode, error kind) over the in-network rows of ``archs`` (default: the unseen test
+    architectures): operations, measured and predicted kernel time (ms), bias (predicted/measured
+    - 1, %), weighted error (sum |predicted - measured| / sum measured, %) and this kind's share of
+    the absolute error of those networks.  Positions whose signature differs from the extracted
+    operation are counted apart (``misaligned``), never matched."""
+    import warnings
+
+    from gpurec.dataset import load_dataset
+    from gpurec.model._sets import parse_set, test_arch_names
+
+    archs = set(archs if archs is not None else test_arch_names())
+    inn = load_dataset(root=data_root, table="in_network")
+    inn = inn[inn["set_key"].map(lambda k: str(k).split(":", 1)[0] in archs)]
+    acc: dict[tuple[str, str, str], dict[str, float]] = {}
+    misaligned: dict[tuple[str, str], int] = {}
+    for (gpu, set_key, mode), rows in inn.groupby(["gpu", "set_key", "mode"], sort=True):
+        s = parse_set(set_key)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = predictor.predict(s.arch, s.input_shape, mode=mode, gpu=gpu)
+        ops = est._ops
+        block = ops.entry.block
+        groups = block.column("groups")
+        rows = rows.sort_values("position")
+        for pos, sig, kernel_ms in zip(rows["position"], rows["op_signature"], rows["kernel_ms"], strict=True):
+            pos = int(pos)
+            if pos >= len(block) or block.signatures[pos] != sig:
+                misaligned[(gpu, mode)] = misaligned.get((gpu, mode), 0) + 1
+                continue
+            k = error_kind(str(block.kinds[pos]), float(groups[pos]))
+            a = acc.setdefault((gpu, mode, k), {"n": 0, "measured_ms": 0.0, "predicted_ms": 0.0, "abs_ms": 0.0})
+            pred = float(ops.gpu_time_ms[pos])
+            a["n"] += 1
+            a["measured_ms"] += float(kernel_ms)
+            a["predicted_ms"] += pred
+            a["abs_ms"] += abs(pred - float(kernel_ms))
+    total_abs: dict[tuple[str, str], float] = {}
+    for (gpu, mode, _), a in acc.items():
+        total_abs[(gpu, mode)] = total_abs.get((gpu, mode), 0.0) + a["abs_ms"]
+    out = []
+    for (gpu, mode, k), a in sorted(acc.items(), key=lambda kv: (kv[0][0], kv[0][1], ERROR_KINDS.index(kv[0][2]))):
+        m = a["measured_ms"]
+        out.append({"gpu": gpu, "mode": mode, "kind": k, "n_ops": int(a["n"]), "measured_ms": m,
+                    "predicted_ms": a["predicted_ms"],
+                    "bias_pct": (a["predicted_ms"] / m - 1.0) * 100.0 if m > 0 else float("nan"),
+                    "weighted_error_pct": a["abs_ms"] / m * 100.0 if m > 0 else float("nan"),
+                    "share_of_error": a["abs_ms"] / total_abs[(gpu, mode)] if total_abs[(gpu, mode)] > 0 else 0.0,
+                    "misaligned": misaligned.get((gpu, mode), 0)})
+    return out
+
+
+def gpu_bound_transfer(records: Any, min_gpu_share: float = 0.9) -> dict[str, Any]:
+    """Predicted against measured eager energy and time on each GPU without host-free network rows,
+    over its networks that are GPU-bound by the rule above (``records``:
+    gpurec.model.evaluate.network_records).  Per GPU and mode: n, MAPE and mean signed error of
+    eager energy, time and power (energy / time, which separates the power model from the time one)."""
+    import pandas as pd
+
+    df = records[records.get("error", "") == ""] if "error" in records else records
+    hf = df[np.isfinite(df["measured_gpu_time_ms"].astype(float))]
+    share = (hf["measured_gpu_time_ms"] / hf["measured_time_ms"]).groupby([hf["set_key"], hf["mode"]]).min()
+    bound = set(share[share >= min_gpu_share].index)
+    rows = []
+    for gpu in sorted(set(df["gpu"]) - set(hf["gpu"])):
+        for mode in sorted(set(df["mode"])):
+            g = df[(df["gpu"] == gpu) & (df["mode"] == mode)]
+            g = g[[(k, m) in bound for k, m in zip(g["set_key"], g["mode"], strict=True)]]
+            row: dict[str, Any] = {"gpu": gpu, "mode": mode, "n": len(g), "n_test_archs": int(g["is_test"].sum())}
+            g = g.assign(pred_power_w=g["pred_energy_mj"] / g["pred_time_ms"],
+                         measured_power_w=g["measured_energy_mj"] / g["measured_time_ms"])
+            for q in ("energy_mj", "time_ms", "power_w"):
+                r = (g[f"pred_{q}"].astype(float) / g[f"measured_{q}"].astype(float) - 1.0) * 100.0
+                row[f"{q}_mape"] = float(r.abs().mean()) if len(r) else float("nan")
+                row[f"{q}_bias"] = float(r.mean()) if len(r) else float("nan")
+            rows.append(row)
+    return {"min_gpu_share": min_gpu_share, "n_gpu_bound_sets": len(bound),
+            "rows": pd.DataFrame(rows).to_dict("records")}
+
+
+# Networks and batches from tiny to huge steps, both modes (vit_b_16 b4096 inference was
+# predicted at 772 W on the 700 W H100 before power was bounded).
+POWER_GRID: tuple[tuple[str, int, str], ...] = (
+    ("vit_b_16", 4096, "inference"), ("vit_b_16", 256, "training"), ("resnet50", 1, "inference"),
+    ("resnet50", 512, "training"), ("mobilenet_v3_small", 1024, "inference"), ("vgg16", 256, "training"))
+
+
+def power_bound_violations(predictor: Any, grid: Iterable[tuple[str, int, str]],
+                           gpus: Sequence[str] | None = None) -> dict[str, Any]:
+    """Over every (GPU, network, batch, mode): how many eager, host-free and per-operation
+    powers lie above the GPU's power limit or below its idle power."""
+    import warnings
+
+    from gpurec.catalog import load_catalog, resolve_gpu
+
+    specs = [resolve_gpu(g) for g in gpus] if gpus is not None else load_catalog()
+    n = above = below = 0
+    worst = 0.0
+    for model, batch, mode in grid:
+        for spec in specs:
+            idle_w, limit_w = spec.power_bounds_w()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                est = predictor.predict(model, (batch, 3, 224, 224), mode=mode, gpu=spec.nvml_name)
+            powers = np.concatenate([[est.power_w, est.gpu_energy_mj / max(est.gpu_time_ms, 1e-12)],
+                                     est._ops.power_w])
+            n += 1
+            tol = 1e-6 * limit_w
+            above += int((powers > limit_w + tol).any())
+            below += int((powers < idle_w - tol).any())
+            worst = max(worst, float(powers.max() / limit_w))
+    return {"estimates": n, "above_limit": above, "below_idle": below, "max_power_over_limit": worst}
+
+
+def unseen_summary(report: dict[str, Any]) -> dict[str, Any]:
+    """Host-free network MAPE and worst network per mode, time and energy, on the unseen test
+    architectures, from a training report's ``test_set.records`` (as the predictor runs)."""
+    recs = report.get("test_set", {}).get("records", [])
+    out: dict[str, Any] = {}
+    for mode in sorted({r["mode"] for r in recs}):
+        rs = [r for r in recs if r["mode"] == mode]
+        t = np.array([r["pred_time_ms"] / r["measured_time_ms"] - 1.0 for r in rs]) * 100.0
+        e = np.array([r["pred_time_ms"] * r["pred_power_w"] / (r["measured_time_ms"] * r["measured_power_w"]) - 1.0
+                      for r in rs]) * 100.0
+        worst_t, worst_e = int(np.argmax(np.abs(t))), int(np.argmax(np.abs(e)))
+        out[mode] = {"n": len(rs), "time_mape": float(np.abs(t).mean()), "energy_mape": float(np.abs(e).mean()),
+                     "time_bias": float(t.mean()), "energy_bias": float(e.mean()),
+                     "worst_time": {"set_key": rs[worst_t]["set_key"], "error_pct": float(t[worst_t])},
+                     "worst_energy": {"set_key": rs[worst_e]["set_key"], "error_pct": float(e[worst_e])},
+                     "over_15pct": sorted({rs[i]["set_key"] for i in np.flatnonzero((np.abs(t) > 15) | (np.abs(e) > 15))})}
+    return out
+
+
+def snapshot(models_dir: Any, data_root: Any = None) -> dict[str, Any]:
+    """What docs/accuracy.md shows of one set of models on the unseen test architectures (per-kind
+    in-network time error and host-free network MAPE per mode), so that a later model can be shown
+    beside it: ``gpurec tools unseen-snapshot`` writes it to benchmarks/."""
+    import json
+    from pathlib import Path
+
+    from gpurec.model import load_predictor
+
+    models_dir = Path(models_dir)
+    report = json.loads((models_dir / "report.json").read_text())
+    predictor = load_predictor(models_dir, data_root=data_root, check_data=False)
+    return {"models_created": report.get("created"), "data_sha256": report.get("data_sha256"),
+            "network_correction": report.get("network_correction", {}).get("chosen"),
+            "unseen": unseen_summary(report), "per_kind": per_kind_errors(predictor, data_root)}

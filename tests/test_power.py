@@ -1,0 +1,193 @@
+"""Power bounded by physics ([idle, limit] of each GPU) and the per-kind power of operations
+inside networks (gpurec.model.network)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_catalogue_power_bounds_have_sources_and_measured_idle_matches_data() -> None:
+    """Every GPU has a limit and an idle power below it; a measured idle power is the median of
+    that GPU's idle readings in datasets/ (so the catalogue cannot drift from the data)."""
+    import pandas as pd
+
+    from gpurec.catalog import load_catalog
+
+    measured = {}
+    for path in sorted((ROOT / "datasets").glob("*/idle.parquet")):
+        idle = pd.read_parquet(path)
+        for gpu, rows in idle.groupby("gpu"):
+            measured[gpu] = float(rows["idle_power_w"].median())
+    assert measured, "no idle readings in datasets/"
+    for spec in load_catalog():
+        idle_w, limit_w = spec.power_bounds_w()
+        assert 0 < idle_w < limit_w, spec.nvml_name
+        assert spec.power_source, spec.nvml_name
+        if spec.nvml_name in measured:
+            assert spec.idle_power_w == pytest.approx(measured[spec.nvml_name], abs=0.05), spec.nvml_name
+        else:
+            assert spec.idle_power_w is None, f"{spec.nvml_name}: an idle power without a measurement"
+
+
+def test_unmeasured_idle_is_the_measured_share_of_the_limit() -> None:
+    from gpurec.catalog import idle_share_of_limit, load_catalog
+
+    shares = [s.idle_power_w / s.power_limit_w for s in load_catalog() if s.idle_power_w is not None]
+    assert idle_share_of_limit() == pytest.approx(float(np.median(shares)))
+    t4 = next(s for s in load_catalog() if s.short_name == "T4")
+    assert t4.power_bounds_w() == pytest.approx((idle_share_of_limit() * 70.0, 70.0))
+
+
+# Networks and batches spanning tiny to huge steps (vit_b_16 b4096 inference was predicted at
+# 772 W on the 700 W H100 before power was bounded).
+GRID = [("vit_b_16", 4096, "inference"), ("vit_b_16", 256, "training"), ("resnet50", 1, "inference"),
+        ("resnet50", 512, "training"), ("mobilenet_v3_small", 1024, "inference"), ("vgg16", 256, "training")]
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    import gpurec
+
+    return gpurec.load_predictor(check_data=False)
+
+
+@pytest.mark.parametrize("model,batch,mode", GRID)
+def test_no_estimate_outside_idle_and_limit(shipped, model: str, batch: int, mode: str) -> None:
+    """Over the whole catalogue: eager, host-free and per-operation power within [idle, limit]."""
+    from gpurec.catalog import load_catalog
+
+    p = shipped
+    for spec in load_catalog():
+        idle_w, limit_w = spec.power_bounds_w()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = p.predict(model, (batch, 3, 224, 224), mode=mode, gpu=spec.nvml_name)
+        label = f"{spec.short_name} {model} b{batch} {mode}"
+        tol = 1e-6 * limit_w
+        gpu_power_w = est.gpu_energy_mj / est.gpu_time_ms
+        for name, w in (("eager", est.power_w), ("host-free", gpu_power_w)):
+            assert idle_w - tol <= w <= limit_w + tol, f"{label}: {name} {w:.1f} W outside [{idle_w:.1f}, {limit_w}]"
+        op_w = est._ops.power_w
+        assert (op_w >= idle_w - tol).all() and (op_w <= limit_w + tol).all(), label
+
+
+def test_network_power_held_inside_bounds_whatever_the_correction() -> None:
+    """A correction that would push the network above the limit (or below idle) is held at it."""
+    from gpurec.model.network import Correction, aggregate
+
+    t = np.array([1.0, 2.0, 3.0, 4.0])
+    w = np.array([600.0, 650.0, 150.0, 140.0])
+    offsets = np.array([0, 2, 4])
+    up = Correction("none", "scale", {"*|training": {}}, {"*|training": {"scale": 1.5}}, {})
+    down = Correction("none", "scale", {"*|training": {}}, {"*|training": {"scale": 0.5}}, {})
+    sums = aggregate(t, w, offsets, 0.02, idle_w=120.0, limit_w=700.0)
+    assert up.apply(sums, "H100", "training")[1] == pytest.approx([700.0, 1.5 * (150 * 3 + 140 * 4) / 7])
+    assert down.apply(sums, "H100", "training")[1] == pytest.approx([0.5 * (600 + 1300) / 3, 120.0])
+    free = aggregate(t, w, offsets, 0.02)  # without bounds nothing is clipped
+    assert up.apply(free, "H100", "training")[1][0] == pytest.approx(1.5 * 1900 / 3)
+
+
+def test_power_classes() -> None:
+    from gpurec.model.features import KIND_GROUPS
+    from gpurec.model.network import POWER_CLASSES, power_class
+
+    g = np.array([KIND_GROUPS.index(k) for k in ("conv", "conv", "matmul", "attention", "norm", "pool",
+                                                  "elementwise")])
+    groups = np.array([1, 32, 0, 0, 0, 0, 0], dtype=float)
+    got = [POWER_CLASSES[i] for i in power_class(g, groups)]
+    assert got == ["conv", "grouped_conv", "matmul", "matmul", "norm", "memory", "memory"]
+
+
+def test_kind_power_fit_recovers_per_class_factors() -> None:
+    """Networks whose true power is idle + sum_k f_k * dynamic_k / T: the 'kinds' variant finds
+    dyn_k = f_k - 1 and reproduces every network's power."""
+    from gpurec.model.network import POWER_CLASSES, aggregate, apply_power, fit_power
+
+    rng = np.random.default_rng(3)
+    n_nets, per = 40, 30
+    t = rng.uniform(0.01, 2.0, n_nets * per)
+    w = rng.uniform(150, 600, n_nets * per)
+    classes = rng.integers(0, len(POWER_CLASSES), n_nets * per)
+    offsets = np.arange(0, n_nets * per + 1, per)
+    idle = 120.0
+    sums = aggregate(t, w, offsets, 0.02, power_classes=classes, idle_w=idle, limit_w=700.0)
+    assert sums.dyn_energy_mj.sum(axis=1) == pytest.approx(sums.sum_energy_mj - idle * sums.sum_time_ms)
+    factors = np.array([1.15, 1.3, 0.85, 1.0, 1.1])
+    true_w = idle + (sums.dyn_energy_mj @ factors) / sums.sum_time_ms
+    coef = fit_power(sums, true_w, "kinds", ridge=1e-8)
+    got = np.array([coef[f"dyn_{c}"] for c in POWER_CLASSES]) + 1.0
+    assert got == pytest.approx(factors, abs=1e-3)
+    assert apply_power(sums, coef) == pytest.approx(true_w, rel=1e-4)
+
+
+def test_error_kinds() -> None:
+    from gpurec.model.kind_errors import error_kind
+
+    assert error_kind("Conv2d", 1) == "conv (dense)"
+    assert error_kind("Conv2d", 32) == "conv (grouped/depthwise)"
+    assert error_kind("cat", 0) == "channel concat"
+    assert error_kind("roll", 0) == error_kind("shifted_window_attention", 0) == "window attention"
+    assert error_kind("Sigmoid", 0) == "squeeze-excite gate"
+    assert error_kind("StochasticDepth", 0) == "stochastic depth"
+    assert error_kind("BatchNorm2d", 0) == "batch norm"
+    assert error_kind("ReLU", 0) == "other"
+
+
+def test_per_kind_errors_attribute_a_known_error_to_its_kind(shipped, tmp_path: Path) -> None:
+    """In-network kernel times = the predictor's own per-op times, except dense convs measured
+    25% longer: the dense-conv row shows -20% bias and all the error; the others none."""
+    import warnings
+
+    import pandas as pd
+
+    from gpurec.model.kind_errors import per_kind_errors
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = shipped.predict("resnet18", (8, 3, 224, 224), mode="inference", gpu="H100")
+    block = est._ops.entry.block
+    conv = np.array([k == "Conv2d" for k in block.kinds])
+    kernel_ms = np.where(conv, est._ops.gpu_time_ms * 1.25, est._ops.gpu_time_ms)
+    rows = pd.DataFrame({"position": np.arange(len(block)), "op_signature": block.signatures, "kernel_ms": kernel_ms,
+                         "gpu": est.gpu, "set_key": "resnet18:b8:r224", "mode": "inference"})
+    (tmp_path / "h100").mkdir()
+    rows.to_parquet(tmp_path / "h100" / "in_network.parquet")
+    rows[["gpu", "set_key", "mode"]].head(1).to_parquet(tmp_path / "h100" / "networks.parquet")
+    got = {r["kind"]: r for r in per_kind_errors(shipped, tmp_path, archs=["resnet18"])}
+    assert got["conv (dense)"]["bias_pct"] == pytest.approx(-20.0)
+    assert got["conv (dense)"]["share_of_error"] == pytest.approx(1.0)
+    assert got["batch norm"]["bias_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert sum(r["n_ops"] for r in got.values()) == len(block)
+
+
+def test_gpu_bound_transfer_uses_only_networks_gpu_bound_on_the_host_free_gpu() -> None:
+    import pandas as pd
+
+    from gpurec.model.kind_errors import gpu_bound_transfer
+
+    nan = float("nan")
+    rec = pd.DataFrame([
+        # on the GPU with host-free rows: a is GPU-bound (0.95), b is host-bound (0.5)
+        {"gpu": "A", "set_key": "a", "mode": "inference", "measured_time_ms": 1.0, "measured_gpu_time_ms": 0.95},
+        {"gpu": "A", "set_key": "b", "mode": "inference", "measured_time_ms": 1.0, "measured_gpu_time_ms": 0.5},
+        # the other GPU (eager only): a is predicted 10% low in energy, b wildly off (ignored)
+        {"gpu": "B", "set_key": "a", "mode": "inference", "measured_time_ms": 2.0, "measured_gpu_time_ms": nan},
+        {"gpu": "B", "set_key": "b", "mode": "inference", "measured_time_ms": 2.0, "measured_gpu_time_ms": nan},
+    ])
+    rec["measured_energy_mj"] = 100.0
+    rec["pred_energy_mj"] = [nan, nan, 90.0, 10.0]
+    rec["pred_time_ms"] = [nan, nan, 2.0, 2.0]
+    rec["is_test"] = False
+    rec["error"] = ""
+    out = gpu_bound_transfer(rec)
+    assert out["n_gpu_bound_sets"] == 1
+    (row,) = out["rows"]
+    assert row["gpu"] == "B" and row["n"] == 1
+    assert row["energy_mj_bias"] == pytest.approx(-10.0) and row["power_w_bias"] == pytest.approx(-10.0)
+    assert row["time_ms_mape"] == pytest.approx(0.0)
