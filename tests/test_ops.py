@@ -379,19 +379,24 @@ def test_gpu_machine_signatures_are_refound_here(set_key: str) -> None:
 
     arch, b, r = set_key.split(":")
     shape = (int(b[1:]), 3, int(r[1:]), int(r[1:]))
-    frames = [pd.read_parquet(p, columns=["set_key", "model_sets", "mode", "op_signature", "op_kind", "torch"])
-              for p in sorted(DATASETS.glob("*/operations.parquet"))]
+    frames = []
+    for p in sorted(DATASETS.glob("*/operations.parquet")):
+        f = pd.read_parquet(p)
+        f["precision"] = f["precision"].fillna("fp32") if "precision" in f else "fp32"
+        frames.append(f[["set_key", "model_sets", "mode", "op_signature", "op_kind", "torch", "precision"]])
     df = pd.concat(frames)
     # measured where set_key was planned first, or in another set that also contains it
     owners = df["model_sets"].map(lambda v: set(json.loads(v)) if isinstance(v, str) else set())
     df = df[(df["set_key"] == set_key) | owners.map(lambda o: set_key in o)]
     assert len(df) > 0, f"no measured operations for {set_key}"
     assert df["torch"].str.startswith("2.11").all()
-    for mode in MODES:
-        want = set(df.loc[df["mode"] == mode, "op_signature"])
-        got = {op.signature for op in extract_operations(arch, shape, mode=mode, keep_sources=False)}
-        kinds_missing = sorted(set(df.loc[(df["mode"] == mode) & df["op_signature"].isin(want - got), "op_kind"]))
-        assert want <= got, f"{set_key} {mode}: {len(want - got)} measured signatures not re-found ({kinds_missing})"
+    for (mode, precision), part in df.groupby(["mode", "precision"]):  # each precision's own extraction
+        want = set(part["op_signature"])
+        got = {op.signature for op in extract_operations(arch, shape, mode=mode, keep_sources=False,
+                                                         precision=precision)}
+        kinds_missing = sorted(set(part.loc[part["op_signature"].isin(want - got), "op_kind"]))
+        assert want <= got, (f"{set_key} {mode} {precision}: {len(want - got)} measured signatures not re-found "
+                             f"({kinds_missing})")
 
 
 # -- bad input ---------------------------------------------------------------------------------

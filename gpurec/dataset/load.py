@@ -37,6 +37,14 @@ def _gpu_dirs(root: Path, gpu: str | None) -> list[Path]:
     return out
 
 
+def fp32_rows(df: Any) -> Any:
+    """The rows measured at PyTorch's default precision (rows from before precision was a
+    column are fp32): what predictions without a ``precision=`` are compared against."""
+    if "precision" not in df:
+        return df
+    return df[df["precision"].fillna("fp32") == "fp32"].reset_index(drop=True)
+
+
 def load_dataset(gpu: str | None = None, root: Path | str | None = None, table: str = "operations",
                  status: str | None = "ok", source: str = "gpurec") -> Any:
     """Per-operation measurements (``table='networks'`` for whole networks) as a DataFrame.

@@ -269,9 +269,10 @@ def accuracy_tables(predictor: Any, data_root: Any = None, report: dict[str, Any
     import pandas as pd
 
     from gpurec.dataset import load_dataset
+    from gpurec.dataset.load import fp32_rows
     from gpurec.model.provenance import host_profiles_by_run
 
-    nets = load_dataset(root=data_root, table="networks")
+    nets = fp32_rows(load_dataset(root=data_root, table="networks"))
     records = network_records(predictor, nets, host_profiles_by_run(data_root))
     try:
         repeats = load_dataset(root=data_root, table="repeats")

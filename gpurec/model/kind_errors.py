@@ -60,6 +60,8 @@ def per_kind_errors(predictor: Any, data_root: Any = None, archs: Sequence[str] 
     archs = set(archs if archs is not None else test_arch_names())
     inn = load_dataset(root=data_root, table="in_network")
     inn = inn[inn["set_key"].map(lambda k: str(k).split(":", 1)[0] in archs)]
+    if "network_id" in inn:  # positions of fp32 networks only (another precision's id ends in it)
+        inn = inn[inn["network_id"].map(lambda i: str(i).count(":") <= 4)]
     acc: dict[tuple[str, str, str], dict[str, float]] = {}
     misaligned: dict[tuple[str, str], int] = {}
     for (gpu, set_key, mode), rows in inn.groupby(["gpu", "set_key", "mode"], sort=True):

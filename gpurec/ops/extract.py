@@ -35,6 +35,7 @@ from gpurec.ops.precision import (
     DEFAULT_PRECISION,
     MIXED,
     PrecisionMismatch,
+    check_precision,
     low_dtype,
     resolve_precision,
 )
@@ -817,7 +818,10 @@ def extract_operations(
     if mode not in MODES:
         raise ExtractionError(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
     try:
-        precision = resolve_precision(model, precision)
+        # A cast precision asked of a float32 module is what collection does (the extraction casts
+        # it); predict and recommend refuse that contradiction before they get here.
+        precision = (check_precision(precision) if precision in CAST
+                     else resolve_precision(model, precision))
     except PrecisionMismatch:
         raise
     except ValueError as exc:

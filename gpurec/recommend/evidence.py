@@ -103,9 +103,9 @@ def _public_gpus(root: Path) -> set[str]:
 
         df = load_dataset(root=root, source="neusight")  # type: ignore[call-arg]
         return {str(g) for g in df["gpu"].unique()}
-    except TypeError:  # this gpurec's load_dataset takes no source: read the files themselves
+    except (TypeError, FileNotFoundError):  # no loader, or not the loader's layout: read the files themselves
         pass
-    except (FileNotFoundError, KeyError, ValueError):
+    except (KeyError, ValueError):
         return set()
     folder = root / "external" / "neusight"
     names: set[str] = set()

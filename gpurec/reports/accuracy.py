@@ -171,7 +171,6 @@ def plots(rep: dict[str, Any], img: Path) -> list[str]:
 def by_batch_lines(records: list[dict[str, Any]]) -> list[str]:
     """Unseen-architecture error by batch size: small batches are launch-bound, and a launch-bound
     network's measured time itself moves between machines (docs/validation.md)."""
-    import re
 
     groups: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for r in records:
@@ -682,6 +681,7 @@ def memory_rows(nets: Any) -> list[dict[str, Any]]:
     peak (``peak_memory_bytes``, the allocator's peak over one step after warm-up)."""
     from gpurec.ops import extract_operations
     from gpurec.ops.memory import step_memory
+    from gpurec.sets import parse_set_key
 
     if "peak_memory_bytes" not in nets:
         return []
@@ -689,17 +689,20 @@ def memory_rows(nets: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     cache: dict[tuple[Any, ...], float] = {}
     for r in have.itertuples(index=False):
-        m = re.match(r"^(.+):b(\d+):r(\d+)$", str(r.set_key))
-        if not m:
+        try:
+            s = parse_set_key(str(r.set_key))
+        except ValueError:
             continue
-        arch, batch, res = m.group(1), int(m.group(2)), int(m.group(3))
-        key = (arch, batch, res, str(r.mode))
+        precision = getattr(r, "precision", None)
+        precision = precision if isinstance(precision, str) and precision else "fp32"
+        key = (s.key, str(r.mode), precision)
         if key not in cache:
-            ops = extract_operations(arch, (batch, 3, res, res), mode=str(r.mode), keep_sources=False)
+            ops = extract_operations(s.arch, s.input_shape, mode=str(r.mode), keep_sources=False, precision=precision)
             cache[key] = step_memory(ops, str(r.mode)).memory_gb
         measured_gb = float(r.peak_memory_bytes) / 1e9
-        out.append({"gpu": str(r.gpu), "arch": arch, "batch": batch, "resolution": res, "mode": str(r.mode),
-                    "estimated_gb": cache[key], "measured_gb": measured_gb,
+        out.append({"gpu": str(r.gpu), "arch": s.arch, "batch": int(s.input_shape[0]), "set_key": s.key,
+                    "precision": precision, "mode": str(r.mode), "estimated_gb": cache[key],
+                    "measured_gb": measured_gb,
                     "error_pct": (cache[key] / measured_gb - 1.0) * 100.0 if measured_gb > 0 else float("nan")})
     return out
 
@@ -713,10 +716,16 @@ def memory_section(data_root: Path | None = None) -> list[str]:
          "alive at once) without running it; `recommend` and `predict` use it for `fits`. Network rows record "
          "the allocator's peak over one step after warm-up (`peak_memory_bytes`, `torch.cuda.max_memory_allocated` "
          f"after `reset_peak_memory_stats`). Target: within {MEMORY_TARGET_PCT:g}% of the measured peak.", ""]
-    try:
-        nets = load_dataset(root=data_root, table="networks")
-    except FileNotFoundError:
-        nets = None
+    import pandas as pd
+
+    # network rows measured since rows carry the peak, and the peak-only pass over earlier networks
+    frames = []
+    for table_name in ("networks", "peaks"):
+        try:
+            frames.append(load_dataset(root=data_root, table=table_name))
+        except FileNotFoundError:
+            pass
+    nets = pd.concat(frames, ignore_index=True) if frames else None
     rows = memory_rows(nets) if nets is not None else []
     if not rows:
         return L + ["No measured peaks yet: no collected network row carries `peak_memory_bytes` (collection "
@@ -726,10 +735,10 @@ def memory_section(data_root: Path | None = None) -> list[str]:
     L += [f"{len(rows)} network rows with a measured peak: mean absolute error {mape:.1f}%, "
           f"{within} of {len(rows)} within {MEMORY_TARGET_PCT:g}% "
           f"({'target met' if within == len(rows) else 'target not met'}).", ""]
-    lines = [row([short(r["gpu"]), r["arch"], r["batch"], r["mode"], f"{r['estimated_gb']:.2f}",
+    lines = [row([short(r["gpu"]), r["set_key"], r["precision"], r["mode"], f"{r['estimated_gb']:.2f}",
                   f"{r['measured_gb']:.2f}", pct(r["error_pct"])])
              for r in sorted(rows, key=lambda r: -abs(r["error_pct"]))]
-    return L + table(["GPU", "network", "batch", "mode", "estimated GB", "measured GB", "error"], lines) + [""]
+    return L + table(["GPU", "set", "precision", "mode", "estimated GB", "measured GB", "error"], lines) + [""]
 
 
 def generate(models_dir: Path | str = "models", out: Path | str = "docs/accuracy.md",
@@ -884,6 +893,7 @@ def host_gpu_tables(models_dir: Path, data_root: Path | str | None, rep: dict[st
     """The issue-13 tables: every measured network predicted with the shipped models for the
     host profile of the run that measured it (gpurec.model.evaluate.accuracy_tables)."""
     from gpurec.dataset import load_dataset
+    from gpurec.dataset.load import fp32_rows
     from gpurec.model import load_predictor
     from gpurec.model.evaluate import accuracy_tables
 
@@ -892,7 +902,7 @@ def host_gpu_tables(models_dir: Path, data_root: Path | str | None, rep: dict[st
     except Exception:
         return None
     tables = accuracy_tables(predictor, data_root, rep)
-    nets = load_dataset(root=data_root, table="networks")
+    nets = fp32_rows(load_dataset(root=data_root, table="networks"))
     if "v1_time_ms" in nets and len(tables["records"]):
         other = nets.set_index(["gpu", "set_key", "mode"])["v1_time_ms"]
         keys = list(zip(tables["records"]["gpu"], tables["records"]["set_key"], tables["records"]["mode"], strict=True))
