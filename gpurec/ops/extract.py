@@ -288,22 +288,8 @@ def _swapped_to_meta(root: nn.Module) -> Any:
     Tensors that a module keeps as plain attributes are not swapped (as in _meta_copy).  The
     caller's module is changed while this is active: not for a module another thread is using.
     """
-    memo: dict[int, torch.Tensor] = {}
-    saved: list[tuple[dict[str, Any], str, torch.Tensor]] = []
-    try:
-        for mod in root.modules():
-            for store in (mod._parameters, mod._buffers):
-                for key, t in list(store.items()):
-                    if t is None or t.device.type == "meta":
-                        continue
-                    if id(t) not in memo:
-                        memo[id(t)] = _meta_like(t)
-                    saved.append((store, key, t))
-                    store[key] = memo[id(t)]
+    with _swapped_tensors(root, _meta_like, keep_meta=True):
         yield root
-    finally:
-        for store, key, t in reversed(saved):
-            store[key] = t
 
 
 @contextlib.contextmanager
@@ -729,16 +715,17 @@ def _cuda_autocast_state(dtype: torch.dtype) -> Any:
 
 
 @contextlib.contextmanager
-def _swapped_tensors(root: nn.Module, make: Any) -> Any:
+def _swapped_tensors(root: nn.Module, make: Any, keep_meta: bool = False) -> Any:
     """Every parameter and buffer reachable from ``root`` replaced by ``make(t)`` (tied ones stay
-    tied), the originals put back on exit, also on errors (as _swapped_to_meta)."""
+    tied; with ``keep_meta`` those already on meta are left as they are), the originals put back
+    on exit, also on errors."""
     memo: dict[int, torch.Tensor] = {}
     saved: list[tuple[dict[str, Any], str, torch.Tensor]] = []
     try:
         for mod in root.modules():
             for store in (mod._parameters, mod._buffers):
                 for key, t in list(store.items()):
-                    if t is None:
+                    if t is None or (keep_meta and t.device.type == "meta"):
                         continue
                     if id(t) not in memo:
                         memo[id(t)] = make(t)
