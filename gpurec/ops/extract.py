@@ -963,9 +963,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         if not out_tensors:
             grad[node.name] = in_grad
             continue
-        # Only floating-point tensors carry gradients (a bool mask made from a float tensor does not).
-        requires_grad = [bool(training and grad.get(n, False) and (t.is_floating_point() or t.is_complex()))
-                         for n, t in zip(act_nodes, act_values, strict=True)]
+        requires_grad = [bool(training and grad.get(n, False)) for n in act_nodes]
+        # Only floating-point outputs carry gradients (a bool mask made from a float tensor does not).
         grad[node.name] = bool(training and (has_params or any(requires_grad))
                                and any(t.is_floating_point() or t.is_complex() for t in out_tensors))
         in_numel = sum(t.numel() for t in act_values)
