@@ -39,9 +39,9 @@ def _random_ops(n: int, seed: int = 0):
 def _random_model(seed: int) -> CrossGPUModel:
     rng = np.random.default_rng(seed)
     d = len(design_names())
-    return CrossGPUModel(*(rng.normal(0, 2, d) for _ in range(5)), sm_bytes_per_clock=float(rng.uniform(1, 200)),
+    return CrossGPUModel(*(rng.normal(0, 2, d) for _ in range(6)), sm_bytes_per_clock=float(rng.uniform(1, 200)),
                          watts_per_tflops=float(rng.uniform(1, 30)),
-                         l2_weight=float(rng.uniform(0, 2)), k=float(rng.uniform(0.6, 6)),
+                         l2_weight=float(rng.uniform(0, 2)),
                          wave_exponent=float(rng.uniform(0, 1.5)), c0_ms=float(rng.uniform(0, 0.01)), info={})
 
 
@@ -100,6 +100,26 @@ def test_more_of_each_spec_alone_is_never_slower() -> None:
             assert np.all(model.predict_ms(ops, better) <= t0 * (1 + 1e-9)), name
 
 
+def test_tensor_core_peak_follows_the_operations_math() -> None:
+    from gpurec.model.crossgpu import TENSOR_MODES, tensor_peak
+
+    model = _random_model(4)
+    n = 500
+    rng = np.random.default_rng(4)
+    flops, nbytes, out = 10 ** rng.uniform(10, 13, n), 10 ** rng.uniform(6, 8, n), 10 ** rng.uniform(5, 7, n)
+
+    def times(mode: str, gpu: str) -> np.ndarray:
+        code = np.full(n, float(TENSOR_MODES.index(mode)))
+        return model.predict_ms(op_table(flops, nbytes, out, ["matmul"] * n, np.zeros(n), code), gpu)
+
+    v100 = spec_row("Tesla V100-PCIE-32GB")
+    assert tensor_peak(np.array([0.0, 1.0, 2.0, 3.0]), np.stack([v100] * 4)).tolist() == [0.0, 14.0, 112.0, 14.0]
+    # a V100 has FP16 tensor cores and no BF16 ones; an H100 has both at one rate
+    assert np.all(times("bf16", "V100") >= times("fp16", "V100"))
+    assert np.median(times("bf16", "V100") / times("fp16", "V100")) > 1.5
+    assert np.allclose(times("bf16", "H100"), times("fp16", "H100"))
+
+
 def test_model_file_refuses_parameters_that_break_monotonicity() -> None:
     d = _random_model(0).to_dict()
     CrossGPUModel.from_dict(d)
@@ -120,6 +140,7 @@ def test_fit_recovers_a_known_model() -> None:
     truth.theta_m *= 0.2
     truth.theta_s *= 0.2
     truth.theta_p *= 0.2
+    truth.theta_k *= 0.2
     gpus = ["Tesla T4", "Tesla V100-PCIE-32GB", "NVIDIA A100-PCIE-40GB", "NVIDIA H100 80GB HBM3"]
     ops = _random_ops(2400, seed=11)
     gpu_of = np.array(gpus * 600)

@@ -33,11 +33,13 @@ import numpy as np
 from gpurec.model.crossgpu import (
     CROSSGPU_FILE,
     GPU_COLUMNS,
+    K_MIN,
     CrossGPUModel,
     OpTable,
     op_table,
     op_table_from_block,
     spec_row,
+    tensor_peak,
     wave_factor,
 )
 from gpurec.model.features import kind_group
@@ -89,6 +91,15 @@ def gpu_dominated_h200(h100: Any, h200: Any) -> Any:
     return m[keep.to_numpy()].reset_index(drop=True)
 
 
+def h200_gpu_time_ms(pairs: Any) -> np.ndarray:
+    """GPU time of GPU-dominated H200 eager rows: the eager time times the same operation's H100
+    host-free / eager time.  Back-to-back eager calls leave gaps between kernels even where the GPU
+    dominates (on the H100 the eager time is a median 4% above the graph-replayed GPU time), and
+    the H200 runs the same kernels from a similar host, so its eager time carries the same share."""
+    share = pairs["h100_gpu_time_ms"].astype(float) / pairs["h100_time_ms"].astype(float)
+    return (pairs["time_ms"].astype(float) * np.minimum(share, 1.0)).to_numpy()
+
+
 def _own_rows(data_root: Path | str | None, cache_dir: str | None, log: Callable[[str], None]) -> tuple[Any, OpTable]:
     import pandas as pd
 
@@ -104,7 +115,7 @@ def _own_rows(data_root: Path | str | None, cache_dir: str | None, log: Callable
     h100 = h100.drop_duplicates(["op_signature", "mode"], keep="last").reset_index(drop=True)
     h200 = gpu_dominated_h200(h100, ops[ops["gpu"] == H200].drop_duplicates(["op_signature", "mode"], keep="last"))
     rows = pd.concat([h100.assign(source="h100_host_free", target_ms=h100["gpu_time_ms"].astype(float)),
-                      h200.assign(source="h200_eager", target_ms=h200["time_ms"].astype(float))], ignore_index=True)
+                      h200.assign(source="h200_eager", target_ms=h200_gpu_time_ms(h200))], ignore_index=True)
     t0 = time.perf_counter()
     extractor = SetExtractor(cache_dir)
     matched = operations_of_rows(rows, extractor)
@@ -170,12 +181,13 @@ def fit(table: CrossTable, rows: np.ndarray, max_iter: int = 100, info: dict[str
     y = torch.tensor(np.log(f["target_ms"].to_numpy(dtype=np.float64)), dtype=dt)
     wt = torch.tensor(w, dtype=dt)
     n_design = x.shape[1]
-    params = {name: torch.zeros(n_design, dtype=dt, requires_grad=True) for name in ("ff", "tc", "m", "s", "p")}
+    params = {name: torch.zeros(n_design, dtype=dt, requires_grad=True) for name in ("ff", "tc", "m", "s", "p", "k")}
     scalars = {name: torch.tensor(v, dtype=dt, requires_grad=True)
-               for name, v in (("l2", -2.0), ("k", 0.5), ("wave", -1.0), ("c0", -6.0), ("beta", 4.0),
-                               ("rho", 1.0))}
-    fl, by, tf32_ok = raw[:, 0], raw[:, 1], raw[:, 4]
-    fp32, tf32, bw, l2, sms, clock, tdp = (spec[:, j] for j in range(len(GPU_COLUMNS)))
+               for name, v in (("l2", -2.0), ("wave", -1.0), ("c0", -6.0), ("beta", 4.0), ("rho", 1.0))}
+    fl, by = raw[:, 0], raw[:, 1]
+    fp32, bw, l2, sms, clock, tdp = (spec[:, GPU_COLUMNS.index(c)] for c in (
+        "fp32_tflops", "memory_bandwidth_gbs", "l2_cache_mb", "sm_count", "max_sm_clock_mhz", "tdp_w"))
+    tc = torch.tensor(tensor_peak(sub.ops.raw[:, 4], sub.specs), dtype=dt)
     l2_fit = torch.clamp(torch.log2(l2 * 2**20 / by), 0.0, 8.0)
     sp = torch.nn.functional.softplus
 
@@ -183,11 +195,11 @@ def fit(table: CrossTable, rows: np.ndarray, max_iter: int = 100, info: dict[str
         u_ff, u_tc = torch.sigmoid(x @ params["ff"]), torch.sigmoid(x @ params["tc"])
         u_m = torch.sigmoid(x @ params["m"] + sp(scalars["l2"]) * l2_fit)
         gamma = torch.sigmoid(x @ params["p"])
-        peak = torch.maximum(fp32 * u_ff, tf32_ok * tf32 * u_tc)
+        peak = torch.maximum(fp32 * u_ff, tc * u_tc)
         rate_c = peak * (tdp / (tdp + sp(scalars["rho"]) * peak)) ** gamma * 1e9
         rate_m = bw * u_m * 1e6
         rate_s = sms * clock * 1e3 * sp(scalars["beta"]) * torch.sigmoid(x @ params["s"])
-        k = 0.5 + sp(scalars["k"])
+        k = K_MIN + sp(x @ params["k"])
         # log of (a^k + b^k)^(1/k) via logsumexp, stable over five orders of magnitude
         la = torch.log(torch.clamp(fl, min=1e-30) / rate_c)
         la = torch.where(fl > 0, la, torch.full_like(la, -1e3))
@@ -218,12 +230,12 @@ def fit(table: CrossTable, rows: np.ndarray, max_iter: int = 100, info: dict[str
     opt.step(closure)
     with torch.no_grad():
         loss = float((wt * (predict_log() - y) ** 2).sum())
-        k = float(0.5 + sp(scalars["k"]))
         return CrossGPUModel(
             theta_ff=params["ff"].detach().numpy().copy(), theta_tc=params["tc"].detach().numpy().copy(),
             theta_m=params["m"].detach().numpy().copy(), theta_s=params["s"].detach().numpy().copy(),
-            theta_p=params["p"].detach().numpy().copy(), sm_bytes_per_clock=float(sp(scalars["beta"])),
-            watts_per_tflops=float(sp(scalars["rho"])), l2_weight=float(sp(scalars["l2"])), k=k,
+            theta_p=params["p"].detach().numpy().copy(), theta_k=params["k"].detach().numpy().copy(),
+            sm_bytes_per_clock=float(sp(scalars["beta"])),
+            watts_per_tflops=float(sp(scalars["rho"])), l2_weight=float(sp(scalars["l2"])),
             wave_exponent=float(sp(scalars["wave"])), c0_ms=float(sp(scalars["c0"])),
             info={**(info or {}), "rows": int(len(rows)), "weighted_log_mse": loss,
                   "rows_by_gpu": {str(g): int(n) for g, n in f["gpu"].value_counts().sort_index().items()}})
@@ -426,26 +438,46 @@ def public_model_errors(models_by_gpu: dict[str, CrossGPUModel], data_root: Path
 
 # -- H200 against H100 on whole networks ---------------------------------------------------------
 
-def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = None, cache_dir: str | None = None
-                        ) -> Any:
-    """The collected networks GPU-bound on both the H100 and the H200, with the H200/H100 time ratio
-    measured (eager over eager) and predicted (the model's op-sum ratio), and the H200's time
+def _fp32_rows(frame: Any) -> Any:
+    """Rows measured at fp32 (rows from before precision was a column are fp32)."""
+    if "precision" not in frame:
+        return frame
+    return frame[frame["precision"].fillna("fp32").astype(str) == "fp32"]
+
+
+def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = None, cache_dir: str | None = None,
+                        predictor: Any = None) -> Any:
+    """The collected fp32 networks GPU-bound on both the H100 and the H200, with the H200/H100 time
+    ratio measured (eager over eager) and predicted (the model's op-sum ratio), and the H200's time
     predicted as the H100's host-free network time times that ratio (``pred_h200_ms``, what the
     predictor does) and directly as the model's summed operation times (``direct_h200_ms``).
+    ``held_out_arch`` marks networks of the held-out test architectures (never trained on).
+
+    With ``predictor`` (a gpurec Predictor; its cross-GPU model is replaced by ``model`` for the
+    call), also what a user gets: its H200/H100 GPU time ratio (``product_ratio``: the H100's
+    per-operation times weighted by the model's per-operation ratios) and GPU energy ratio
+    (``pred_energy_ratio``, its power model's power times those times), against the measured
+    eager energy ratio (``measured_energy_ratio``).
 
     GPU-bound: on the H100, host-free / eager >= GPU_DOMINATED_RATIO; on the H200, eager time >=
     GPU_DOMINATED_HOST_FACTOR x the H100's single-step host time (as for operation rows)."""
     import pandas as pd
 
     from gpurec.dataset import load_dataset
+    from gpurec.model._sets import parse_set, test_arch_names
+    from gpurec.model.evaluate import arch_of
     from gpurec.model.features import SetExtractor
 
-    nets = load_dataset(root=data_root, table="networks")
-    a = nets[nets["gpu"] == H100][["set_key", "mode", "gpu_time_ms", "time_ms", "host_ms"]].rename(
-        columns={"gpu_time_ms": "h100_gpu_time_ms", "time_ms": "h100_time_ms", "host_ms": "h100_host_ms"})
-    b = nets[nets["gpu"] == H200][["set_key", "mode", "time_ms"]].rename(columns={"time_ms": "h200_time_ms"})
-    m = a.merge(b, on=["set_key", "mode"]).drop_duplicates(["set_key", "mode"], keep="last")
-    for c in ("h100_gpu_time_ms", "h100_time_ms", "h100_host_ms", "h200_time_ms"):
+    nets = _fp32_rows(load_dataset(root=data_root, table="networks"))
+    a = nets[nets["gpu"] == H100][["set_key", "mode", "gpu_time_ms", "time_ms", "host_ms", "energy_mj"]].rename(
+        columns={"gpu_time_ms": "h100_gpu_time_ms", "time_ms": "h100_time_ms", "host_ms": "h100_host_ms",
+                 "energy_mj": "h100_energy_mj"})
+    b = nets[nets["gpu"] == H200][["set_key", "mode", "time_ms", "energy_mj"]].rename(
+        columns={"time_ms": "h200_time_ms", "energy_mj": "h200_energy_mj"})
+    a = a.drop_duplicates(["set_key", "mode"], keep="last")
+    b = b.drop_duplicates(["set_key", "mode"], keep="last")
+    m = a.merge(b, on=["set_key", "mode"])
+    for c in ("h100_gpu_time_ms", "h100_time_ms", "h100_host_ms", "h200_time_ms", "h100_energy_mj", "h200_energy_mj"):
         m[c] = pd.to_numeric(m[c], errors="coerce")
     bound = (m["h100_gpu_time_ms"] / m["h100_time_ms"] >= GPU_DOMINATED_RATIO) \
         & (m["h200_time_ms"] >= GPU_DOMINATED_HOST_FACTOR * m["h100_host_ms"])
@@ -460,11 +492,41 @@ def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = Non
         direct[i] = model.predict_ms(ops, H200).sum()
         ratio[i] = direct[i] / model.predict_ms(ops, H100).sum()
     extractor.save()
-    m = m.assign(pred_ratio=ratio, measured_ratio=m["h200_time_ms"] / m["h100_time_ms"], direct_h200_ms=direct)
+    held_out = set(test_arch_names())
+    m = m.assign(pred_ratio=ratio, measured_ratio=m["h200_time_ms"] / m["h100_time_ms"], direct_h200_ms=direct,
+                 measured_energy_ratio=m["h200_energy_mj"] / m["h100_energy_mj"],
+                 held_out_arch=[arch_of(k) in held_out for k in m["set_key"]])
     m = m.assign(pred_h200_ms=m["h100_gpu_time_ms"] * m["pred_ratio"])
+    if predictor is not None:
+        m = m.assign(**_product_ratios(predictor, model, m, parse_set))
+        m = m.assign(energy_ratio_error_pp=100 * (m["pred_energy_ratio"] - m["measured_energy_ratio"]),
+                     product_ratio_error_pp=100 * (m["product_ratio"] - m["measured_ratio"]))
     return m.assign(ape=np.abs(m["pred_h200_ms"] / m["h200_time_ms"] - 1),
                     direct_ape=np.abs(m["direct_h200_ms"] / m["h200_time_ms"] - 1),
                     ratio_error_pp=100 * (m["pred_ratio"] - m["measured_ratio"]))
+
+
+def _product_ratios(predictor: Any, model: CrossGPUModel, nets: Any, parse_set: Callable[[str], Any]
+                    ) -> dict[str, np.ndarray]:
+    """The predictor's H200/H100 GPU time and GPU energy ratios of each network, with ``model`` as its
+    cross-GPU model (restored afterwards)."""
+    saved = predictor.crossgpu
+    predictor.crossgpu = model
+    predictor.clear_cache()
+    t_ratio, e_ratio = np.full(len(nets), np.nan), np.full(len(nets), np.nan)
+    try:
+        for i, r in enumerate(nets.itertuples(index=False)):
+            s = parse_set(r.set_key)
+            cand = [(s.arch, s.input_shape)]
+            a = predictor.predict_many(cand, mode=r.mode, gpu=H100)[0]
+            b = predictor.predict_many(cand, mode=r.mode, gpu=H200)[0]
+            if hasattr(a, "gpu_time_ms") and hasattr(b, "gpu_time_ms"):
+                t_ratio[i] = b.gpu_time_ms / a.gpu_time_ms
+                e_ratio[i] = b.gpu_energy_mj / a.gpu_energy_mj
+    finally:
+        predictor.crossgpu = saved
+        predictor.clear_cache()
+    return {"product_ratio": t_ratio, "pred_energy_ratio": e_ratio}
 
 
 def evaluate(table: CrossTable, data_root: Path | str | None = None, cache_dir: str | None = None,
