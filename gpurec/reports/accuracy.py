@@ -380,7 +380,9 @@ def crossgpu_tables(cross: dict[str, Any]) -> dict[str, Any]:
                         ("held-out architectures only", [r for r in nets if r.get("held_out_arch")])):
         time_pp = [abs(r["ratio_error_pp"]) for r in part]
         energy_pp = [abs(r["energy_ratio_error_pp"]) for r in part if r.get("energy_ratio_error_pp") is not None]
+        product_pp = [abs(r["product_ratio_error_pp"]) for r in part if r.get("product_ratio_error_pp") is not None]
         summary.append({"label": label, "networks": len(part),
+                        "product_pp": sum(product_pp) / len(product_pp) if product_pp else None,
                         "time_pp": sum(time_pp) / len(time_pp) if time_pp else None,
                         "time_bias_pp": sum(r["ratio_error_pp"] for r in part) / len(part) if part else None,
                         "energy_pp": sum(energy_pp) / len(energy_pp) if energy_pp else None,
@@ -487,6 +489,11 @@ def crossgpu_section(cross: dict[str, Any] | None) -> list[str]:
                  f"{'met' if r['energy_met'] else '**not met**'} |" for r in t["h200_summary"]]
         L += table(["networks", "count", "mean |time ratio error| pp", "bias pp", "≤ 3 pp?",
                     "mean |energy ratio error| pp", "≤ 3 pp?"], lines) + [""]
+        product = [r for r in t["h200_summary"] if r["product_pp"] is not None]
+        if product:
+            L += ["What the predictor itself answers (the H100's per-operation times, measured ones included, "
+                  "times the per-operation ratios): mean |time ratio error| "
+                  + ", ".join(f"{r['product_pp']:.1f} pp on {r['label']}" for r in product) + ".", ""]
         L += [f"H200 time MAPE {100 * t['h200_mape']:.1f}% as the H100's time × the ratio"
               + (f", against {100 * t['h200_direct_mape']:.1f}% for the model's own summed times"
                  + (": transferring from the H100 anchor is the more accurate, and the predictor does so."
