@@ -13,7 +13,10 @@ from typing import Any
 
 import numpy as np
 
-MAX_ROWS = 100_000  # remembered rows per regressor (a few tens of MB); forgotten all at once beyond
+# Remembered rows per regressor, forgotten all at once beyond: a key is the row's bytes (about
+# 1 kB at 130 features), so about 25 MB per regressor at most; a NAS list of 50 MobileNets has
+# about 900 distinct rows.
+MAX_ROWS = 20_000
 
 
 class RowMemo:
