@@ -12,7 +12,8 @@ whole-network correction (gpurec.model.network); the host dispatch of each opera
 from gpurec.model.host_model, and the two meet in the two-queue step simulation
 (gpurec.model.timeline). Extracted operations are cached per (model name or module
 structure, input shape, mode), and all operations of all candidates of ``predict_many`` go
-through each booster in one call, so repeated and batched predictions are cheap; extracting
+through each booster in one call (each distinct feature row once, and a row seen before not at
+all: gpurec.model.rowmemo), so repeated and batched predictions are cheap; extracting
 a never-seen model is what costs time (see gpurec/reports/speed.py, docs/speed.md).
 """
 
