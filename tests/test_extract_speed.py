@@ -284,3 +284,124 @@ def test_boosters_see_each_distinct_row_once_with_the_same_estimates(small_predi
     assert [e.as_dict() for e in fast] == [e.as_dict() for e in slow]
     for a, b in zip(fast, slow, strict=True):
         assert a.per_op.equals(b.per_op)
+
+
+def test_predict_many_pauses_the_collector_while_extracting_and_restores_it(small_predictor,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Candidates are extracted with the cyclic collector off (young collections every few
+    candidates instead of full ones), and the collector is left as it was found, also when a
+    candidate fails; the answers are those of extraction with the collector on."""
+    import contextlib
+    import gc
+    import warnings
+
+    import gpurec.model.predictor as pred
+
+    real_entry = pred.Predictor._entry
+    seen: list[bool] = []
+
+    def entry(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen.append(gc.isenabled())
+        return real_entry(self, *args, **kwargs)
+
+    candidates = [(random_mobilenet(31), (2, 3, 64, 64)), (nn.Sequential(), (2, 3)), (random_mobilenet(32), (2, 3, 64, 64))]
+    monkeypatch.setattr(pred, "_GC_EVERY_CANDIDATES", 2)  # a young collection inside the loop too
+    collections: list[int] = []
+
+    def on_collect(phase: str, info: dict) -> None:
+        if phase == "start" and not gc.isenabled():  # ours, not automatic ones after the extractions
+            collections.append(info["generation"])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # coverage warnings of the small fixture model
+        small_predictor.clear_cache()
+        with monkeypatch.context() as m:  # the straightforward path: the collector left alone
+            m.setattr(pred, "_collector_paused", lambda: contextlib.nullcontext(lambda: None))
+            with_collector = [e.as_dict() if e.ok else str(e) for e in
+                              small_predictor.predict_many(candidates, mode="inference", gpu="H100")]
+        monkeypatch.setattr(pred.Predictor, "_entry", entry)
+        small_predictor.clear_cache()
+        gc.callbacks.append(on_collect)
+        try:
+            out = small_predictor.predict_many(candidates, mode="inference", gpu="H100")
+        finally:
+            gc.callbacks.remove(on_collect)
+        assert seen == [False, False, False] and gc.isenabled()
+        assert collections == [0, 0]  # young ones only: after the second candidate and at the end
+        assert [e.as_dict() if e.ok else str(e) for e in out] == with_collector
+        assert isinstance(out[1], pred.CandidateError)
+        gc.disable()
+        try:
+            small_predictor.clear_cache()
+            small_predictor.predict_many(candidates[:1], mode="inference", gpu="H100")
+            assert not gc.isenabled()  # a caller's choice to keep it off is kept
+        finally:
+            gc.enable()
+
+
+@pytest.mark.parametrize("gpu", ["H100", "A100"])  # A100: the cross-GPU path (anchor's time x ratio)
+def test_remembered_booster_rows_give_the_boosters_own_estimates(small_predictor, gpu: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Booster predictions remembered per feature row (gpurec.model.rowmemo) are the booster's:
+    estimates with the memo (filling it, then from it alone, then mixed) equal those of the
+    boosters called on every row, and rows seen before never reach a booster again."""
+    import warnings
+
+    from gpurec.model.rowmemo import RowMemo
+
+    first = [(random_mobilenet(41), (2, 3, 64, 64)), ("resnet18", (2, 3, 64, 64))]
+    mixed = [(random_mobilenet(42), (2, 3, 64, 64)), *first, (random_mobilenet(41), (4, 3, 64, 64))]
+
+    def answers(cands: list) -> list:  # noqa: ANN001
+        out = small_predictor.predict_many(cands, mode="training", gpu=gpu)
+        return [(e.as_dict(), e.per_op.drop(columns="uncovered_reason").to_numpy().tolist()) for e in out]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # coverage warnings of the small fixture model
+        small_predictor.clear_cache()
+        with monkeypatch.context() as m:  # the straightforward path: every row through the booster
+            m.setattr(RowMemo, "predict", lambda self, X, margin: self.model.predict(X, margin))
+            plain_first, plain_mixed = answers(first), answers(mixed)
+        small_predictor.clear_cache()
+        calls: list[int] = []
+        real = RowMemo.predict
+
+        def counted(self, X, margin):  # noqa: ANN001, ANN202
+            inner = self.model.predict
+            self.model.predict = lambda X_, m_: calls.append(len(X_)) or inner(X_, m_)
+            try:
+                return real(self, X, margin)
+            finally:
+                del self.model.predict
+
+        monkeypatch.setattr(RowMemo, "predict", counted)
+        assert answers(first) == plain_first and calls  # filling the memo
+        calls.clear()
+        assert answers(first) == plain_first and calls == []  # from the memo alone
+        assert answers(mixed) == plain_mixed and 0 < sum(calls)  # new rows only
+    assert all(len(routes["training"]) > 0 for routes in small_predictor._boosters.values())
+    small_predictor.clear_cache()
+    assert all(len(memo) == 0 for routes in small_predictor._boosters.values() for memo in routes.values())
+
+
+def test_row_memo_matches_its_model_row_by_row_and_forgets_when_full() -> None:
+    from gpurec.model.rowmemo import RowMemo
+
+    class Model:
+        calls = 0
+
+        def predict(self, X: np.ndarray, margin: np.ndarray) -> np.ndarray:
+            Model.calls += 1
+            return np.nansum(X, axis=1) * 3.0 + np.asarray(margin, dtype=np.float32)
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(50, 4)).astype(np.float32)
+    X[::7, 2] = np.nan
+    margin = rng.normal(size=50)
+    memo = RowMemo(Model(), max_rows=60)
+    assert np.array_equal(memo.predict(X, margin), Model().predict(X, margin))
+    assert np.array_equal(memo.predict(X[::-1], margin[::-1]), Model().predict(X[::-1], margin[::-1]))
+    assert len(memo) == 50
+    other = memo.predict(X, margin + 1.0)  # the same rows with another margin are other predictions
+    assert np.array_equal(other, Model().predict(X, margin + 1.0)) and len(memo) == 50  # 100 > 60: forgotten first
+    assert memo.predict(X[:0], margin[:0]).shape == (0,)

@@ -12,17 +12,20 @@ whole-network correction (gpurec.model.network); the host dispatch of each opera
 from gpurec.model.host_model, and the two meet in the two-queue step simulation
 (gpurec.model.timeline). Extracted operations are cached per (model name or module
 structure, input shape, mode), and all operations of all candidates of ``predict_many`` go
-through each booster in one call, so repeated and batched predictions are cheap; extracting
+through each booster in one call (each distinct feature row once, and a row seen before not at
+all: gpurec.model.rowmemo), so repeated and batched predictions are cheap; extracting
 a never-seen model is what costs time (see gpurec/reports/speed.py, docs/speed.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +62,7 @@ from gpurec.model.network import (
     waiting_power_w,
 )
 from gpurec.model.persist import check_manifest, default_model_dir, load_boosters, read_manifest
+from gpurec.model.rowmemo import RowMemo
 from gpurec.model.timeline import bound_of, simulate
 from gpurec.ops.coverage import warn_if_low, warn_unmeasured_precision
 from gpurec.ops.precision import resolve_precision
@@ -336,7 +340,9 @@ class Predictor:
         self.manifest = manifest
         self.lookup = lookup
         self.model_dir = Path(model_dir)
-        self._boosters = boosters
+        # Each booster remembers its predictions per feature row (gpurec.model.rowmemo): warm and
+        # repeated predictions skip it; a booster shared by two modes is wrapped once.
+        self._boosters = _memoised(boosters)
         self.builder = FeatureBuilder(manifest["kind_categories"], FeatureConfig.from_dict(manifest["feature_config"]),
                                       manifest.get("extra_columns", []))
         self.correction = Correction.from_dict(manifest["network_correction"])
@@ -361,7 +367,7 @@ class Predictor:
         self._masks = {t: target_mask(t, names) for t in ("time", "power", "host")}
         host_info = manifest.get("host", {})
         self.reference_host = HostProfile.from_dict(host_info["reference"])
-        self.host_model = HostDispatch(self.reference_host, boosters.get("host"),
+        self.host_model = HostDispatch(self.reference_host, self._boosters.get("host"),
                                        NetworkCalibration.from_dict(host_info["network_calibration"]))
         self.waiting_power = manifest.get("waiting_power", {})
         rng = manifest.get("ranges", {})
@@ -530,14 +536,17 @@ class Predictor:
             profile = resolve_host(host, self.reference_host)
             entries: list[tuple[_OpsEntry, tuple[int, ...]]] = []
             results: list[Estimate | CandidateError | None] = []
-            for i, c in enumerate(candidates):
-                model, shape, inputs = _split_candidate(c, example_inputs)
-                try:
-                    entries.append(self._entry(model, shape, mode, dtype, inputs, precision))
-                    results.append(None)
-                except Exception as exc:  # one bad candidate must not cost the others their answers
-                    label = model if isinstance(model, str) else type(model).__name__
-                    results.append(CandidateError(i, label, type(exc).__name__, str(exc), exc))
+            with _collector_paused() as young_collection:
+                for i, c in enumerate(candidates):
+                    model, shape, inputs = _split_candidate(c, example_inputs)
+                    try:
+                        entries.append(self._entry(model, shape, mode, dtype, inputs, precision))
+                        results.append(None)
+                    except Exception as exc:  # one bad candidate must not cost the others their answers
+                        label = model if isinstance(model, str) else type(model).__name__
+                        results.append(CandidateError(i, label, type(exc).__name__, str(exc), exc))
+                    if (i + 1) % _GC_EVERY_CANDIDATES == 0:
+                        young_collection()
             estimates = iter(self._estimate(entries, mode, nvml, hw, profile))
             return [next(estimates) if r is None else r for r in results]
 
@@ -655,12 +664,51 @@ class Predictor:
         return t, t_net, w_net, f"{key_a} x cross-GPU ratio to {anchor}", sums
 
     def clear_cache(self) -> None:
+        """Forget extracted operations and remembered booster predictions."""
         self._cache.clear()
+        for routes in self._boosters.values():
+            for memo in routes.values():
+                memo.clear()
 
     def __repr__(self) -> str:
         cv = self.manifest.get("cv", {})
         return (f"Predictor({self.model_dir}, measured GPUs: {', '.join(self.measured) or 'none'}, "
                 f"{len(self.builder.kinds)} op kinds, cv: {list(cv)})")
+
+
+# Candidates extracted between two collections of the young generation in predict_many: enough
+# to spread one collection over many candidates, few enough to bound the garbage held meanwhile
+# (a MobileNet-sized candidate leaves a few thousand objects in reference cycles: the fx graph).
+_GC_EVERY_CANDIDATES = 32
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[Any]:
+    """Python's cyclic garbage collector off while candidates are extracted; yields a function
+    that collects the young generation (call it every few candidates).  Back on at the end.
+
+    Why: each extraction leaves its fx graph (reference cycles) behind and a NAS loop holds many
+    candidate modules.  With the collector on, collections ran every few hundred allocations
+    and the candidates' objects, promoted generation by generation, set off full collections
+    that scan every object of the process (two per 50 fresh MobileNets, about 40% of the
+    time).  The same garbage is collected here, in few passes over young objects only.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield lambda: gc.collect(0)
+    finally:
+        if gc.get_count()[0] > gc.get_threshold()[0]:  # as the collector would have (not after cache hits)
+            gc.collect(0)
+        if was_enabled:
+            gc.enable()
+
+
+def _memoised(boosters: dict[str, dict[str, Any]]) -> dict[str, dict[str, RowMemo]]:
+    """{target: {mode: RowMemo}}, one RowMemo per distinct booster object."""
+    wrapped: dict[int, RowMemo] = {}
+    return {target: {mode: wrapped.setdefault(id(b), RowMemo(b)) for mode, b in routes.items()}
+            for target, routes in boosters.items()}
 
 
 def _is_tensor_input(x: Any) -> bool:

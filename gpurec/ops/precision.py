@@ -84,4 +84,5 @@ def _parameter_dtypes(model: Any) -> set[str]:
     params = getattr(model, "parameters", None)
     if params is None or isinstance(model, str):
         return set()
-    return {str(p.dtype).replace("torch.", "") for p in params() if p.is_floating_point()}
+    # distinct dtypes first: a name per dtype, not per parameter (called twice per fresh candidate)
+    return {str(d).replace("torch.", "") for d in {p.dtype for p in params()} if d.is_floating_point}

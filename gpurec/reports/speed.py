@@ -205,8 +205,9 @@ def measure_prediction(models_dir: str | None, gpu: str = "H100", candidates: in
     feats = p.builder.build(block, hw[None, :])
     stages["feature matrix (numpy)"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    p._boosters["time"]["inference"].predict(feats.X, feats.margin_time)
-    p._boosters["power"]["inference"].predict(feats.X, feats.margin_power)
+    for target, margin in (("time", feats.margin_time), ("power", feats.margin_power)):
+        booster = p._boosters[target]["inference"]
+        getattr(booster, "model", booster).predict(feats.X, margin)  # the booster itself, not its row memo
     stages["two booster calls"] = time.perf_counter() - t0
     out["fresh_candidate"] = {"operations": len(ops), "stages_ms": {k: 1000 * v for k, v in stages.items()}}
     out["fresh_extraction_split"] = split_fresh_extraction(torchvision, shape8)
