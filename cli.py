@@ -1120,6 +1120,18 @@ def tools_plan(out: Path = typer.Option(None, "--out",
     _print_json(_guard(write, out or default))
 
 
+@tools_app.command("fit-memory")
+def tools_fit_memory(
+    models: Path = typer.Option(Path("models"), "--models", help="where to write memory.json"),
+    data: Path = typer.Option(None, "--data", help="dataset root (default: datasets/)"),
+) -> None:
+    """Fit the peak-memory terms (workspace floor, scratch space, cuDNN RNN reserve) on the
+    training architectures' trusted measured peaks and write MODELS/memory.json (a few minutes)."""
+    from gpurec.model.memory_fit import write_memory_fit
+
+    _print_json(_guard(write_memory_fit, models, data)["terms"])
+
+
 @tools_app.command("unseen-snapshot")
 def tools_unseen_snapshot(
     models: Path = typer.Option(Path("models"), "--models", help="the trained models to describe"),
