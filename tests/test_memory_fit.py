@@ -114,7 +114,7 @@ def _table(rows: list[dict]) -> pd.DataFrame:
 
 
 def test_fit_recovers_the_terms_from_trusted_training_rows_only() -> None:
-    truth = {"inference": _coefs(floor_bytes=70e6, activations=0.5, conv_io=1.5, matmul_io=1.2, rnn=2.0),
+    truth = {"inference": _coefs(floor_bytes=70e6, activations=1.0, conv_io=1.5, matmul_io=1.2, rnn=2.0),
              "training": _coefs(floor_bytes=60e6, activations=1.0, largest=1.6, matmul_io=0.5, rnn=3.0)}
     rows, terms = [], []
     for mode in ("inference", "training"):
