@@ -1080,7 +1080,8 @@ def tools_plan(out: Path = typer.Option(None, "--out",
                                         help="main: the torchvision sets; seq: the sequence-model sets; "
                                              "targeted: the hand-written architectures and operation sweeps "
                                              "(gpurec.sets SYNTH_ARCHS, SWEEP_ARCHS); peaks: one peak-memory "
-                                             "item per network of the main plan"),
+                                             "item per network of the main plan; peaks-networks: one per "
+                                             "network of the seq, targeted, precision and main plans"),
                precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP + "; the main plan's "
                                              "sets and modes at that precision"),
                preset: str = typer.Option(None, "--preset", help="a plan of several precisions: "
@@ -1088,10 +1089,12 @@ def tools_plan(out: Path = typer.Option(None, "--out",
     """Write the collection plan (work order) with the local torch."""
     from gpurec.tools.plan import (
         DEFAULT_PLAN,
+        NETWORK_PEAKS_PLAN,
         PEAKS_PLAN,
         SEQ_PLAN,
         TARGETED_PLAN,
         write_main_plan,
+        write_network_peaks_plan,
         write_peaks_plan,
         write_preset_plan,
         write_seq_plan,
@@ -1109,11 +1112,24 @@ def tools_plan(out: Path = typer.Option(None, "--out",
     if precision != "fp32":
         _fail(f"--precision applies to the main sets only (or use --preset); not to --sets {sets}", 2)
     writers = {"seq": (write_seq_plan, SEQ_PLAN), "targeted": (write_targeted_plan, TARGETED_PLAN),
-               "peaks": (write_peaks_plan, PEAKS_PLAN)}
+               "peaks": (write_peaks_plan, PEAKS_PLAN),
+               "peaks-networks": (write_network_peaks_plan, NETWORK_PEAKS_PLAN)}
     if sets not in writers:
         _fail(f"--sets must be one of main, {', '.join(writers)}, not {sets!r}", 2)
     write, default = writers[sets]
     _print_json(_guard(write, out or default))
+
+
+@tools_app.command("fit-memory")
+def tools_fit_memory(
+    models: Path = typer.Option(Path("models"), "--models", help="where to write memory.json"),
+    data: Path = typer.Option(None, "--data", help="dataset root (default: datasets/)"),
+) -> None:
+    """Fit the peak-memory terms (workspace floor, scratch space, cuDNN RNN reserve) on the
+    training architectures' trusted measured peaks and write MODELS/memory.json (a few minutes)."""
+    from gpurec.model.memory_fit import write_memory_fit
+
+    _print_json(_guard(write_memory_fit, models, data)["terms"])
 
 
 @tools_app.command("unseen-snapshot")

@@ -468,3 +468,61 @@ def test_peak_items_are_measured_resumed_and_built_into_their_own_table(tmp_path
     assert done_ids(raw) == {w.id for w in items}
     counts = build_gpu_dataset(tmp_path / "h100")
     assert counts["peaks"] == 2 and counts["networks"] == 0 and counts["operations"] == 0
+
+
+def test_network_rows_start_after_earlier_rows_garbage_is_freed(tmp_path: Path, fast_worker: FakeNVML,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit left in a reference cycle by an earlier row must not be allocated when the next
+    network row starts: its peak would include it (sequence peaks carried gigabytes of that)."""
+    import gc
+    import weakref
+
+    from gpurec.collect import runner
+    from gpurec.collect.plan import peak_items
+    from gpurec.device.graphs import CpuBackend
+
+    live: weakref.WeakSet = weakref.WeakSet()
+    built = runner.NetworkUnit.__init__
+
+    def init_in_a_cycle(self, *a, **kw) -> None:  # noqa: ANN001, ANN002, ANN003
+        built(self, *a, **kw)
+        self.cycle = self  # freed only by the cyclic collector
+        live.add(self)
+
+    class Counting(CpuBackend):
+        def allocated_bytes(self) -> int:
+            return 1000 * len(live)
+
+    monkeypatch.setattr(runner.NetworkUnit, "__init__", init_in_a_cycle)
+    items = peak_items([SET])
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection: only the worker's own collection can free the cycle
+    try:
+        run_worker(items, tmp_path, _cfg(), device="cpu", log=lambda m: None, backend=Counting())
+    finally:
+        if was_enabled:
+            gc.enable()
+    rows = [r for r in _rows(tmp_path) if r["item"] == "peak"]
+    assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
+    assert [r["memory_allocated_before_bytes"] for r in rows] == [0, 0]
+    assert CpuBackend().allocated_bytes() is None  # the CPU has no device allocator
+
+
+def test_network_peak_plan_has_one_peak_per_network_held_out_first(tmp_path: Path) -> None:
+    import json
+
+    from gpurec.tools.plan import network_peak_items
+
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps({"items": [
+        {"item": "network", "key": "resnet18:b8:r224", "mode": "training", "kind": "network",
+         "set_key": "resnet18:b8:r224", "model_sets": []},
+        {"item": "op", "key": "sig", "mode": "training", "kind": "Conv2d", "set_key": "resnet18:b8:r224"},
+        {"item": "network", "key": "swin_s:b8:r224", "mode": "inference", "kind": "network",
+         "set_key": "swin_s:b8:r224", "model_sets": [], "precision": "bf16-mixed"},
+        {"item": "network", "key": "resnet18:b8:r224", "mode": "training", "kind": "network",
+         "set_key": "resnet18:b8:r224", "model_sets": []}]}))
+    items = network_peak_items([plan])
+    assert [w.id for w in items] == ["peak:swin_s:b8:r224:inference:bf16-mixed", "peak:resnet18:b8:r224:training"]
+    with pytest.raises(FileNotFoundError, match="no such plan"):
+        network_peak_items([tmp_path / "missing.json"])

@@ -539,12 +539,15 @@ def test_step_memory_liveness_views_and_in_place() -> None:
     assert [op.in_place for op in ops if op.kind == "ReLU"] == [True]
     mem = step_memory(ops)
     # at its peak (b), the step's input (8x100, held by the caller), a's output (8x1000) and b's
-    # output (8x10) are alive; ReLU and reshape share a's output
+    # output (8x10) are alive; ReLU and reshape share a's output; each in 512-byte blocks
+    def blk(n: int) -> int:
+        return -(-n // 512) * 512
+
     assert mem.params_bytes == (100 * 1000 + 1000 * 10) * 4
-    assert mem.activations_bytes == (8 * 100 + 8 * 1000 + 8 * 10) * 4
+    assert mem.activations_bytes == blk(8 * 100 * 4) + blk(8 * 1000 * 4) + blk(8 * 10 * 4)
     train = step_memory(extract_operations(Chain(), (8, 100), mode="training", keep_sources=False))
     # kept: x (by a), a's output (by ReLU, its output in place, and by b); plus the largest once more
-    assert train.activations_bytes == (8 * 100 + 8 * 1000) * 4 + 8 * 1000 * 4
+    assert train.activations_bytes == blk(8 * 100 * 4) + 2 * blk(8 * 1000 * 4)
 
 
 def test_shipped_model_names_are_torchvisions() -> None:

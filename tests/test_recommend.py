@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -240,3 +241,26 @@ def test_gpu_bound_batch_search_stays_within_memory() -> None:
     assert r.advice is not None and r.advice.gpu_bound_batch_size is None
     assert r.advice.searched_up_to <= limit and max(c[1][0] for c in p.calls) <= limit
     assert "stays host-bound up to batch size" in r.advice.sentence()
+
+
+def test_recommend_applies_the_predictors_fitted_memory_terms() -> None:
+    """The fitted floor (models/memory.json through the predictor) is part of the memory that must fit."""
+    from gpurec.ops.memory import MemoryFit
+
+    terms = {"floor_bytes": 30e9, "activations": 1.0, "largest": 1.0, "conv_io": 0.0, "matmul_io": 0.0, "rnn": 0.0}
+    p = FakePredictor(speed={H100: 1.0, L4: 0.5})
+    plain = recommend("resnet50", (8, 3, 224, 224), mode="training", objective="time", gpus=["L4", "H100"],
+                      predictor=p, batch_search=False)
+    p.memory_fit = MemoryFit({"inference": terms, "training": terms}, {"rows": {}})
+    fitted = recommend("resnet50", (8, 3, 224, 224), mode="training", objective="time", gpus=["L4", "H100"],
+                       predictor=p, batch_search=False)
+    assert fitted.memory_gb == pytest.approx(plain.memory_gb + 30, abs=0.01)
+    assert [(row.short_name, row.fits) for row in fitted] == [("H100", True), ("L4", False)]
+
+
+def test_shipped_memory_fit_loads_with_its_provenance() -> None:
+    from gpurec.model.memory import load_memory_fit
+
+    fit = load_memory_fit(Path(__file__).resolve().parents[1] / "models")
+    assert fit is not None and fit.provenance["rows"]["training"]["rows"] > 0
+    assert all(fit.terms[m]["floor_bytes"] > 0 for m in ("inference", "training"))

@@ -255,17 +255,29 @@ def test_host_bench_warns_on_a_busy_or_unsteady_host() -> None:
 
 
 def test_memory_report_shows_measured_peaks_once_rows_carry_them(tmp_path: Path) -> None:
+    from gpurec.ops.memory import MemoryFit
     from gpurec.reports.accuracy import memory_rows, memory_section
 
     (tmp_path / "h100").mkdir()
     nets = pd.DataFrame({"gpu": [H100, H100], "set_key": ["resnet18:b2:r224", "resnet18:b4:r224"],
-                         "mode": ["inference", "inference"], "time_ms": [1.0, 1.0]})
+                         "mode": ["inference", "inference"], "time_ms": [1.0, 1.0], "item": ["network"] * 2})
     nets.to_parquet(tmp_path / "h100" / "networks.parquet")
     assert any("No measured peaks yet" in line for line in memory_section(tmp_path))
     nets["peak_memory_bytes"] = [60e6, None]
+    nets["memory_allocated_before_bytes"] = [1e6, None]  # collected first: a trusted peak
     nets.to_parquet(tmp_path / "h100" / "networks.parquet")
-    rows = memory_rows(nets)
+    rows = memory_rows(tmp_path)
     assert len(rows) == 1 and rows[0]["measured_gb"] == pytest.approx(0.06)
     assert rows[0]["error_pct"] == pytest.approx((rows[0]["estimated_gb"] / 0.06 - 1) * 100)
-    text = "\n".join(memory_section(tmp_path))
-    assert "No measured peaks yet" not in text and "1 network rows with a measured peak" in text
+    assert rows[0]["estimated_gb"] == rows[0]["analytic_gb"]  # no fit: the analytic part alone
+    coefs = {"floor_bytes": 50e6, "activations": 1.0, "largest": 0.0, "conv_io": 0.0, "matmul_io": 0.0, "rnn": 0.0}
+    fit = MemoryFit({"inference": coefs, "training": {**coefs, "largest": 1.0}}, {"rows": {}})
+    fitted = memory_rows(tmp_path, fit)[0]
+    assert fitted["estimated_gb"] == pytest.approx(fitted["analytic_gb"] + 0.05)
+    text = "\n".join(memory_section(tmp_path, fit))
+    assert "No measured peaks yet" not in text and "1 rows with a measured peak: 1 trusted" in text
+    assert "* training architectures: " in text and "### Leftover-suspect" not in text
+    nets["memory_allocated_before_bytes"] = [3e9, None]  # an earlier row's 3 GB still allocated
+    nets.to_parquet(tmp_path / "h100" / "networks.parquet")
+    text = "\n".join(memory_section(tmp_path, fit))
+    assert "0 trusted, 1 that may include memory" in text and "### Leftover-suspect peaks" in text

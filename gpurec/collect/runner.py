@@ -7,6 +7,7 @@ own shard file; ``gpurec dataset build`` merges shards into Parquet.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -404,6 +405,13 @@ def _measure_item(w: WorkItem, ctx: _Ctx, idle_power_w: float) -> dict[str, Any]
     if w.item == "op":
         row["op_signature"] = w.key
     unit = None
+    if w.item in ("network", "peak"):
+        # Earlier rows' models, graphs and autograd state can sit in reference cycles that
+        # only the cyclic collector frees; until it runs they stay allocated and inflate this
+        # row's peak (rows measured without this carried gigabytes of them).  What is still
+        # allocated after it (library workspaces) is recorded so the peak can be judged.
+        gc.collect()
+        row["memory_allocated_before_bytes"] = ctx.backend.allocated_bytes()
     try:
         if w.item in ("network", "peak"):
             s = parse_set_key(w.key)

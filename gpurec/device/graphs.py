@@ -39,6 +39,8 @@ class StepBackend(Protocol):
 
     def peak_memory_bytes(self, fn: Callable[[], None]) -> int | None: ...
 
+    def allocated_bytes(self) -> int | None: ...
+
 
 class _CudaReplay:
     def __init__(self, graph: Any, keep: list[Any]):
@@ -120,6 +122,13 @@ class CudaBackend:
         torch.cuda.synchronize()
         return int(torch.cuda.max_memory_allocated())
 
+    def allocated_bytes(self) -> int | None:
+        """What the allocator holds now (``torch.cuda.memory_allocated``): before a row is
+        set up, whatever earlier rows left behind, which the row's peak then includes."""
+        import torch
+
+        return int(torch.cuda.memory_allocated())
+
 
 class Paced:
     """Calls ``fn`` with at most ``depth`` calls queued on the GPU.
@@ -165,6 +174,10 @@ class CpuBackend:
     def peak_memory_bytes(self, fn: Callable[[], None]) -> int | None:
         """No device allocator to read on the CPU: the row says so with ``None``."""
         fn()
+        return None
+
+    def allocated_bytes(self) -> int | None:
+        """No device allocator on the CPU."""
         return None
 
 

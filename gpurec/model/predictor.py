@@ -53,6 +53,7 @@ from gpurec.model.features import (
     target_mask,
 )
 from gpurec.model.host_model import HostDispatch, NetworkCalibration
+from gpurec.model.memory import load_memory_fit
 from gpurec.model.network import (
     Correction,
     aggregate,
@@ -65,6 +66,7 @@ from gpurec.model.persist import check_manifest, default_model_dir, load_booster
 from gpurec.model.rowmemo import RowMemo
 from gpurec.model.timeline import bound_of, simulate
 from gpurec.ops.coverage import warn_if_low, warn_unmeasured_precision
+from gpurec.ops.memory import MemoryFit
 from gpurec.ops.precision import resolve_precision
 
 if TYPE_CHECKING:
@@ -385,6 +387,8 @@ class Predictor:
         # existed saw fp32 only).
         self.precisions_measured: tuple[str, ...] = tuple(manifest.get("precisions_measured", ["fp32"]))
         self.crossgpu: CrossGPUModel | None = load_crossgpu(self.model_dir)
+        # fitted peak-memory terms (models/memory.json); None: the analytic lower bound alone
+        self.memory_fit: MemoryFit | None = load_memory_fit(self.model_dir)
         self.cross_anchors = self._anchors()
 
     # -- GPUs -------------------------------------------------------------------------------------

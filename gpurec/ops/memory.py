@@ -13,10 +13,18 @@ The estimate follows what PyTorch keeps alive, without running anything:
   input, a ReLU its output; an addition keeps neither), plus the largest activation again
   for the gradient being computed; dropout keeps a one-byte mask per element.
 
-It leaves out the CUDA context, cuDNN/cuBLAS workspaces and allocator fragmentation, so it
-is a lower bound of what ``torch.cuda.max_memory_allocated`` reports, typically within ~15%
-for convolutional networks (resnet50, batch 256, fp32 training: ~23 GB; PyTorch's allocator
-reports about 22-25 GB for the same step).
+- an in-place operation whose backward needs its input (ReLU6/Hardtanh, SiLU, Hardswish,
+  GELU) makes autograd keep a copy of that input (``original_self``); ReLU, sigmoid and tanh
+  in place need only their result and keep nothing more;
+- every tensor is rounded up to the caching allocator's 512-byte blocks.
+
+That analytic part is what autograd and liveness say.  What they do not say (the cuBLAS and
+cuDNN workspaces every step holds, a convolution's or matmul's scratch space, cuDNN's RNN
+reserve space and workspace, the backward pass's gradients alive at once) is a small set of
+terms (:class:`MemoryTerms`) whose coefficients are fitted on measured peaks of the training
+architectures only (:mod:`gpurec.model.memory_fit`, saved as ``models/memory.json``) and
+applied by :func:`step_memory` when a :class:`MemoryFit` is given.  Without one the estimate
+is the analytic part alone, a lower bound of ``torch.cuda.max_memory_allocated``.
 """
 
 from __future__ import annotations
@@ -39,6 +47,18 @@ NO_SAVE_KINDS = VIEW_KINDS | frozenset({
 # Operations whose backward needs their output (activations computed from the result).
 SAVES_OUTPUT_KINDS = frozenset({"ReLU", "relu", "ReLU6", "Sigmoid", "sigmoid", "Tanh", "tanh", "Softmax", "softmax",
                                 "Hardtanh", "ELU"})
+# In place, their backward needs only the result: nothing beyond the result is kept.  Any
+# other in-place operation whose backward reads its input keeps a copy of it.
+INPLACE_RESULT_KINDS = frozenset({"ReLU", "relu", "relu_", "LeakyReLU", "leaky_relu", "ELU", "elu", "Sigmoid",
+                                  "sigmoid", "Tanh", "tanh", "Dropout", "dropout"})
+# Kinds that run on cuDNN's RNN kernels: gates per cell, for the reserve space and workspace.
+RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1, "RNN": 1}
+# Kinds whose library call takes a scratch workspace (cuDNN convolution, cuBLAS matmul).
+CONV_KINDS = frozenset({"Conv1d", "Conv2d", "Conv3d", "conv1d", "conv2d", "conv3d", "ConvTranspose2d",
+                        "conv_transpose2d"})
+MATMUL_KINDS = frozenset({"Linear", "linear", "matmul", "bmm", "mm", "addmm", "baddbmm", "einsum",
+                          "MultiheadAttention", "scaled_dot_product_attention", "shifted_window_attention"})
+BLOCK_BYTES = 512  # the caching allocator hands out multiples of 512 bytes
 _ELEMENT_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
                   "int8": 1, "uint8": 1, "bool": 1, "complex64": 8}
 
@@ -51,10 +71,14 @@ class StepMemory:
     params_bytes: int
     grads_bytes: int
     activations_bytes: int  # peak live activations (inference) or kept for backward plus one gradient (training)
+    # fitted terms (0 without a MemoryFit): the fixed library workspaces of every step, and the
+    # scratch space that grows with the step (convolution, matmul, cuDNN RNN)
+    floor_bytes: int = 0
+    workspace_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.params_bytes + self.grads_bytes + self.activations_bytes
+        return self.params_bytes + self.grads_bytes + self.activations_bytes + self.floor_bytes + self.workspace_bytes
 
     @property
     def memory_gb(self) -> float:
@@ -62,8 +86,76 @@ class StepMemory:
         return self.total_bytes / 1e9
 
 
+@dataclass(frozen=True)
+class MemoryTerms:
+    """The terms of a step's peak, in bytes, before any fitted coefficient.
+
+    ``activations_bytes`` is the liveness peak (inference) or what autograd keeps for backward
+    (training); ``largest_bytes`` the largest activation (training: the gradient in flight);
+    ``conv_io_bytes`` / ``matmul_io_bytes`` the inputs plus outputs of the largest convolution /
+    matmul (their workspaces scale with them); ``rnn_bytes`` layers x directions x sequence x
+    batch x hidden x gates x element bytes summed over cuDNN RNNs (reserve space and workspace)."""
+
+    mode: str
+    params_bytes: int
+    grads_bytes: int
+    activations_bytes: int
+    largest_bytes: int
+    conv_io_bytes: int
+    matmul_io_bytes: int
+    rnn_bytes: int
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """Fitted coefficients per mode (``models/memory.json``): a step's peak is
+    params + grads + floor + sum(coefficient x term).  ``terms`` maps a mode to
+    {"floor_bytes", "activations", "largest", "conv_io", "matmul_io", "rnn"}."""
+
+    terms: dict[str, dict[str, float]]
+    provenance: dict[str, Any]
+
+    def apply(self, t: MemoryTerms) -> StepMemory:
+        c = self.terms.get(t.mode)
+        if c is None:
+            raise KeyError(f"the memory fit has no coefficients for mode {t.mode!r} (has {sorted(self.terms)}): "
+                           "refit it with `gpurec tools fit-memory`")
+        activations = c["activations"] * t.activations_bytes + c["largest"] * t.largest_bytes
+        workspace = c["conv_io"] * t.conv_io_bytes + c["matmul_io"] * t.matmul_io_bytes + c["rnn"] * t.rnn_bytes
+        return StepMemory(t.mode, t.params_bytes, t.grads_bytes, int(round(activations)),
+                          int(round(c["floor_bytes"])), int(round(workspace)))
+
+
 def _numel(shape: Sequence[int]) -> int:
     return math.prod(int(s) for s in shape)
+
+
+def _block(nbytes: int) -> int:
+    """Bytes the caching allocator hands out for a request of ``nbytes`` (512-byte blocks)."""
+    return 0 if nbytes <= 0 else -(-int(nbytes) // BLOCK_BYTES) * BLOCK_BYTES
+
+
+def _rnn_bytes(op: Any) -> int:
+    """layers x directions x sequence x batch x hidden x gates x element bytes of a cuDNN RNN
+    (its reserve space in training and its workspace both scale with it); 0 for other kinds."""
+    settings = op.settings or {}
+    gates = RNN_GATES.get(str(settings.get("mode", op.kind))) if op.kind in ("LSTM", "GRU", "RNN") else None
+    if gates is None or not op.input_shapes or len(op.input_shapes[0]) != 3:
+        return 0
+    x = op.input_shapes[0]
+    batch, seq = (x[0], x[1]) if settings.get("batch_first") else (x[1], x[0])
+    layers = int(settings.get("num_layers", 1) or 1)
+    directions = 2 if settings.get("bidirectional") else 1
+    hidden = int(settings.get("hidden_size", 0) or 0)
+    return layers * directions * int(seq) * int(batch) * hidden * gates * _ELEMENT_BYTES.get(op.dtype, 4)
+
+
+def _io_bytes(op: Any) -> int:
+    """An operation's activation inputs plus outputs, in bytes."""
+    dtypes = getattr(op, "input_dtypes", None)
+    ins = sum(_numel(shape) * _ELEMENT_BYTES.get(dtypes[j] if dtypes and j < len(dtypes) else op.dtype, 4)
+              for j, shape in enumerate(op.input_shapes))
+    return ins + int(op.bytes_written)
 
 
 def _param_bytes(ops: Sequence[Any]) -> int:
@@ -115,11 +207,26 @@ def _param_element_bytes(op: Any) -> int:
     return _ELEMENT_BYTES.get(op.dtype, 4) if op.dtype.startswith(("float", "bfloat")) else 4
 
 
-def step_memory(ops: Sequence[Any], mode: str | None = None) -> StepMemory:
+def step_memory(ops: Sequence[Any], mode: str | None = None, fit: MemoryFit | None = None) -> StepMemory:
     """Peak memory of one forward (inference) or forward + backward (training) step of ``ops``.
 
     ``ops`` are gpurec.ops Operations in execution order, as extract_operations returns them.
+    With ``fit`` (gpurec.model.memory_fit.load_memory_fit) the fitted terms are applied;
+    without, the analytic part alone (parameters, gradients, activations).
     """
+    t = memory_terms(ops, mode)
+    return fit.apply(t) if fit is not None else analytic_memory(t)
+
+
+def analytic_memory(t: MemoryTerms) -> StepMemory:
+    """The analytic part alone: parameters, gradients, activations (and in training the
+    gradient in flight, the largest activation once more); a lower bound of the peak."""
+    extra = t.largest_bytes if t.mode == "training" else 0
+    return StepMemory(t.mode, t.params_bytes, t.grads_bytes, t.activations_bytes + extra)
+
+
+def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
+    """The analytic terms of a step's peak (:class:`MemoryTerms`), from ``ops`` in execution order."""
     mode = mode or (ops[0].mode if ops else "inference")
     params = _param_bytes(ops)
     storage_of: dict[str, str] = {}  # node -> the node whose storage it uses
@@ -130,6 +237,7 @@ def step_memory(ops: Sequence[Any], mode: str | None = None) -> StepMemory:
     mask_bytes = 0  # kept inside operations: dropout masks, attention internals
     inputs: set[str] = set()  # the step's inputs: the caller holds them for the whole step
     transient = [0] * len(ops)  # bytes an operation allocates and frees inside itself (inference)
+    clone_bytes = conv_io = matmul_io = rnn = 0
     for i, op in enumerate(ops):
         for j, src in enumerate(op.input_nodes):
             root = storage_of.get(src)
@@ -141,7 +249,7 @@ def step_memory(ops: Sequence[Any], mode: str | None = None) -> StepMemory:
                 root = storage_of[src] = src
                 shape = op.input_shapes[j] if j < len(op.input_shapes) else []
                 in_dtypes = getattr(op, "input_dtypes", None)  # the dtype it arrives in, where recorded
-                size_of[root] = _numel(shape) * _ELEMENT_BYTES.get(in_dtypes[j] if in_dtypes else op.dtype, 4)
+                size_of[root] = _block(_numel(shape) * _ELEMENT_BYTES.get(in_dtypes[j] if in_dtypes else op.dtype, 4))
                 born[root] = i
                 if i == 0:
                     inputs.add(root)
@@ -150,11 +258,16 @@ def step_memory(ops: Sequence[Any], mode: str | None = None) -> StepMemory:
             storage_of[op.node] = storage_of[op.input_nodes[0]]
         else:
             storage_of[op.node] = op.node
-            size_of[op.node] = int(op.bytes_written)
+            size_of[op.node] = _block(int(op.bytes_written))
             born[op.node] = i
             last_use[op.node] = max(last_use.get(op.node, i), i)
         if op.kind not in NO_SAVE_KINDS:
             kept_roots.update(storage_of[src] for src in op.input_nodes)
+        if op.in_place and op.input_nodes and op.kind not in INPLACE_RESULT_KINDS and op.kind not in NO_SAVE_KINDS:
+            clone_bytes += _block(int(op.bytes_written))  # autograd's copy of the input it overwrites
+        conv_io = max(conv_io, _io_bytes(op)) if op.kind in CONV_KINDS else conv_io
+        matmul_io = max(matmul_io, _io_bytes(op)) if op.kind in MATMUL_KINDS else matmul_io
+        rnn += _rnn_bytes(op)
         if op.kind in SAVES_OUTPUT_KINDS:
             kept_roots.add(storage_of[op.node])
         if op.kind == "autocast_cast" and not op.input_nodes:  # a weight's low-precision copy, saved for backward
@@ -170,10 +283,10 @@ def step_memory(ops: Sequence[Any], mode: str | None = None) -> StepMemory:
         last_use[out] = len(ops)
         for root in inputs:
             last_use[root] = len(ops)
+    largest = max(size_of.values(), default=0)
     if mode == "training":
-        kept = sum(size_of[root] for root in kept_roots) + mask_bytes
-        largest = max(size_of.values(), default=0)
-        return StepMemory(mode, params, params, kept + largest)
+        kept = sum(size_of[root] for root in kept_roots) + mask_bytes + clone_bytes
+        return MemoryTerms(mode, params, params, kept, largest, conv_io, matmul_io, rnn)
     # Liveness: a tensor holds memory from the operation that makes it to its last user.
     delta = [0] * (len(ops) + 2)
     for node, size in size_of.items():
@@ -184,4 +297,4 @@ def step_memory(ops: Sequence[Any], mode: str | None = None) -> StepMemory:
     for i in range(len(ops)):
         live += delta[i]
         peak = max(peak, live + transient[i])
-    return StepMemory(mode, params, 0, peak)
+    return MemoryTerms(mode, params, 0, peak, largest, conv_io, matmul_io, rnn)

@@ -355,7 +355,8 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
         spreads = load_difference_spreads(manifest)
     widening = float(manifest.get("uncertainty", {}).get("unmeasured_gpu_widening", UNMEASURED_WIDENING))
     say("estimating the step's memory")
-    memory = step_memory_of(model, shape, mode, dtype, example_inputs, precision)
+    memory = step_memory_of(model, shape, mode, dtype, example_inputs, precision,
+                            fit=getattr(predictor, "memory_fit", None))
     memory_gb = memory.memory_gb
     rows: list[dict[str, Any]] = []
     estimates: dict[str, Any] = {}
@@ -481,29 +482,30 @@ def _uncovered(est: Any) -> tuple[dict[str, Any], ...]:
 
 
 def step_memory_of(model: Any, shape: tuple[int, ...], mode: str, dtype: Any = None,
-                   example_inputs: Any = None, precision: str | None = None) -> Any:
-    """Estimated peak memory of one step at ``precision`` (a gpurec.ops.memory.StepMemory)."""
+                   example_inputs: Any = None, precision: str | None = None, fit: Any = None) -> Any:
+    """Estimated peak memory of one step at ``precision`` (a gpurec.ops.memory.StepMemory),
+    with the fitted terms of ``fit`` (the predictor's ``memory_fit``) where given."""
     from gpurec.ops import extract_operations
     from gpurec.ops.memory import step_memory
 
     if example_inputs is not None:
         ops = extract_operations(model, mode=mode, keep_sources=False, example_inputs=example_inputs)
-        return step_memory(ops, mode)
+        return step_memory(ops, mode, fit)
     kwargs = {"dtype": dtype} if dtype is not None else {}
     ops = extract_operations(model, shape, mode=mode, keep_sources=False, precision=precision, **kwargs)
-    return step_memory(ops, mode)
+    return step_memory(ops, mode, fit)
 
 
-def step_memory_gb(model: Any, shape: tuple[int, ...], mode: str, dtype: Any = None) -> float:
+def step_memory_gb(model: Any, shape: tuple[int, ...], mode: str, dtype: Any = None, fit: Any = None) -> float:
     """Estimated peak memory of one step in GB (gpurec.ops.memory)."""
-    return float(step_memory_of(model, shape, mode, dtype).memory_gb)
+    return float(step_memory_of(model, shape, mode, dtype, fit=fit).memory_gb)
 
 
 def largest_fitting_batch(memory: Any, batch: int, capacity_gb: float) -> int:
-    """The largest batch size whose step fits ``capacity_gb``: activations grow with the batch,
-    parameters and gradients do not."""
-    fixed = memory.params_bytes + memory.grads_bytes
-    per_sample = memory.activations_bytes / max(batch, 1)
+    """The largest batch size whose step fits ``capacity_gb``: activations and scratch space grow
+    with the batch, parameters, gradients and the library workspaces' floor do not."""
+    fixed = memory.params_bytes + memory.grads_bytes + getattr(memory, "floor_bytes", 0)
+    per_sample = (memory.activations_bytes + getattr(memory, "workspace_bytes", 0)) / max(batch, 1)
     if per_sample <= 0:
         return MAX_BATCH_SEARCH
     return max(0, int((capacity_gb * 1e9 - fixed) // per_sample))
@@ -585,7 +587,8 @@ def predict_on(model: Any, input_shape: Sequence[int], mode: str, gpu: str, pred
     if f["measured_gpu"]:
         f = widen_bands(f, level, widening)
     f["gpu_power_w"] = f["gpu_energy_mj"] / f["gpu_time_ms"] if f["gpu_time_ms"] > 0 else math.nan
-    memory = step_memory_of(model, tuple(input_shape), mode, dtype, precision=precision)
+    memory = step_memory_of(model, tuple(input_shape), mode, dtype, precision=precision,
+                            fit=getattr(predictor, "memory_fit", None))
     return {**f, "gpu": spec.nvml_name, "short_name": spec.short_name, "evidence": level,
             "evidence_source": sets.source, "memory_gb": memory.memory_gb,
             "memory_capacity_gb": float(spec.memory_gb), "fits": memory.memory_gb <= float(spec.memory_gb),

@@ -511,7 +511,8 @@ def crossgpu_section(cross: dict[str, Any] | None) -> list[str]:
 
 def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: Path | None = None,
           host_gpu: dict[str, Any] | None = None, sources: dict[str, Any] | None = None,
-          cross: dict[str, Any] | None = None, energy: dict[str, Any] | None = None) -> str:
+          cross: dict[str, Any] | None = None, energy: dict[str, Any] | None = None,
+          memory_fit: Any = None) -> str:
     """Render the report (and its plots next to ``out``); return the Markdown text."""
     img = out.parent / "img"
     made = plots(rep, img)
@@ -706,7 +707,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
               + (f"from {u['source']}: time ×{fmt(u['time_ratio'])}, energy ×{fmt(u['energy_ratio'])}."
                  if "time_ratio" in u else f"{u.get('source', 'measured band widened')}."), ""]
     L += host_gpu_section(host_gpu, rep, sources)
-    L += memory_section(data_root)
+    L += memory_section(data_root, memory_fit)
     L += energy_section(energy, manifest)
     L += repeatability_section(data_root)
     L += ["## Speed", "",
@@ -722,75 +723,126 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
 MEMORY_TARGET_PCT = 15.0  # issue 24: the peak-memory estimate within 15% of the measured peak
 
 
-def memory_rows(nets: Any) -> list[dict[str, Any]]:
-    """Estimated against measured peak memory for every network row that carries a measured
-    peak (``peak_memory_bytes``, the allocator's peak over one step after warm-up)."""
-    from gpurec.ops import extract_operations
-    from gpurec.ops.memory import step_memory
-    from gpurec.sets import parse_set_key
+def memory_rows(data_root: Path | str | None = None, fit: Any = None,
+                extract: Any = None) -> list[dict[str, Any]]:
+    """Estimated against measured peak memory for every row that carries a measured peak
+    (gpurec.model.memory_fit.peak_table: trusted or marked ``leftover_suspect``), with the
+    analytic part alone and, given ``fit``, with the fitted terms."""
+    from gpurec.model.memory_fit import peak_table, terms_for
+    from gpurec.ops.memory import analytic_memory
 
-    if "peak_memory_bytes" not in nets:
+    try:
+        table = peak_table(data_root)
+    except FileNotFoundError:
         return []
-    have = nets[nets["peak_memory_bytes"].notna()]
+    if not len(table):
+        return []
     out: list[dict[str, Any]] = []
-    cache: dict[tuple[Any, ...], float] = {}
-    for r in have.itertuples(index=False):
-        try:
-            s = parse_set_key(str(r.set_key))
-        except ValueError:
-            continue
-        precision = getattr(r, "precision", None)
-        precision = precision if isinstance(precision, str) and precision else "fp32"
-        key = (s.key, str(r.mode), precision)
-        if key not in cache:
-            ops = extract_operations(s.arch, s.input_shape, mode=str(r.mode), keep_sources=False, precision=precision)
-            cache[key] = step_memory(ops, str(r.mode)).memory_gb
-        measured_gb = float(r.peak_memory_bytes) / 1e9
-        out.append({"gpu": str(r.gpu), "arch": s.arch, "batch": int(s.input_shape[0]), "set_key": s.key,
-                    "precision": precision, "mode": str(r.mode), "estimated_gb": cache[key],
-                    "measured_gb": measured_gb,
-                    "error_pct": (cache[key] / measured_gb - 1.0) * 100.0 if measured_gb > 0 else float("nan")})
+    for r, t in zip(table.to_dict("records"), terms_for(table, extract), strict=True):
+        analytic = analytic_memory(t).total_bytes
+        est = fit.apply(t).total_bytes if fit is not None else analytic
+        m = r["measured_bytes"]
+        out.append({**r, "estimated_gb": est / 1e9, "analytic_gb": analytic / 1e9, "measured_gb": m / 1e9,
+                    "error_pct": (est / m - 1.0) * 100.0 if m > 0 else float("nan"),
+                    "analytic_error_pct": (analytic / m - 1.0) * 100.0 if m > 0 else float("nan")})
     return out
 
 
-def memory_section(data_root: Path | None = None) -> list[str]:
-    """Peak memory: gpurec.ops.memory's estimate against the measured peaks of the collected networks."""
-    from gpurec.dataset import load_dataset
+def _within(rows: list[dict[str, Any]], key: str = "error_pct") -> int:
+    return sum(abs(r[key]) <= MEMORY_TARGET_PCT for r in rows)
 
+
+def memory_section(data_root: Path | str | None = None, fit: Any = None, extract: Any = None) -> list[str]:
+    """Peak memory: the estimate (gpurec.ops.memory with the fitted terms of models/memory.json)
+    against the measured peaks, trusted peaks and leftover-suspect ones apart, by split
+    (training / held-out architectures), family and mode."""
     L = ["## Peak memory", "",
-         "`gpurec.ops.memory` estimates a step's peak memory (parameters, gradients in training, activations "
-         "alive at once) without running it; `recommend` and `predict` use it for `fits`. Network rows record "
-         "the allocator's peak over one step after warm-up (`peak_memory_bytes`, `torch.cuda.max_memory_allocated` "
-         f"after `reset_peak_memory_stats`). Target: within {MEMORY_TARGET_PCT:g}% of the measured peak.", ""]
-    import pandas as pd
-
-    # network rows measured since rows carry the peak, and the peak-only pass over earlier networks
-    frames = []
-    for table_name in ("networks", "peaks"):
-        try:
-            frames.append(load_dataset(root=data_root, table=table_name))
-        except FileNotFoundError:
-            pass
-    nets = pd.concat(frames, ignore_index=True) if frames else None
-    rows = memory_rows(nets) if nets is not None else []
+         "`gpurec.ops.memory` estimates a step's peak memory without running it; `recommend` and `predict` use it "
+         "for `fits`. The analytic part is parameters, gradients in training, the activations alive at once "
+         "(inference) or kept for backward (training: inputs of convolutions and matmuls, outputs of ReLU, "
+         "sigmoid and tanh, a copy of the input of an in-place activation whose backward needs it), each tensor "
+         "in the allocator's 512-byte blocks. The fitted terms add what the analytic part cannot say: a fixed "
+         "floor per mode (cuBLAS and cuDNN workspaces), scratch space proportional to the largest convolution's "
+         "and matmul's inputs plus outputs, the gradient in flight in training, and cuDNN's RNN reserve space "
+         "and workspace (layers x directions x sequence x batch x hidden x gates x element bytes). Their "
+         "coefficients are fitted on the training architectures' trusted peaks only (`gpurec tools fit-memory`, "
+         "`models/memory.json`). Network rows record the allocator's peak over one step after warm-up "
+         "(`peak_memory_bytes`, `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`). "
+         f"Target: within {MEMORY_TARGET_PCT:g}% of the measured peak.", ""]
+    rows = memory_rows(data_root, fit, extract)
     if not rows:
         return L + ["No measured peaks yet: no collected network row carries `peak_memory_bytes` (collection "
                     "records it from now on), so this estimate is not validated here.", ""]
-    within = sum(abs(r["error_pct"]) <= MEMORY_TARGET_PCT for r in rows)
-    mape = sum(abs(r["error_pct"]) for r in rows) / len(rows)
-    L += [f"{len(rows)} network rows with a measured peak: mean absolute error {mape:.1f}%, "
-          f"{within} of {len(rows)} within {MEMORY_TARGET_PCT:g}% "
-          f"({'target met' if within == len(rows) else 'target not met'}).", ""]
-    lines = [row([short(r["gpu"]), r["set_key"], r["precision"], r["mode"], f"{r['estimated_gb']:.2f}",
+    if fit is None:
+        L += ["No fitted memory terms (`models/memory.json`): the estimate below is the analytic part alone.", ""]
+    else:
+        L += ["Fitted terms (bytes per byte of the term; floor in MB):", ""]
+        names = ("floor_bytes", "activations", "largest", "conv_io", "matmul_io", "rnn")
+        lines = [row([mode, f"{c['floor_bytes'] / 1e6:.1f}", *(f"{c[n]:.3f}" for n in names[1:])])
+                 for mode, c in sorted(fit.terms.items())]
+        L += table(["mode", "floor MB", "activations", "gradient in flight", "largest conv in+out",
+                    "largest matmul in+out", "cuDNN RNN"], lines) + [""]
+        prov = fit.provenance
+        fitted = "; ".join(f"{mode}: {v['rows']} rows ({', '.join(f'{k} {n}' for k, n in v['by_family'].items())})"
+                           for mode, v in sorted(prov.get("rows", {}).items()))
+        empty = {m: v for m, v in prov.get("terms_without_rows", {}).items() if v}
+        L += [f"Fitted on {fitted}, {prov.get('date', '')}."
+              + ("".join(f" No trusted {m} row exercises {', '.join(v)}: "
+                         "its coefficient stays 0 until such peaks are collected." for m, v in sorted(empty.items()))),
+              ""]
+    trusted = [r for r in rows if not r["leftover_suspect"]]
+    suspect = [r for r in rows if r["leftover_suspect"]]
+    reasons: dict[str, int] = {}
+    for r in suspect:
+        reasons[r["leftover_suspect"]] = reasons.get(r["leftover_suspect"], 0) + 1
+    L += [f"{len(rows)} rows with a measured peak: {len(trusted)} trusted, {len(suspect)} that may include memory "
+          "left allocated by earlier rows of the same process"
+          + (" (" + "; ".join(f"{n}: {why}" for why, n in sorted(reasons.items())) + ")" if reasons else "")
+          + ". Leftover-suspect rows are never fitted on and are judged apart; collection now starts every network "
+            "and peak row after a garbage collection and records `memory_allocated_before_bytes`.", ""]
+
+    def groups(rs: list[dict[str, Any]]) -> dict[tuple[str, ...], list[dict[str, Any]]]:
+        g: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for r in rs:
+            g.setdefault((str(r["split"]), r["family"], r["mode"], r["precision"]), []).append(r)
+        return dict(sorted(g.items()))
+
+    if trusted:
+        L += ["### Trusted peaks", ""]
+        for split in ("training", "held-out"):
+            part = [r for r in trusted if r["split"] == split]
+            if part:
+                L += [f"* {split} architectures: {_within(part)} of {len(part)} within {MEMORY_TARGET_PCT:g}% "
+                      f"(analytic part alone: {_within(part, 'analytic_error_pct')})."]
+        L += [""]
+        lines = [row([*k, str(len(g)), f"{_within(g)}", pct(sum(abs(r['error_pct']) for r in g) / len(g)),
+                      f"{_within(g, 'analytic_error_pct')}"]) for k, g in groups(trusted).items()]
+        L += table(["architectures", "family", "mode", "precision", "rows", f"within {MEMORY_TARGET_PCT:g}%",
+                    "mean abs error", f"analytic alone within {MEMORY_TARGET_PCT:g}%"], lines) + [""]
+    if suspect:
+        L += ["### Leftover-suspect peaks", "",
+              "Measured above the estimate by what earlier rows left allocated: they cannot judge the estimate. "
+              "`gpurec tools plan --sets peaks-networks` plans their peaks again from a collected heap.", ""]
+        lines = [row([*k, str(len(g)), f"{_within(g)}", str(sum(r['error_pct'] < 0 for r in g)),
+                      f"{sorted(r['measured_gb'] / max(r['estimated_gb'], 1e-12) for r in g)[len(g) // 2]:.1f}x"])
+                 for k, g in groups(suspect).items()]
+        L += table(["architectures", "family", "mode", "precision", "rows", f"within {MEMORY_TARGET_PCT:g}%",
+                    "measured above estimate", "median measured / estimated"], lines) + [""]
+    L += ["### Per network", ""]
+    lines = [row([short(r["gpu"]), r["set_key"], r["precision"], r["mode"], str(r["split"]),
+                  "suspect" if r["leftover_suspect"] else "trusted", f"{r['estimated_gb']:.2f}",
                   f"{r['measured_gb']:.2f}", pct(r["error_pct"])])
-             for r in sorted(rows, key=lambda r: -abs(r["error_pct"]))]
-    return L + table(["GPU", "set", "precision", "mode", "estimated GB", "measured GB", "error"], lines) + [""]
+             for r in sorted(rows, key=lambda r: (bool(r["leftover_suspect"]), -abs(r["error_pct"])))]
+    return L + table(["GPU", "set", "precision", "mode", "architectures", "peak", "estimated GB", "measured GB",
+                      "error"], lines) + [""]
 
 
 def generate(models_dir: Path | str = "models", out: Path | str = "docs/accuracy.md",
              data_root: Path | str | None = None) -> str:
     """docs/accuracy.md from ``models_dir``'s report.json and manifest.json (``gpurec train``
     writes both); returns the text."""
+    from gpurec.model.memory import load_memory_fit
+
     models_dir = Path(models_dir)
     for name in ("report.json", "manifest.json"):
         if not (models_dir / name).exists():
@@ -803,7 +855,8 @@ def generate(models_dir: Path | str = "models", out: Path | str = "docs/accuracy
     cross = json.loads(cross_file.read_text()) if cross_file.exists() else None
     host_gpu = host_gpu_tables(models_dir, data_root, rep)
     return write(rep, manifest, Path(out), Path(data_root) if data_root is not None else None,
-                 host_gpu, sources, cross, energy_tables(models_dir, data_root, rep, host_gpu))
+                 host_gpu, sources, cross, energy_tables(models_dir, data_root, rep, host_gpu),
+                 memory_fit=load_memory_fit(models_dir))
 
 
 def energy_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str, Any],

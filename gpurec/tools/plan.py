@@ -8,6 +8,7 @@ signature agreement between torch versions is checked in the field.  Run through
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,6 +183,43 @@ def write_peaks_plan(out: Path | str = PEAKS_PLAN) -> dict[str, int]:
     items = peak_items(sets, MODES)
     atomic_write_json(Path(out), {"torch": torch.__version__, "items": [w.as_dict() for w in items]})
     return {"items": len(items), "peak": len(items)}
+
+NETWORK_PEAKS_PLAN = Path("datasets") / "plans" / "peaks_networks.json"
+NETWORK_PLANS = tuple(Path("datasets") / "plans" / f"{name}.json" for name in ("seq", "targeted", "precision", "main"))
+
+
+def network_peak_items(plans: Sequence[Path | str]) -> list[Any]:
+    """One peak item per network item (set, mode, precision) of ``plans``, in their order with
+    the held-out architectures first.  Network rows measured their peak after earlier rows in
+    the same process had left memory allocated; a peak item starts from a collected heap and
+    records what was still allocated (``memory_allocated_before_bytes``)."""
+    from gpurec.collect.plan import WorkItem
+    from gpurec.sets import SEQ_TEST_ARCHS, TEST_ARCHS
+
+    seen: set[str] = set()
+    items: list[Any] = []
+    for plan in plans:
+        path = Path(plan)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such plan (write it with `gpurec tools plan`)")
+        for d in json.loads(path.read_text())["items"]:
+            if d["item"] != "network":
+                continue
+            w = WorkItem("peak", d["key"], d["mode"], "peak", d["key"], [d["key"]],
+                         precision=d.get("precision", "fp32"))
+            if w.id not in seen:
+                seen.add(w.id)
+                items.append(w)
+    held = set(TEST_ARCHS) | set(SEQ_TEST_ARCHS)
+    return [w for w in items if w.key.split(":")[0] in held] + [w for w in items if w.key.split(":")[0] not in held]
+
+
+def write_network_peaks_plan(out: Path | str = NETWORK_PEAKS_PLAN,
+                             plans: Sequence[Path | str] = NETWORK_PLANS) -> dict[str, int]:
+    """Write the peak plan of every network of ``plans`` (sequence, targeted, precision and
+    main sets); ids already measured are skipped on the GPU, so only new peaks are taken."""
+    return _write(out, network_peak_items(plans))
+
 
 TARGETED_PLAN = Path("datasets") / "plans" / "targeted.json"
 
