@@ -59,6 +59,7 @@ from gpurec.model.network import (
     waiting_power_w,
 )
 from gpurec.model.persist import check_manifest, default_model_dir, load_boosters, read_manifest
+from gpurec.model.recurrent import RecurrentTime
 from gpurec.model.timeline import bound_of, simulate
 from gpurec.ops.coverage import warn_if_low, warn_unmeasured_precision
 from gpurec.ops.precision import resolve_precision
@@ -378,6 +379,10 @@ class Predictor:
         # Precisions with measured rows in the training data (models trained before precision
         # existed saw fp32 only).
         self.precisions_measured: tuple[str, ...] = tuple(manifest.get("precisions_measured", ["fp32"]))
+        # cuDNN LSTM/GRU time from their sequential structure (None: models trained before it,
+        # whose boosters predict recurrent layers themselves)
+        self.recurrent: RecurrentTime | None = RecurrentTime.from_dict(manifest.get("recurrent_time"),
+                                                                       self.builder.feature_names)
         self.crossgpu: CrossGPUModel | None = load_crossgpu(self.model_dir)
         self.cross_anchors = self._anchors()
 
@@ -564,8 +569,7 @@ class Predictor:
         classes = power_class(spread(groups), block.column("groups"))
         anchor = self.cross_anchor(nvml)
         if anchor is None:
-            t = spread(np.exp(self._boosters["time"][mode].predict(masked(feats.X, self._masks["time"]),
-                                                                    feats.margin_time)))
+            t = spread(np.exp(self._time_log_ms(feats, mode)))
             hit = np.zeros(len(t), dtype=bool)
             if self.lookup is not None:
                 t, w, hit = self.lookup.apply(t, w, block.signatures, nvml, mode)
@@ -623,6 +627,12 @@ class Predictor:
             out.append(est)
         return out
 
+    def _time_log_ms(self, feats: Any, mode: str) -> np.ndarray:
+        """log GPU time (ms) per feature row: the time booster, recurrent layers by their own model."""
+        X = masked(feats.X, self._masks["time"])
+        log_t = self._boosters["time"][mode].predict(X, feats.margin_time)
+        return log_t if self.recurrent is None else self.recurrent.apply(log_t, X, mode)
+
     def _cross_time(self, distinct: OpBlock, spread: Any, block: OpBlock, offsets: np.ndarray, mode: str,
                     nvml: str, anchor: str, w: np.ndarray, power: tuple[Any, float, float] | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, Any]:
@@ -633,8 +643,7 @@ class Predictor:
         this GPU's own."""
         a_nvml, a_hw = self._gpu(anchor)
         feats_a = self.builder.build(distinct, a_hw[None, :])
-        t_a = spread(np.exp(self._boosters["time"][mode].predict(masked(feats_a.X, self._masks["time"]),
-                                                                  feats_a.margin_time)))
+        t_a = spread(np.exp(self._time_log_ms(feats_a, mode)))
         hit_a = np.zeros(len(t_a), dtype=bool)
         if self.lookup is not None:
             t_a, _, hit_a = self.lookup.apply(t_a, np.ones_like(t_a), block.signatures, a_nvml, mode)

@@ -41,6 +41,7 @@ from gpurec.model.validation import (
     GPU_TARGETS,
     Suite,
     fit_host_calibration,
+    fit_recurrent_rows,
     grouped_kfold,
     host_side_ratios,
     leave_one_family_out,
@@ -159,6 +160,7 @@ def train(data_root: Path | str | None = None, out_dir: Path | str = "models", t
     # -- final models ---------------------------------------------------------------------------
     log("final models on all rows")
     final = suite.fit("xgboost", p, np.arange(n_rows))
+    report["recurrent_time"] = fit_recurrent_rows(p, np.arange(n_rows))[1]
     host, host_routed, report["host_dispatch"] = fit_host_model(p, cfg, log)
     host_inputs = network_host_inputs(p, final, host)
     host.calibration, report["host_dispatch"]["network_calibration"] = fit_host_calibration(p, host_inputs, log)
