@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpurec.model.recurrent import RecurrentTime, recurrent_shape
+from gpurec.model.recurrent import PowerFit, RecurrentPower, RecurrentTime, recurrent_shape
 from gpurec.model.recurrent_fit import fit_recurrent
 
 NAMES = ["batch", "seq_len", "embed_dim", "out_features", "num_heads", "element_bytes", "math_mode",
@@ -139,6 +139,48 @@ def test_predictor_scales_a_recurrent_layer_with_its_chain() -> None:
         model, _ = fit_recurrent(np.vstack([rows] * 3), np.log(np.tile([0.3, 1.2, 0.5, 2.0], 3)),
                                  np.full(12, "inference"), [str(i // 4) for i in range(12)], names)
         p.recurrent = model
+        # and its power, 30% of the board's TDP whatever the shape
+        p.recurrent_power = RecurrentPower({"inference": PowerFit(("log_batch", "log_hidden"), (np.log(0.3), 0.0, 0.0),
+                                                                  0.0, 12, ("LSTM",))}, names)
         per_op = [p.predict("lstm_lm_2x512", (8, s), gpu="H100", dtype=torch.long).per_op for s in (96, 384)]
     t = [float(d.loc[d["kind"] == "LSTM", "time_ms"].sum()) for d in per_op]
     assert t[1] / t[0] == pytest.approx(4.0, rel=1e-6)
+    from gpurec.catalog import resolve_gpu
+
+    tdp = resolve_gpu("H100").features()["tdp_w"]
+    assert per_op[0].loc[per_op[0]["kind"] == "LSTM", "power_w"].to_numpy() == pytest.approx([0.3 * tdp])
+
+
+def test_power_is_a_share_of_the_tdp_from_batch_and_hidden() -> None:
+    from gpurec.model.recurrent_fit import fit_recurrent_power
+
+    names = [*NAMES, "hw_tdp_w"]
+    X = np.column_stack([_rows(_training_grid()), np.full(40, 700.0)])
+    s = recurrent_shape(X, names)
+    share = 0.2 * s.batch ** 0.15 * (s.hidden / 256) ** 0.2  # a known law
+    model, report = fit_recurrent_power(X, np.log(700.0 * share), np.full(40, "inference"),
+                                        [str(i % 5) for i in range(40)], names)
+    assert model is not None and report["chosen"]["inference"]["loao_mape"] < 1e-4
+    other = X.copy()
+    other[:, -1] = 350.0  # another board: the same share of its own TDP
+    assert np.exp(model.apply(np.zeros(40), other, "inference")) == pytest.approx(350.0 * share, rel=1e-4)
+
+
+def test_host_dispatch_grows_with_every_step_of_every_layer_and_direction() -> None:
+    from gpurec.model.host_model import HostDispatch
+    from gpurec.model.recurrent_fit import fit_recurrent_host
+
+    X = _rows(_training_grid())
+    s = recurrent_shape(X, NAMES)
+    host_ms = 0.3 + 0.02 * s.seq_len * s.layers * s.directions
+    model, report = fit_recurrent_host(X, np.log(host_ms), np.full(40, "inference"), [str(i % 5) for i in range(40)],
+                                       NAMES)
+    assert model is not None
+    assert report["chosen"]["inference"]["a_ms"] == pytest.approx(0.3, rel=1e-6)
+    assert report["chosen"]["inference"]["b_ms"] == pytest.approx(0.02, rel=1e-6)
+    dispatch = HostDispatch.__new__(HostDispatch)
+    dispatch.models, dispatch.recurrent = None, model
+    dispatch._prior = {"inference": np.full(16, 0.01)}
+    unseen = _rows([("GRU", 8, 384, 384, 2, 2)])
+    got = dispatch.reference_ms(unseen, np.zeros(1, dtype=np.int64), "inference")
+    assert got == pytest.approx([0.3 + 0.02 * 384 * 4])

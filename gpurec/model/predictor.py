@@ -59,7 +59,7 @@ from gpurec.model.network import (
     waiting_power_w,
 )
 from gpurec.model.persist import check_manifest, default_model_dir, load_boosters, read_manifest
-from gpurec.model.recurrent import RecurrentTime
+from gpurec.model.recurrent import RecurrentHost, RecurrentPower, RecurrentTime
 from gpurec.model.timeline import bound_of, simulate
 from gpurec.ops.coverage import warn_if_low, warn_unmeasured_precision
 from gpurec.ops.precision import resolve_precision
@@ -383,6 +383,9 @@ class Predictor:
         # whose boosters predict recurrent layers themselves)
         self.recurrent: RecurrentTime | None = RecurrentTime.from_dict(manifest.get("recurrent_time"),
                                                                        self.builder.feature_names)
+        self.host_model.recurrent = RecurrentHost.from_dict(manifest.get("recurrent_host"), self.builder.feature_names)
+        self.recurrent_power: RecurrentPower | None = RecurrentPower.from_dict(manifest.get("recurrent_power"),
+                                                                               self.builder.feature_names)
         self.crossgpu: CrossGPUModel | None = load_crossgpu(self.model_dir)
         self.cross_anchors = self._anchors()
 
@@ -561,8 +564,11 @@ class Predictor:
         distinct = block if rows is None else block.take(rows)
         spread = (lambda a: a) if inverse is None else (lambda a: a[inverse])
         feats = self.builder.build(distinct, hw[None, :])
-        w = spread(np.exp(self._boosters["power"][mode].predict(masked(feats.X, self._masks["power"]),
-                                                                 feats.margin_power)))
+        Xw = masked(feats.X, self._masks["power"])
+        log_w = self._boosters["power"][mode].predict(Xw, feats.margin_power)
+        if self.recurrent_power is not None:
+            log_w = self.recurrent_power.apply(log_w, Xw, mode)
+        w = spread(np.exp(log_w))
         offsets = np.cumsum([0, *(len(e.block) for e, _ in entries)])
         idle_w, limit_w = self._power_bounds(nvml)
         groups = self.builder.group_index(distinct.kinds)

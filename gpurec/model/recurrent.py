@@ -176,3 +176,108 @@ class RecurrentTime:
 
 def take_rows(s: RecurrentShape, sel: np.ndarray) -> RecurrentShape:
     return RecurrentShape(*(getattr(s, f)[sel] for f in RecurrentShape.__dataclass_fields__))
+
+
+@dataclass(frozen=True)
+class PowerFit:
+    """One mode's recurrent power: log(power / TDP) = coef . (1, terms)."""
+
+    terms: tuple[str, ...]
+    coef: tuple[float, ...]
+    loao_mape: float
+    rows: int
+    kinds: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"terms": list(self.terms), "coef": list(self.coef), "loao_mape": self.loao_mape, "rows": self.rows,
+                "kinds": list(self.kinds)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PowerFit:
+        return cls(tuple(d["terms"]), tuple(float(c) for c in d["coef"]), float(d["loao_mape"]), int(d["rows"]),
+                   tuple(d["kinds"]))
+
+
+class RecurrentPower:
+    """Board power of a cuDNN recurrent layer as a share of the GPU's TDP, from its batch and
+    hidden size.  Why: a latency-bound chain keeps most SMs idle (170-300 W on an H100 below
+    batch 32, 300-580 W at 128), which the power booster, fitted mostly on throughput-bound
+    operations, over-predicted by 70% for a held-out bidirectional GRU."""
+
+    def __init__(self, fits: dict[str, PowerFit], feature_names: Sequence[str]) -> None:
+        self.fits = dict(fits)
+        self.feature_names = list(feature_names)
+        kinds = {k for f in self.fits.values() for k in f.kinds}
+        self._kinds = tuple(k for k in GATES if k in kinds)
+        self._kind_cols = [self.feature_names.index(f"kind={k}") for k in self._kinds
+                           if f"kind={k}" in self.feature_names]
+        self._tdp_col = self.feature_names.index("hw_tdp_w") if "hw_tdp_w" in self.feature_names else -1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": "log(power / TDP) linear in per-step terms", "by_mode": {m: f.as_dict()
+                                                                                 for m, f in self.fits.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None, feature_names: Sequence[str]) -> RecurrentPower | None:
+        if not d or not d.get("by_mode"):
+            return None
+        return cls({m: PowerFit.from_dict(f) for m, f in d["by_mode"].items()}, feature_names)
+
+    def apply(self, log_w: np.ndarray, X: np.ndarray, modes: str | np.ndarray) -> np.ndarray:
+        """``log_w`` (log W per row of the power feature matrix ``X``) with recurrent rows replaced."""
+        if not self._kind_cols or self._tdp_col < 0 or not len(X):
+            return log_w
+        candidate = X[:, self._kind_cols].max(axis=1) > 0.5
+        if not candidate.any():
+            return log_w
+        rows = np.flatnonzero(candidate)
+        s = recurrent_shape(X[rows], self.feature_names, self._kinds)
+        tdp = X[rows, self._tdp_col].astype(np.float64)
+        out = np.array(log_w, dtype=np.float64, copy=True)
+        mode_of = np.full(len(rows), modes, dtype=object) if isinstance(modes, str) else np.asarray(modes)[rows]
+        for mode, fit in self.fits.items():
+            sel = s.mask & (mode_of == mode) & (tdp > 0)
+            if sel.any():
+                out[rows[sel]] = np.log(tdp[sel]) + step_terms(take_rows(s, sel), fit.terms) @ np.asarray(fit.coef)
+        return out
+
+
+class RecurrentHost:
+    """Host dispatch of a cuDNN recurrent layer on the reference host: ``a_ms + b_ms x steps``
+    with steps = seq_len x layers x directions.  Why: cuDNN enqueues a few kernels for every
+    step of every layer and direction from the host (15-45 us per step in inference, 45-120 us
+    in training on the collection hosts), so eager time grows with the sequence far beyond
+    the GPU time, which per-operation host boosters did not extrapolate."""
+
+    def __init__(self, fits: dict[str, dict[str, Any]], feature_names: Sequence[str]) -> None:
+        self.fits = {m: dict(f) for m, f in fits.items()}
+        self.feature_names = list(feature_names)
+        kinds = {k for f in self.fits.values() for k in f["kinds"]}
+        self._kinds = tuple(k for k in GATES if k in kinds)
+        self._kind_cols = [self.feature_names.index(f"kind={k}") for k in self._kinds
+                           if f"kind={k}" in self.feature_names]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": "a_ms + b_ms x seq_len x layers x directions", "by_mode": self.fits}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None, feature_names: Sequence[str]) -> RecurrentHost | None:
+        if not d or not d.get("by_mode"):
+            return None
+        return cls(d["by_mode"], feature_names)
+
+    def apply(self, ms: np.ndarray, X: np.ndarray, mode: str) -> np.ndarray:
+        """``ms`` (reference-host dispatch per row of the host feature matrix ``X``) with recurrent
+        rows replaced."""
+        fit = self.fits.get(mode)
+        if fit is None or not self._kind_cols or not len(X):
+            return ms
+        candidate = X[:, self._kind_cols].max(axis=1) > 0.5
+        if not candidate.any():
+            return ms
+        rows = np.flatnonzero(candidate)
+        s = recurrent_shape(X[rows], self.feature_names, self._kinds)
+        out = np.array(ms, dtype=np.float64, copy=True)
+        steps = chain_steps(s, 1.0, 1.0)
+        out[rows[s.mask]] = float(fit["a_ms"]) + float(fit["b_ms"]) * steps[s.mask]
+        return out

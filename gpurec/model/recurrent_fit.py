@@ -16,6 +16,9 @@ from gpurec.model.recurrent import (
     GATES,
     SHARES,
     ModeFit,
+    PowerFit,
+    RecurrentHost,
+    RecurrentPower,
     RecurrentShape,
     RecurrentTime,
     chain_steps,
@@ -89,3 +92,78 @@ def fit_recurrent(X: np.ndarray, log_t: np.ndarray, modes: np.ndarray, groups: S
         report["candidates"][mode] = scores
         report["chosen"][mode] = fits[mode].as_dict()
     return (RecurrentTime(fits, feature_names) if fits else None), report
+
+
+POWER_TERMS: tuple[str, ...] = ("log_batch", "log_hidden")
+
+
+def fit_recurrent_power(X: np.ndarray, log_w: np.ndarray, modes: np.ndarray, groups: Sequence[Any],
+                        feature_names: Sequence[str]) -> tuple[RecurrentPower | None, dict[str, Any]]:
+    """gpurec.model.recurrent.RecurrentPower from rows of the power feature matrix ``X`` (it
+    carries ``hw_tdp_w``) and their log power; same row and architecture minimums as the time."""
+    names = list(feature_names)
+    report: dict[str, Any] = {"terms": list(POWER_TERMS), "chosen": {}, "rows": {}}
+    if "hw_tdp_w" not in names:
+        return None, report
+    s_all = recurrent_shape(X, names)
+    y_all = np.asarray(log_w, dtype=np.float64) - np.log(np.maximum(X[:, names.index("hw_tdp_w")], 1e-9))
+    modes = np.asarray(modes).astype(str)
+    groups_arr = np.asarray([str(g) for g in groups])
+    fits: dict[str, PowerFit] = {}
+    for mode in sorted(set(modes.tolist())):
+        sel = s_all.mask & (modes == mode) & np.isfinite(y_all)
+        n, n_groups = int(sel.sum()), len(set(groups_arr[sel].tolist()))
+        report["rows"][mode] = {"rows": n, "architectures": n_groups}
+        if n < MIN_ROWS or n_groups < MIN_GROUPS:
+            continue
+        s, y, g = take_rows(s_all, sel), y_all[sel], groups_arr[sel]
+        kinds = tuple(k for k in GATES if f"kind={k}" in names and (X[sel, names.index(f"kind={k}")] > 0.5).any())
+
+        def solve(rows: np.ndarray, s: RecurrentShape = s, y: np.ndarray = y) -> np.ndarray:
+            D = step_terms(take_rows(s, rows), POWER_TERMS)
+            return np.linalg.solve(D.T @ D + _RIDGE * np.eye(D.shape[1]), D.T @ y[rows])
+
+        errs = [np.abs(np.exp(step_terms(take_rows(s, g == a), POWER_TERMS) @ solve(g != a) - y[g == a]) - 1.0)
+                for a in np.unique(g)]
+        mape = float(np.mean(np.concatenate(errs)))
+        fits[mode] = PowerFit(POWER_TERMS, tuple(float(c) for c in solve(np.ones(n, dtype=bool))), mape, n, kinds)
+        report["chosen"][mode] = fits[mode].as_dict()
+    return (RecurrentPower(fits, names) if fits else None), report
+
+
+def fit_recurrent_host(X: np.ndarray, log_ms: np.ndarray, modes: np.ndarray, groups: Sequence[Any],
+                       feature_names: Sequence[str]) -> tuple[RecurrentHost | None, dict[str, Any]]:
+    """gpurec.model.recurrent.RecurrentHost from rows of the host feature matrix ``X`` and their
+    log dispatch on the reference host; least squares in relative error, both terms >= 0."""
+    names = list(feature_names)
+    s_all = recurrent_shape(X, names)
+    modes = np.asarray(modes).astype(str)
+    groups_arr = np.asarray([str(g) for g in groups])
+    y_all = np.exp(np.asarray(log_ms, dtype=np.float64))
+    report: dict[str, Any] = {"chosen": {}, "rows": {}}
+    fits: dict[str, dict[str, Any]] = {}
+    for mode in sorted(set(modes.tolist())):
+        sel = s_all.mask & (modes == mode) & np.isfinite(y_all) & (y_all > 0)
+        n, n_groups = int(sel.sum()), len(set(groups_arr[sel].tolist()))
+        report["rows"][mode] = {"rows": n, "architectures": n_groups}
+        if n < MIN_ROWS or n_groups < MIN_GROUPS:
+            continue
+        steps, y, g = chain_steps(take_rows(s_all, sel), 1.0, 1.0), y_all[sel], groups_arr[sel]
+
+        def solve(rows: np.ndarray, steps: np.ndarray = steps, y: np.ndarray = y) -> tuple[float, float]:
+            D = np.column_stack([np.ones(int(rows.sum())), steps[rows]]) / y[rows, None]
+            a, b = np.linalg.lstsq(D, np.ones(int(rows.sum())), rcond=None)[0]
+            if a < 0:  # a negative constant is not physical: the per-step term alone
+                a, b = 0.0, float(np.sum(steps[rows] / y[rows]) / np.sum((steps[rows] / y[rows]) ** 2))
+            return float(a), max(float(b), 0.0)
+
+        errs = []
+        for a_group in np.unique(g):
+            a, b = solve(g != a_group)
+            errs.append(np.abs((a + b * steps[g == a_group]) / y[g == a_group] - 1.0))
+        a, b = solve(np.ones(n, dtype=bool))
+        kinds = [k for k in GATES if f"kind={k}" in names and (X[sel, names.index(f"kind={k}")] > 0.5).any()]
+        fits[mode] = {"a_ms": a, "b_ms": b, "loao_mape": float(np.mean(np.concatenate(errs))), "rows": n,
+                      "kinds": kinds}
+        report["chosen"][mode] = fits[mode]
+    return (RecurrentHost(fits, names) if fits else None), report

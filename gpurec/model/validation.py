@@ -30,8 +30,8 @@ from gpurec.model.network import (
     free_kernel_free,
     power_class,
 )
-from gpurec.model.recurrent import RecurrentTime
-from gpurec.model.recurrent_fit import fit_recurrent
+from gpurec.model.recurrent import RecurrentPower, RecurrentTime
+from gpurec.model.recurrent_fit import fit_recurrent, fit_recurrent_power
 from gpurec.model.regressors import ForestModel, RooflineLinearModel, Routed, XGBModel
 
 GPU_TARGETS = ("time", "power")
@@ -65,15 +65,18 @@ class Suite:
                 p.X[target][rows], p.y[target][rows], p.margin[target][rows], p.modes[rows], feature_names=self.names)
         # cuDNN recurrent layers take the sequential-chain model fitted on these rows only, so
         # out-of-fold sums never see the held-out architectures' recurrent rows
-        out["time"].override = fit_recurrent_rows(p, rows)[0]
+        (out["time"].override, _), (out["power"].override, _) = fit_recurrent_rows(p, rows)
         return out
 
 
-def fit_recurrent_rows(p: Prepared, rows: np.ndarray) -> tuple[RecurrentTime | None, dict[str, Any]]:
-    """gpurec.model.recurrent_fit.fit_recurrent on the selected operation rows (architectures as groups)."""
-    groups = p.ops["set_key"].to_numpy()[rows]
-    return fit_recurrent(p.X["time"][rows], p.y["time"][rows], p.modes[rows], [arch_of(str(k)) for k in groups],
-                         p.builder.feature_names)
+def fit_recurrent_rows(p: Prepared, rows: np.ndarray) -> tuple[tuple[RecurrentTime | None, dict[str, Any]],
+                                                                tuple[RecurrentPower | None, dict[str, Any]]]:
+    """gpurec.model.recurrent_fit's time and power models on the selected operation rows
+    (architectures as groups), each with its report."""
+    groups = [arch_of(str(k)) for k in p.ops["set_key"].to_numpy()[rows]]
+    names = p.builder.feature_names
+    return (fit_recurrent(p.X["time"][rows], p.y["time"][rows], p.modes[rows], groups, names),
+            fit_recurrent_power(p.X["power"][rows], p.y["power"][rows], p.modes[rows], groups, names))
 
 
 def predict_ops(models: dict[str, Routed], p: Prepared, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
