@@ -184,3 +184,23 @@ def test_host_dispatch_grows_with_every_step_of_every_layer_and_direction() -> N
     unseen = _rows([("GRU", 8, 384, 384, 2, 2)])
     got = dispatch.reference_ms(unseen, np.zeros(1, dtype=np.int64), "inference")
     assert got == pytest.approx([0.3 + 0.02 * 384 * 4])
+
+
+def test_fit_recurrent_into_trained_models(tmp_path) -> None:  # noqa: ANN001
+    """The tool fits the three models from the committed recurrent rows into a copy of the models."""
+    import json
+    import shutil
+
+    from gpurec.model import load_predictor
+    from gpurec.model.persist import default_model_dir
+    from gpurec.tools.recurrent import fit_into
+
+    shutil.copytree(default_model_dir(), tmp_path / "m")
+    report = fit_into(tmp_path / "m", evaluate=False)
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    assert set(manifest["recurrent_time"]["by_mode"]) == {"inference", "training"}
+    assert report["rows"] >= 24 and report["time"]["rows"]["inference"]["architectures"] >= 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = load_predictor(tmp_path / "m", check_data=False)
+    assert p.recurrent is not None and p.recurrent_power is not None and p.host_model.recurrent is not None
