@@ -119,6 +119,10 @@ def test_recurrent_rows_keep_their_elapsed_time_not_the_in_network_kernel_sum() 
     assert t["lstm1"] == pytest.approx(1.0)  # concurrent streams: the kernel sum over-counts
     assert t["lin1"] == pytest.approx(0.18)  # every other kind takes its in-network time
     assert info["in_network_rows"] == 1
+    # models trained before it took the kernel sum: their data hash is computed that way
+    old, _, info, _ = with_targets(ops, pd.DataFrame(), in_net, "auto", "in_network", recurrent_elapsed=False)
+    assert old.set_index("op_signature")["_t_gpu"]["lstm1"] == pytest.approx(1.45)
+    assert info["in_network_rows"] == 2 and info["recurrent_elapsed"] is False
 
 
 def test_predictor_scales_a_recurrent_layer_with_its_chain() -> None:
