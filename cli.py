@@ -1160,6 +1160,18 @@ def tools_gpu_time_sources(
     _print_json(_guard(write, data, out, tune_trials=trials, log=_progress))
 
 
+@tools_app.command("fit-recurrent")
+def tools_fit_recurrent(
+    models: Path = typer.Option(Path("models"), "--models", help="trained model directory to add them to"),
+    data: Path = typer.Option(Path("datasets"), "--data", help="dataset root with one directory per GPU"),
+) -> None:
+    """Fit the LSTM/GRU time, power and host models into trained models (seconds, no boosters
+    retrained) and print the held-out sequence networks' errors before and after."""
+    from gpurec.tools.recurrent import fit_into
+
+    _print_json(_guard(fit_into, models, data))
+
+
 @tools_app.command("snapshot")
 def tools_snapshot(
     action: str = typer.Argument(..., help="write PATH, or compare A B"),

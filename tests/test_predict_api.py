@@ -86,7 +86,8 @@ def test_a_bad_candidate_gets_an_error_result_and_the_others_answers(p) -> None:
     assert [r.ok for r in out] == [True, False, False, True]
     err, shape_err = out[1], out[2]
     assert isinstance(err, CandidateError) and err.index == 1 and err.model == "_ValueBranch"
-    assert err.error == "ExtractionError" and "trace" in err.reason and "candidate 1" in str(err)
+    # its own ExtractionError subclass, saying why: the branch reads values a shape-only capture has not
+    assert err.error == "ValueDependentControlFlow" and "values" in err.reason and "candidate 1" in str(err)
     assert shape_err.index == 2 and "cannot take input" in shape_err.reason
     assert out[0].gpu_time_ms == out[3].gpu_time_ms == p.predict(good, (8, 32), gpu="H100").gpu_time_ms
     with pytest.raises(ExtractionError):

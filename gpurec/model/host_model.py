@@ -151,6 +151,8 @@ class HostDispatch:
         self.models = models  # mode -> regressor on log ms with the log prior as margin, or None (prior only)
         self.calibration = calibration or NetworkCalibration()
         self._prior = prior_table_ms(reference)
+        # cuDNN recurrent layers: dispatch per step (gpurec.model.recurrent.RecurrentHost), or None
+        self.recurrent: Any = None
 
     @property
     def kind(self) -> str:
@@ -171,8 +173,10 @@ class HostDispatch:
         """Dispatch ms on the reference host (X already masked for the host target)."""
         prior = self.prior_ms(groups, mode)
         if self.models is None or len(X) == 0:
-            return prior
-        return np.exp(self.models[mode].predict(X, np.log(prior)))
+            out = prior
+        else:
+            out = np.exp(self.models[mode].predict(X, np.log(prior)))
+        return out if self.recurrent is None else self.recurrent.apply(out, X, mode)
 
     def predict_ms(self, X: np.ndarray, groups: np.ndarray, mode: str, scale: float) -> np.ndarray:
         """In-network dispatch ms on a host ``scale`` x slower than the reference."""

@@ -108,6 +108,9 @@ def build_manifest(p: Prepared, cfg: TrainConfig, final: dict[str, Routed], corr
                             "HostProfile.dispatch_scale(reference) ** host_exponent, per mode "
                             "(gpurec.model.host_model.NetworkCalibration)"},
         "waiting_power": waiting,
+        # cuDNN LSTM/GRU GPU time: steps x time per step (gpurec.model.recurrent), fitted on all rows
+        "recurrent_time": final["time"].override.as_dict() if getattr(final["time"], "override", None) else None,
+        "recurrent_power": final["power"].override.as_dict() if getattr(final["power"], "override", None) else None,
         "ranges": {"features": list(cfg.feature.range_features), "tolerance": cfg.feature.range_tolerance,
                    "by_mode_kind": ranges(p, cfg)},
         "train_config": cfg.as_dict(),

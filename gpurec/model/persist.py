@@ -340,7 +340,10 @@ def check_manifest(manifest: dict[str, Any], model_dir: Path | str, data_root: P
         try:
             from gpurec.model.data import current_data_hash
 
-            digest = current_data_hash(data_root)
+            # the targets as that training chose them (models from before recurrent layers kept their
+            # elapsed time took the in-network kernel sum for them too)
+            elapsed = bool(manifest.get("target_sources", {}).get("recurrent_elapsed", False))
+            digest = current_data_hash(data_root, recurrent_elapsed=elapsed)
             if digest != manifest.get("training_data", {}).get("sha256"):
                 notes.append("the data on disk differs from the data the model was trained on (data hash); "
                              "retrain to use the new rows")

@@ -63,6 +63,7 @@ from gpurec.model.network import (
     waiting_power_w,
 )
 from gpurec.model.persist import check_manifest, default_model_dir, load_boosters, read_manifest
+from gpurec.model.recurrent import RecurrentHost, RecurrentPower, RecurrentTime
 from gpurec.model.rowmemo import RowMemo
 from gpurec.model.timeline import bound_of, simulate
 from gpurec.ops.coverage import warn_if_low, warn_unmeasured_precision
@@ -386,6 +387,13 @@ class Predictor:
         # Precisions with measured rows in the training data (models trained before precision
         # existed saw fp32 only).
         self.precisions_measured: tuple[str, ...] = tuple(manifest.get("precisions_measured", ["fp32"]))
+        # cuDNN LSTM/GRU time from their sequential structure (None: models trained before it,
+        # whose boosters predict recurrent layers themselves)
+        self.recurrent: RecurrentTime | None = RecurrentTime.from_dict(manifest.get("recurrent_time"),
+                                                                       self.builder.feature_names)
+        self.host_model.recurrent = RecurrentHost.from_dict(manifest.get("recurrent_host"), self.builder.feature_names)
+        self.recurrent_power: RecurrentPower | None = RecurrentPower.from_dict(manifest.get("recurrent_power"),
+                                                                               self.builder.feature_names)
         self.crossgpu: CrossGPUModel | None = load_crossgpu(self.model_dir)
         # fitted peak-memory terms (models/memory.json); None: the analytic lower bound alone
         self.memory_fit: MemoryFit | None = load_memory_fit(self.model_dir)
@@ -569,16 +577,18 @@ class Predictor:
         distinct = block if rows is None else block.take(rows)
         spread = (lambda a: a) if inverse is None else (lambda a: a[inverse])
         feats = self.builder.build(distinct, hw[None, :])
-        w = spread(np.exp(self._boosters["power"][mode].predict(masked(feats.X, self._masks["power"]),
-                                                                 feats.margin_power)))
+        Xw = masked(feats.X, self._masks["power"])
+        log_w = self._boosters["power"][mode].predict(Xw, feats.margin_power)
+        if self.recurrent_power is not None:
+            log_w = self.recurrent_power.apply(log_w, Xw, mode)
+        w = spread(np.exp(log_w))
         offsets = np.cumsum([0, *(len(e.block) for e, _ in entries)])
         idle_w, limit_w = self._power_bounds(nvml)
         groups = self.builder.group_index(distinct.kinds)
         classes = power_class(spread(groups), block.column("groups"))
         anchor = self.cross_anchor(nvml)
         if anchor is None:
-            t = spread(np.exp(self._boosters["time"][mode].predict(masked(feats.X, self._masks["time"]),
-                                                                    feats.margin_time)))
+            t = spread(np.exp(self._time_log_ms(feats, mode)))
             hit = np.zeros(len(t), dtype=bool)
             if self.lookup is not None:
                 t, w, hit = self.lookup.apply(t, w, block.signatures, nvml, mode)
@@ -636,6 +646,12 @@ class Predictor:
             out.append(est)
         return out
 
+    def _time_log_ms(self, feats: Any, mode: str) -> np.ndarray:
+        """log GPU time (ms) per feature row: the time booster, recurrent layers by their own model."""
+        X = masked(feats.X, self._masks["time"])
+        log_t = self._boosters["time"][mode].predict(X, feats.margin_time)
+        return log_t if self.recurrent is None else self.recurrent.apply(log_t, X, mode)
+
     def _cross_time(self, distinct: OpBlock, spread: Any, block: OpBlock, offsets: np.ndarray, mode: str,
                     nvml: str, anchor: str, w: np.ndarray, power: tuple[Any, float, float] | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, Any]:
@@ -646,8 +662,7 @@ class Predictor:
         this GPU's own."""
         a_nvml, a_hw = self._gpu(anchor)
         feats_a = self.builder.build(distinct, a_hw[None, :])
-        t_a = spread(np.exp(self._boosters["time"][mode].predict(masked(feats_a.X, self._masks["time"]),
-                                                                  feats_a.margin_time)))
+        t_a = spread(np.exp(self._time_log_ms(feats_a, mode)))
         hit_a = np.zeros(len(t_a), dtype=bool)
         if self.lookup is not None:
             t_a, _, hit_a = self.lookup.apply(t_a, np.ones_like(t_a), block.signatures, a_nvml, mode)

@@ -184,6 +184,9 @@ class Routed(_Params):
         self.min_rows = min_rows
         self.models_: dict[str, Any] = {}  # mode or "all" -> regressor
         self.route_: dict[str, str] = {}  # mode -> key in models_
+        # a model replacing some rows' predictions (gpurec.model.recurrent.RecurrentTime for the
+        # time target): its apply(log_pred, X, modes) is called after the regressors
+        self.override: Any = None
 
     @property
     def models(self) -> dict[str, Any]:  # the names persist.py reads
@@ -220,4 +223,4 @@ class Routed(_Params):
             sel = modes == m
             if sel.any():
                 out[sel] = self.models_[self.route_[m]].predict(X[sel], margin[sel])
-        return out
+        return out if self.override is None else self.override.apply(out, X, modes)

@@ -31,16 +31,19 @@ import numpy as np
 from gpurec.model._sets import MODES
 from gpurec.model.config import TARGETS, TrainConfig
 from gpurec.model.data import current_data_hash, prepare
+from gpurec.model.evaluate import arch_of
 from gpurec.model.features import MeasuredLookup, monotone_constraints
 from gpurec.model.host_model import fit_host_model
 from gpurec.model.manifest import build_manifest
 from gpurec.model.network import fit_waiting_power
 from gpurec.model.provenance import dumps, library_versions
+from gpurec.model.recurrent_fit import fit_recurrent_host
 from gpurec.model.tuning import auto_nthread, tune_xgboost
 from gpurec.model.validation import (
     GPU_TARGETS,
     Suite,
     fit_host_calibration,
+    fit_recurrent_rows,
     grouped_kfold,
     host_side_ratios,
     leave_one_family_out,
@@ -159,7 +162,12 @@ def train(data_root: Path | str | None = None, out_dir: Path | str = "models", t
     # -- final models ---------------------------------------------------------------------------
     log("final models on all rows")
     final = suite.fit("xgboost", p, np.arange(n_rows))
+    (_, report["recurrent_time"]), (_, report["recurrent_power"]) = fit_recurrent_rows(p, np.arange(n_rows))
     host, host_routed, report["host_dispatch"] = fit_host_model(p, cfg, log)
+    host_keys = p.ops["set_key"].to_numpy()[p.host_rows]
+    host.recurrent, report["recurrent_host"] = fit_recurrent_host(
+        p.X["host"][p.host_rows], p.host_y, p.modes[p.host_rows], [arch_of(str(k)) for k in host_keys],
+        p.builder.feature_names)
     host_inputs = network_host_inputs(p, final, host)
     host.calibration, report["host_dispatch"]["network_calibration"] = fit_host_calibration(p, host_inputs, log)
     host_band = _host_band(host_side_ratios(host_inputs, host), cfg)
@@ -179,6 +187,7 @@ def train(data_root: Path | str | None = None, out_dir: Path | str = "models", t
     models = dict(final) | ({"host": host_routed} if host_routed is not None else {})
     manifest = build_manifest(p, cfg, models, correction, band, band_source, report, gpus_measured,
                               band_unmeasured, report["host_dispatch"], waiting, host_band)
+    manifest["recurrent_host"] = host.recurrent.as_dict() if host.recurrent is not None else None
     save_model(Path(out_dir), models, manifest, report, lookup)
     log(f"saved to {out_dir} in {report['seconds']:.0f} s (host dispatch: {host.kind})")
     return report

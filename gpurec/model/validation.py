@@ -16,7 +16,7 @@ from gpurec.catalog import resolve_gpu
 from gpurec.model._sets import MODES, dataset_arch_names
 from gpurec.model.config import TrainConfig
 from gpurec.model.data import Prepared
-from gpurec.model.evaluate import breakdown, family, grouped_folds
+from gpurec.model.evaluate import arch_of, breakdown, family, grouped_folds
 from gpurec.model.features import MeasuredLookup, monotone_constraints
 from gpurec.model.network import (
     POWER_VARIANTS,
@@ -30,6 +30,8 @@ from gpurec.model.network import (
     free_kernel_free,
     power_class,
 )
+from gpurec.model.recurrent import RecurrentPower, RecurrentTime
+from gpurec.model.recurrent_fit import fit_recurrent, fit_recurrent_power
 from gpurec.model.regressors import ForestModel, RooflineLinearModel, Routed, XGBModel
 
 GPU_TARGETS = ("time", "power")
@@ -61,7 +63,20 @@ class Suite:
                     return RooflineLinearModel()
             out[target] = Routed(factory, cfg.min_rows_per_mode).fit(
                 p.X[target][rows], p.y[target][rows], p.margin[target][rows], p.modes[rows], feature_names=self.names)
+        # cuDNN recurrent layers take the sequential-chain model fitted on these rows only, so
+        # out-of-fold sums never see the held-out architectures' recurrent rows
+        (out["time"].override, _), (out["power"].override, _) = fit_recurrent_rows(p, rows)
         return out
+
+
+def fit_recurrent_rows(p: Prepared, rows: np.ndarray) -> tuple[tuple[RecurrentTime | None, dict[str, Any]],
+                                                                tuple[RecurrentPower | None, dict[str, Any]]]:
+    """gpurec.model.recurrent_fit's time and power models on the selected operation rows
+    (architectures as groups), each with its report."""
+    groups = [arch_of(str(k)) for k in p.ops["set_key"].to_numpy()[rows]]
+    names = p.builder.feature_names
+    return (fit_recurrent(p.X["time"][rows], p.y["time"][rows], p.modes[rows], groups, names),
+            fit_recurrent_power(p.X["power"][rows], p.y["power"][rows], p.modes[rows], groups, names))
 
 
 def predict_ops(models: dict[str, Routed], p: Prepared, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -415,8 +415,29 @@ def _trace(root: nn.Module, n_inputs: int = 1) -> _Traced:
         if "control flow" in str(exc):
             hint = (" (forward branches with if/while on a tensor or its shape; extraction sees shapes, never "
                     "values: move the branch out of forward or make it a constant attribute)")
-        raise ExtractionError(f"torch.fx could not trace {type(root).__name__}: {exc}{hint}") from exc
+        raise _TraceFailed(f"torch.fx could not trace {type(root).__name__}: {exc}{hint}") from exc
     return _Traced(root, graph)
+
+
+class _TraceFailed(ExtractionError):
+    """torch.fx could not trace the forward (the capture on concrete shapes may still)."""
+
+
+def _trace_or_record(root: nn.Module, inputs: list[torch.Tensor]) -> _Traced:
+    """torch.fx's graph of ``root``, or, where fx fails (Python that uses a shape as a number),
+    the same graph recorded while forward runs on the meta ``inputs`` (gpurec.ops.capture).
+    The fallback runs only then: tracing stays the fast path."""
+    try:
+        return _trace(root, len(inputs))
+    except _TraceFailed as fx_failed:
+        from gpurec.ops.capture import ValueDependentControlFlow, record
+
+        try:
+            return record(root, inputs)
+        except ValueDependentControlFlow:
+            raise
+        except ExtractionError as exc:
+            raise ExtractionError(f"{fx_failed}; running forward on meta tensors failed too: {exc}") from exc
 
 
 # --------------------------------------------------------------------------------------------
@@ -841,7 +862,7 @@ def _extract_operations(model: str | nn.Module, input_shape: Sequence[int] | Non
             # Operations keep their modules as sources: work on a meta copy, never on the caller's.
             name, meta = resolve_model(model)
             meta.train(training)
-            traced = _trace(meta, len(inputs))
+            traced = _trace_or_record(meta, inputs)
         else:
             # Fast path (prediction): trace the caller's module in place; when interpreted, a
             # leaf that has to run does so with its own tensors swapped to meta, and parameters
@@ -851,7 +872,7 @@ def _extract_operations(model: str | nn.Module, input_shape: Sequence[int] | Non
             # flag while interpreted, so the mode holds throughout.
             name = type(model).__name__
             scope.enter_context(_in_mode(model, training))
-            traced = _trace(model, len(inputs))
+            traced = _trace_or_record(model, inputs)
         try:
             if precision == DEFAULT_PRECISION:
                 ops, _ = _interpret(traced, inputs, compute, training, keep_sources)

@@ -1,0 +1,283 @@
+"""GPU time of a whole cuDNN recurrent layer (nn.LSTM / nn.GRU) from its sequential structure.
+
+Why: cuDNN runs an LSTM or GRU one timestep after another (the recurrent product of step t
+needs the hidden state of step t-1), so at the batch sizes sequence models use its time is
+``sequential steps x time per step``, a latency-bound chain; the FLOP roofline the boosters
+start from is far below it (a held-out 2-layer bidirectional GRU at batch 8 x 384 tokens was
+predicted 7x too fast).  Trees on roofline features cannot extrapolate a time that grows with
+``seq_len x layers`` to sequences, depths and widths they never saw; this model can.
+
+    time_ms = steps x exp(c0 + sum_k c_k * term_k)
+
+* ``steps``: the chain length, seq_len x (1 + a (layers - 1)) x (1 + b (directions - 1)).
+  ``a`` (layer share) is how much of a step each further unidirectional layer adds: 1 when
+  layers run one after another, 0 when they are fully pipelined (layer l runs step t while
+  layer l-1 runs step t+1); a bidirectional layer cannot pipeline (its backward direction needs
+  the whole sequence of the layer below), so there a = 1.  ``b`` (direction share) is 1 when
+  the two directions run one after the other, 0 when they run at once on two streams.
+* ``term_k``: how one step's time grows with its work: log batch, log hidden size, (log batch)^2
+  (cuDNN switches from persistent to per-step kernels as the batch grows), or log FLOPs and
+  log weight bytes of one step's recurrent product (gates x hidden x hidden).
+
+The form (steps and terms) is chosen per mode by leave-one-architecture-out error on the
+training architectures' recurrent rows only (gpurec.model.recurrent_fit), and the coefficients
+are refitted on all of them.  Everything is read from the time feature matrix, so the same
+code serves training (out-of-fold network sums) and prediction.  Only fp32/TF32 float32
+operations of the kinds the fit saw are replaced; others keep the boosters' prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+GATES: dict[str, float] = {"LSTM": 4.0, "GRU": 3.0, "RNN": 1.0}
+SHARES: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # the layer and direction shares tried
+TERMS: tuple[str, ...] = ("log_batch", "log_batch_sq", "log_hidden", "log_step_flops", "log_step_weight_bytes")
+_COLUMNS = ("batch", "seq_len", "embed_dim", "out_features", "num_heads", "element_bytes", "math_mode",
+            "mode_training")
+
+
+@dataclass(frozen=True)
+class ModeFit:
+    """One mode's fitted form: chain length (layer and direction shares), per-step terms and their
+    coefficients (intercept first)."""
+
+    layer_share: float
+    direction_share: float
+    terms: tuple[str, ...]
+    coef: tuple[float, ...]
+    loao_mape: float  # leave-one-architecture-out MAPE of the chosen form on the training rows
+    rows: int
+    kinds: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"layer_share": self.layer_share, "direction_share": self.direction_share, "terms": list(self.terms), "coef": list(self.coef),
+                "loao_mape": self.loao_mape, "rows": self.rows, "kinds": list(self.kinds)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModeFit:
+        return cls(float(d["layer_share"]), float(d["direction_share"]), tuple(d["terms"]), tuple(float(c) for c in d["coef"]), float(d["loao_mape"]),
+                   int(d["rows"]), tuple(d["kinds"]))
+
+
+@dataclass(frozen=True)
+class RecurrentShape:
+    """Per row of a feature matrix: the recurrent layer's structure (NaN-free where ``mask``)."""
+
+    mask: np.ndarray  # recurrent kind, float32 element, fp32/TF32 arithmetic, shapes known
+    gates: np.ndarray
+    batch: np.ndarray
+    seq_len: np.ndarray
+    hidden: np.ndarray
+    directions: np.ndarray
+    layers: np.ndarray
+    element_bytes: np.ndarray
+    training: np.ndarray
+
+
+def recurrent_shape(X: np.ndarray, feature_names: Sequence[str], kinds: Sequence[str] = tuple(GATES)
+                    ) -> RecurrentShape:
+    """The recurrent structure of each row of ``X`` (gpurec.ops.features puts a whole cuDNN layer
+    into the common features: embed_dim = hidden size, out_features = hidden x directions,
+    num_heads = layers x directions)."""
+    names = list(feature_names)
+    n = len(X)
+    gates = np.zeros(n)
+    for kind in kinds:
+        col = f"kind={kind}"
+        if col in names:
+            gates = np.where(X[:, names.index(col)] > 0.5, GATES[kind], gates)
+    if not all(c in names for c in _COLUMNS):
+        gates = np.zeros(n)
+        cols = {c: np.ones(n) for c in _COLUMNS}
+    else:
+        cols = {c: X[:, names.index(c)].astype(np.float64) for c in _COLUMNS}
+    hidden = cols["embed_dim"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        directions = np.where(hidden > 0, np.rint(cols["out_features"] / hidden), 0.0)
+        layers = np.where(directions > 0, np.rint(cols["num_heads"] / np.maximum(directions, 1.0)), 0.0)
+    mask = ((gates > 0) & (cols["batch"] >= 1) & (cols["seq_len"] >= 1) & (hidden >= 1) & (directions >= 1)
+            & (layers >= 1) & (cols["element_bytes"] == 4.0) & (cols["math_mode"] <= 1.0))
+    return RecurrentShape(mask, gates, cols["batch"], cols["seq_len"], hidden, directions, layers,
+                          cols["element_bytes"], cols["mode_training"] > 0.5)
+
+
+def chain_steps(s: RecurrentShape, layer_share: float, direction_share: float) -> np.ndarray:
+    """Sequential steps of the layer (see the module docstring)."""
+    a = np.where(s.directions > 1, 1.0, layer_share)
+    return s.seq_len * (1.0 + a * (s.layers - 1.0)) * (1.0 + direction_share * (s.directions - 1.0))
+
+
+def step_terms(s: RecurrentShape, terms: Sequence[str]) -> np.ndarray:
+    """Design matrix (intercept first) of the per-step terms."""
+    b = np.log(np.maximum(s.batch, 1.0))
+    h = np.log(np.maximum(s.hidden, 1.0))
+    values = {
+        "log_batch": b,
+        "log_batch_sq": b * b,
+        "log_hidden": h,
+        "log_step_flops": np.log(np.maximum(2.0 * s.batch * s.gates * s.hidden * s.hidden, 1.0)),
+        "log_step_weight_bytes": np.log(np.maximum(s.element_bytes * s.gates * s.hidden * s.hidden, 1.0)),
+    }
+    unknown = [t for t in terms if t not in values]
+    if unknown:
+        raise ValueError(f"unknown recurrent terms {unknown}; known: {', '.join(TERMS)}")
+    return np.column_stack([np.ones(len(b)), *(values[t] for t in terms)])
+
+
+def log_time_ms(s: RecurrentShape, fit: ModeFit) -> np.ndarray:
+    """log(time_ms) of every row under ``fit`` (meaningful where ``s.mask``)."""
+    steps = np.maximum(chain_steps(s, fit.layer_share, fit.direction_share), 1.0)
+    return np.log(steps) + step_terms(s, fit.terms) @ np.asarray(fit.coef)
+
+
+class RecurrentTime:
+    """Fitted per-mode recurrent time models over a frozen feature-name list."""
+
+    def __init__(self, fits: dict[str, ModeFit], feature_names: Sequence[str]) -> None:
+        self.fits = dict(fits)
+        self.feature_names = list(feature_names)
+        kinds = {k for f in self.fits.values() for k in f.kinds}
+        self._kinds = tuple(k for k in GATES if k in kinds)
+        self._kind_cols = [self.feature_names.index(f"kind={k}") for k in self._kinds
+                           if f"kind={k}" in self.feature_names]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": "steps x exp(per-step terms)", "by_mode": {m: f.as_dict() for m, f in self.fits.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None, feature_names: Sequence[str]) -> RecurrentTime | None:
+        """None when the models were trained without it (their boosters predict recurrent layers)."""
+        if not d or not d.get("by_mode"):
+            return None
+        return cls({m: ModeFit.from_dict(f) for m, f in d["by_mode"].items()}, feature_names)
+
+    def apply(self, log_t: np.ndarray, X: np.ndarray, modes: str | np.ndarray) -> np.ndarray:
+        """``log_t`` (log ms per row of ``X``) with the recurrent rows replaced by this model."""
+        if not self._kind_cols or not len(X):
+            return log_t
+        candidate = X[:, self._kind_cols].max(axis=1) > 0.5  # the cheap test first: most rows are not recurrent
+        if not candidate.any():
+            return log_t
+        rows = np.flatnonzero(candidate)
+        s = recurrent_shape(X[rows], self.feature_names, self._kinds)
+        out = np.array(log_t, dtype=np.float64, copy=True)
+        mode_of = np.full(len(rows), modes, dtype=object) if isinstance(modes, str) else np.asarray(modes)[rows]
+        for mode, fit in self.fits.items():
+            sel = s.mask & (mode_of == mode)
+            if sel.any():
+                out[rows[sel]] = log_time_ms(take_rows(s, sel), fit)
+        return out
+
+
+def take_rows(s: RecurrentShape, sel: np.ndarray) -> RecurrentShape:
+    return RecurrentShape(*(getattr(s, f)[sel] for f in RecurrentShape.__dataclass_fields__))
+
+
+@dataclass(frozen=True)
+class PowerFit:
+    """One mode's recurrent power: log(power / TDP) = coef . (1, terms)."""
+
+    terms: tuple[str, ...]
+    coef: tuple[float, ...]
+    loao_mape: float
+    rows: int
+    kinds: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"terms": list(self.terms), "coef": list(self.coef), "loao_mape": self.loao_mape, "rows": self.rows,
+                "kinds": list(self.kinds)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PowerFit:
+        return cls(tuple(d["terms"]), tuple(float(c) for c in d["coef"]), float(d["loao_mape"]), int(d["rows"]),
+                   tuple(d["kinds"]))
+
+
+class RecurrentPower:
+    """Board power of a cuDNN recurrent layer as a share of the GPU's TDP, from its batch and
+    hidden size.  Why: a latency-bound chain keeps most SMs idle (170-300 W on an H100 below
+    batch 32, 300-580 W at 128), which the power booster, fitted mostly on throughput-bound
+    operations, over-predicted by 70% for a held-out bidirectional GRU."""
+
+    def __init__(self, fits: dict[str, PowerFit], feature_names: Sequence[str]) -> None:
+        self.fits = dict(fits)
+        self.feature_names = list(feature_names)
+        kinds = {k for f in self.fits.values() for k in f.kinds}
+        self._kinds = tuple(k for k in GATES if k in kinds)
+        self._kind_cols = [self.feature_names.index(f"kind={k}") for k in self._kinds
+                           if f"kind={k}" in self.feature_names]
+        self._tdp_col = self.feature_names.index("hw_tdp_w") if "hw_tdp_w" in self.feature_names else -1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": "log(power / TDP) linear in per-step terms", "by_mode": {m: f.as_dict()
+                                                                                 for m, f in self.fits.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None, feature_names: Sequence[str]) -> RecurrentPower | None:
+        if not d or not d.get("by_mode"):
+            return None
+        return cls({m: PowerFit.from_dict(f) for m, f in d["by_mode"].items()}, feature_names)
+
+    def apply(self, log_w: np.ndarray, X: np.ndarray, modes: str | np.ndarray) -> np.ndarray:
+        """``log_w`` (log W per row of the power feature matrix ``X``) with recurrent rows replaced."""
+        if not self._kind_cols or self._tdp_col < 0 or not len(X):
+            return log_w
+        candidate = X[:, self._kind_cols].max(axis=1) > 0.5
+        if not candidate.any():
+            return log_w
+        rows = np.flatnonzero(candidate)
+        s = recurrent_shape(X[rows], self.feature_names, self._kinds)
+        tdp = X[rows, self._tdp_col].astype(np.float64)
+        out = np.array(log_w, dtype=np.float64, copy=True)
+        mode_of = np.full(len(rows), modes, dtype=object) if isinstance(modes, str) else np.asarray(modes)[rows]
+        for mode, fit in self.fits.items():
+            sel = s.mask & (mode_of == mode) & (tdp > 0)
+            if sel.any():
+                out[rows[sel]] = np.log(tdp[sel]) + step_terms(take_rows(s, sel), fit.terms) @ np.asarray(fit.coef)
+        return out
+
+
+class RecurrentHost:
+    """Host dispatch of a cuDNN recurrent layer on the reference host: ``a_ms + b_ms x steps``
+    with steps = seq_len x layers x directions.  Why: cuDNN enqueues a few kernels for every
+    step of every layer and direction from the host (15-45 us per step in inference, 45-120 us
+    in training on the collection hosts), so eager time grows with the sequence far beyond
+    the GPU time, which per-operation host boosters did not extrapolate."""
+
+    def __init__(self, fits: dict[str, dict[str, Any]], feature_names: Sequence[str]) -> None:
+        self.fits = {m: dict(f) for m, f in fits.items()}
+        self.feature_names = list(feature_names)
+        kinds = {k for f in self.fits.values() for k in f["kinds"]}
+        self._kinds = tuple(k for k in GATES if k in kinds)
+        self._kind_cols = [self.feature_names.index(f"kind={k}") for k in self._kinds
+                           if f"kind={k}" in self.feature_names]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": "a_ms + b_ms x seq_len x layers x directions", "by_mode": self.fits}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None, feature_names: Sequence[str]) -> RecurrentHost | None:
+        if not d or not d.get("by_mode"):
+            return None
+        return cls(d["by_mode"], feature_names)
+
+    def apply(self, ms: np.ndarray, X: np.ndarray, mode: str) -> np.ndarray:
+        """``ms`` (reference-host dispatch per row of the host feature matrix ``X``) with recurrent
+        rows replaced."""
+        fit = self.fits.get(mode)
+        if fit is None or not self._kind_cols or not len(X):
+            return ms
+        candidate = X[:, self._kind_cols].max(axis=1) > 0.5
+        if not candidate.any():
+            return ms
+        rows = np.flatnonzero(candidate)
+        s = recurrent_shape(X[rows], self.feature_names, self._kinds)
+        out = np.array(ms, dtype=np.float64, copy=True)
+        steps = chain_steps(s, 1.0, 1.0)
+        out[rows[s.mask]] = float(fit["a_ms"]) + float(fit["b_ms"]) * steps[s.mask]
+        return out

@@ -1,0 +1,169 @@
+"""Fitting gpurec.model.recurrent's per-mode recurrent time model (training side).
+
+The candidates are a few physical forms (chain length x per-step terms); each mode keeps the
+one with the lowest leave-one-architecture-out error on the training architectures' recurrent
+rows, refitted on all of them.  Least squares in log space: the error that matters is relative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from gpurec.model.recurrent import (
+    GATES,
+    SHARES,
+    ModeFit,
+    PowerFit,
+    RecurrentHost,
+    RecurrentPower,
+    RecurrentShape,
+    RecurrentTime,
+    chain_steps,
+    log_time_ms,
+    recurrent_shape,
+    step_terms,
+    take_rows,
+)
+
+# Per-step term sets tried, simplest first (a tie keeps the simpler one).
+TERM_SETS: tuple[tuple[str, ...], ...] = (
+    ("log_batch", "log_hidden"),
+    ("log_step_flops", "log_step_weight_bytes"),
+    ("log_batch", "log_batch_sq", "log_hidden"),
+)
+MIN_ROWS = 12
+MIN_GROUPS = 3
+_RIDGE = 1e-6
+
+
+def _solve(s: RecurrentShape, log_t: np.ndarray, shares: tuple[float, float], terms: tuple[str, ...]) -> np.ndarray:
+    D = step_terms(s, terms)
+    y = log_t - np.log(np.maximum(chain_steps(s, *shares), 1.0))
+    return np.linalg.solve(D.T @ D + _RIDGE * np.eye(D.shape[1]), D.T @ y)
+
+
+def _loao_mape(s: RecurrentShape, log_t: np.ndarray, groups: np.ndarray, shares: tuple[float, float],
+               terms: tuple[str, ...], kinds: tuple[str, ...]) -> float:
+    errs = []
+    for g in np.unique(groups):
+        test = groups == g
+        coef = _solve(take_rows(s, ~test), log_t[~test], shares, terms)
+        fit = ModeFit(*shares, terms, tuple(coef), 0.0, 0, kinds)
+        errs.append(np.abs(np.exp(log_time_ms(take_rows(s, test), fit) - log_t[test]) - 1.0))
+    return float(np.mean(np.concatenate(errs)))
+
+
+def fit_recurrent(X: np.ndarray, log_t: np.ndarray, modes: np.ndarray, groups: Sequence[Any],
+                  feature_names: Sequence[str]) -> tuple[RecurrentTime | None, dict[str, Any]]:
+    """The recurrent time model from rows of the time feature matrix ``X`` with targets ``log_t``
+    (log ms; host-free elapsed time, not the in-network kernel sum: cuDNN runs layers and
+    directions on concurrent streams).  ``groups`` are the rows' architectures.  Returns the
+    model (None when no mode has at least MIN_ROWS recurrent rows from MIN_GROUPS architectures)
+    and a report of every candidate's error."""
+    s_all = recurrent_shape(X, feature_names)
+    modes = np.asarray(modes).astype(str)
+    groups_arr = np.asarray([str(g) for g in groups])
+    names = list(feature_names)
+    report: dict[str, Any] = {"candidates": {}, "chosen": {}, "rows": {}}
+    fits: dict[str, ModeFit] = {}
+    for mode in sorted(set(modes.tolist())):
+        sel = s_all.mask & (modes == mode) & np.isfinite(log_t)
+        n, n_groups = int(sel.sum()), len(set(groups_arr[sel].tolist()))
+        report["rows"][mode] = {"rows": n, "architectures": n_groups}
+        if n < MIN_ROWS or n_groups < MIN_GROUPS:
+            continue
+        s, y, g = take_rows(s_all, sel), np.asarray(log_t, dtype=np.float64)[sel], groups_arr[sel]
+        kinds = tuple(k for k in GATES if f"kind={k}" in names and (X[sel, names.index(f"kind={k}")] > 0.5).any())
+        scores: dict[str, float] = {}
+        best: tuple[float, tuple[float, float], tuple[str, ...]] | None = None
+        for shares in ((a, b) for a in SHARES for b in SHARES):
+            for terms in TERM_SETS:
+                mape = _loao_mape(s, y, g, shares, terms, kinds)
+                scores[f"layers {shares[0]:g}, directions {shares[1]:g}|{'+'.join(terms)}"] = mape
+                if best is None or mape < best[0] - 1e-3:
+                    best = (mape, shares, terms)
+        assert best is not None
+        mape, shares, terms = best
+        coef = tuple(float(c) for c in _solve(s, y, shares, terms))
+        fits[mode] = ModeFit(*shares, terms, coef, mape, n, kinds)
+        report["candidates"][mode] = scores
+        report["chosen"][mode] = fits[mode].as_dict()
+    return (RecurrentTime(fits, feature_names) if fits else None), report
+
+
+POWER_TERMS: tuple[str, ...] = ("log_batch", "log_hidden")
+
+
+def fit_recurrent_power(X: np.ndarray, log_w: np.ndarray, modes: np.ndarray, groups: Sequence[Any],
+                        feature_names: Sequence[str]) -> tuple[RecurrentPower | None, dict[str, Any]]:
+    """gpurec.model.recurrent.RecurrentPower from rows of the power feature matrix ``X`` (it
+    carries ``hw_tdp_w``) and their log power; same row and architecture minimums as the time."""
+    names = list(feature_names)
+    report: dict[str, Any] = {"terms": list(POWER_TERMS), "chosen": {}, "rows": {}}
+    if "hw_tdp_w" not in names:
+        return None, report
+    s_all = recurrent_shape(X, names)
+    y_all = np.asarray(log_w, dtype=np.float64) - np.log(np.maximum(X[:, names.index("hw_tdp_w")], 1e-9))
+    modes = np.asarray(modes).astype(str)
+    groups_arr = np.asarray([str(g) for g in groups])
+    fits: dict[str, PowerFit] = {}
+    for mode in sorted(set(modes.tolist())):
+        sel = s_all.mask & (modes == mode) & np.isfinite(y_all)
+        n, n_groups = int(sel.sum()), len(set(groups_arr[sel].tolist()))
+        report["rows"][mode] = {"rows": n, "architectures": n_groups}
+        if n < MIN_ROWS or n_groups < MIN_GROUPS:
+            continue
+        s, y, g = take_rows(s_all, sel), y_all[sel], groups_arr[sel]
+        kinds = tuple(k for k in GATES if f"kind={k}" in names and (X[sel, names.index(f"kind={k}")] > 0.5).any())
+
+        def solve(rows: np.ndarray, s: RecurrentShape = s, y: np.ndarray = y) -> np.ndarray:
+            D = step_terms(take_rows(s, rows), POWER_TERMS)
+            return np.linalg.solve(D.T @ D + _RIDGE * np.eye(D.shape[1]), D.T @ y[rows])
+
+        errs = [np.abs(np.exp(step_terms(take_rows(s, g == a), POWER_TERMS) @ solve(g != a) - y[g == a]) - 1.0)
+                for a in np.unique(g)]
+        mape = float(np.mean(np.concatenate(errs)))
+        fits[mode] = PowerFit(POWER_TERMS, tuple(float(c) for c in solve(np.ones(n, dtype=bool))), mape, n, kinds)
+        report["chosen"][mode] = fits[mode].as_dict()
+    return (RecurrentPower(fits, names) if fits else None), report
+
+
+def fit_recurrent_host(X: np.ndarray, log_ms: np.ndarray, modes: np.ndarray, groups: Sequence[Any],
+                       feature_names: Sequence[str]) -> tuple[RecurrentHost | None, dict[str, Any]]:
+    """gpurec.model.recurrent.RecurrentHost from rows of the host feature matrix ``X`` and their
+    log dispatch on the reference host; least squares in relative error, both terms >= 0."""
+    names = list(feature_names)
+    s_all = recurrent_shape(X, names)
+    modes = np.asarray(modes).astype(str)
+    groups_arr = np.asarray([str(g) for g in groups])
+    y_all = np.exp(np.asarray(log_ms, dtype=np.float64))
+    report: dict[str, Any] = {"chosen": {}, "rows": {}}
+    fits: dict[str, dict[str, Any]] = {}
+    for mode in sorted(set(modes.tolist())):
+        sel = s_all.mask & (modes == mode) & np.isfinite(y_all) & (y_all > 0)
+        n, n_groups = int(sel.sum()), len(set(groups_arr[sel].tolist()))
+        report["rows"][mode] = {"rows": n, "architectures": n_groups}
+        if n < MIN_ROWS or n_groups < MIN_GROUPS:
+            continue
+        steps, y, g = chain_steps(take_rows(s_all, sel), 1.0, 1.0), y_all[sel], groups_arr[sel]
+
+        def solve(rows: np.ndarray, steps: np.ndarray = steps, y: np.ndarray = y) -> tuple[float, float]:
+            D = np.column_stack([np.ones(int(rows.sum())), steps[rows]]) / y[rows, None]
+            a, b = np.linalg.lstsq(D, np.ones(int(rows.sum())), rcond=None)[0]
+            if a < 0:  # a negative constant is not physical: the per-step term alone
+                a, b = 0.0, float(np.sum(steps[rows] / y[rows]) / np.sum((steps[rows] / y[rows]) ** 2))
+            return float(a), max(float(b), 0.0)
+
+        errs = []
+        for a_group in np.unique(g):
+            a, b = solve(g != a_group)
+            errs.append(np.abs((a + b * steps[g == a_group]) / y[g == a_group] - 1.0))
+        a, b = solve(np.ones(n, dtype=bool))
+        kinds = [k for k in GATES if f"kind={k}" in names and (X[sel, names.index(f"kind={k}")] > 0.5).any()]
+        fits[mode] = {"a_ms": a, "b_ms": b, "loao_mape": float(np.mean(np.concatenate(errs))), "rows": n,
+                      "kinds": kinds}
+        report["chosen"][mode] = fits[mode]
+    return (RecurrentHost(fits, names) if fits else None), report

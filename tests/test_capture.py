@@ -1,0 +1,183 @@
+"""Capture on concrete shapes (gpurec.ops.capture): the fallback when torch.fx cannot trace."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpurec.ops import extract as extract_mod
+from gpurec.ops import extract_operations
+from gpurec.ops.extract import ExtractionError
+
+
+class _Block(nn.Module):
+    """Attention written out, positional table sliced to the length, in-place and reflected operators."""
+
+    def __init__(self, d: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.emb = nn.Embedding(100, d)
+        self.pos = nn.Parameter(torch.zeros(1, 64, d))
+        self.qkv = nn.Linear(d, 3 * d)
+        self.norm = nn.LayerNorm(d)
+        self.ff = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.rnn = nn.GRU(d, d, batch_first=True)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        b, s = ids.shape[0], ids.shape[1]
+        x = self.emb(ids) + self.pos[:, :s]
+        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        att = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1]), dim=-1)
+        y = torch.matmul(self.drop(att), v).transpose(1, 2).reshape(b, s, -1)
+        x = x + y
+        x += self.ff(x)
+        x = 2.0 * x - F.relu(x)
+        y, _ = self.rnn(x)
+        return y.mean(dim=1)
+
+
+def _fx_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(root: nn.Module, n_inputs: int = 1) -> None:
+        raise extract_mod._TraceFailed("torch.fx refused (test)")
+
+    monkeypatch.setattr(extract_mod, "_trace", refuse)
+
+
+def _identity(ops: list) -> list:
+    return [(op.kind, op.signature, op.flops, op.flops_bwd, op.output_shapes, op.kernel_free) for op in ops]
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+@pytest.mark.parametrize("keep_sources", [True, False])
+def test_fallback_gives_the_operations_fx_gives(monkeypatch: pytest.MonkeyPatch, mode: str,
+                                                keep_sources: bool) -> None:
+    traced = extract_operations(_Block(), (2, 48), mode=mode, dtype=torch.long, keep_sources=keep_sources)
+    _fx_refused(monkeypatch)
+    recorded = extract_operations(_Block(), (2, 48), mode=mode, dtype=torch.long, keep_sources=keep_sources)
+    assert len(traced) > 15 and _identity(recorded) == _identity(traced)
+
+
+def test_fallback_gives_fx_operations_for_a_torchvision_classifier(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchvision.models import mobilenet_v3_small
+
+    with torch.device("meta"):
+        traced = extract_operations(mobilenet_v3_small(), (2, 3, 96, 96), mode="training")
+        _fx_refused(monkeypatch)
+        recorded = extract_operations(mobilenet_v3_small(), (2, 3, 96, 96), mode="training")
+    assert _identity(recorded) == _identity(traced)
+
+
+class _ShapeBranch(nn.Module):
+    """Python control flow on a shape, which torch.fx cannot trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.short = nn.Linear(16, 8)
+        self.long = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] > 32:
+            x = x[:, :32]
+        for _ in range(x.size(1) // 16):  # a loop whose count is a shape
+            x = x * 0.5
+        return self.long(x) if x.shape[1] >= 32 else self.short(x)
+
+
+def test_a_branch_on_a_shape_is_captured_on_concrete_shapes() -> None:
+    with pytest.raises(ExtractionError):
+        extract_mod._trace(_ShapeBranch())  # torch.fx alone cannot
+    long_ops = extract_operations(_ShapeBranch(), (4, 100, 16))
+    short_ops = extract_operations(_ShapeBranch(), (4, 20, 16))
+    assert [op.kind for op in long_ops] == ["getitem", "mul", "mul", "Linear", "ReLU", "Linear"]
+    assert long_ops[3].input_shapes == [[4, 32, 16]]
+    assert [op.kind for op in short_ops] == ["mul", "Linear"]
+
+
+class _HelperSlice(nn.Module):
+    """A positional table sliced by a helper that turns the length into a Python int."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(1000, 64)
+        self.pos = nn.Parameter(torch.zeros(1, 512, 64))
+        self.head = nn.Linear(64, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        n = int(ids.shape[1])
+        return self.head(self.emb(ids) + self.pos[:, :n])
+
+
+@pytest.mark.parametrize("keep_sources", [True, False])
+def test_a_positional_table_sliced_through_int_is_captured(keep_sources: bool) -> None:
+    ops = extract_operations(_HelperSlice(), (4, 100), mode="training", dtype=torch.long, keep_sources=keep_sources)
+    add = next(op for op in ops if op.kind == "add")
+    assert add.input_shapes == [[4, 100, 64], [1, 100, 64]]
+    assert ops[-1].output_shapes == [[4, 100, 3]]
+
+
+def test_transformer_with_example_inputs_when_fx_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    tr = nn.Transformer(32, 4, 1, 1, 64, batch_first=True)
+    src, tgt = torch.zeros(2, 10, 32), torch.zeros(2, 7, 32)
+    traced = extract_operations(tr, example_inputs=(src, tgt), mode="training")
+    _fx_refused(monkeypatch)
+    recorded = extract_operations(tr, example_inputs=(src, tgt), mode="training")
+    assert _identity(recorded) == _identity(traced)
+    assert recorded[-1].output_shapes == [[2, 7, 32]]
+
+
+def test_a_branch_on_tensor_values_is_a_typed_error() -> None:
+    from gpurec.ops.capture import ValueDependentControlFlow
+
+    class Branchy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.shape[0] > 1 and x.sum() > 0:  # the shape test alone would be fine
+                return self.lin(x)
+            return -x
+
+    with pytest.raises(ValueDependentControlFlow, match=r"values \(__bool__\(\) of a tensor"):
+        extract_operations(Branchy(), (2, 8))
+
+
+def test_a_plain_tensor_attribute_is_a_clear_error() -> None:
+    class Hidden(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.ones(8)  # neither parameter nor buffer
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.shape[1] > 4:  # forces the capture
+                return x * self.scale
+            return x
+
+    with pytest.raises(ExtractionError, match="register_buffer"):
+        extract_operations(Hidden(), (2, 8))
+
+
+class _Act(nn.Module):
+    def __init__(self, act) -> None:  # noqa: ANN001
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 0:  # shape-dependent: only the capture can take it
+            x = self.lin(x)
+        return self.act(x)
+
+
+def test_modules_differing_only_in_a_function_attribute_get_their_own_operations_and_keys() -> None:
+    from gpurec.model.predictor import structure_key
+
+    relu, tanh = _Act(torch.relu), _Act(torch.tanh)
+    assert structure_key(relu) != structure_key(tanh)
+    kinds = [[op.kind for op in extract_operations(m, (4, 16), keep_sources=False)] for m in (relu, tanh)]
+    assert kinds == [["Linear", "relu"], ["Linear", "tanh"]]

@@ -1,0 +1,210 @@
+"""cuDNN recurrent layers timed from their sequential chain (gpurec.model.recurrent)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpurec.model.recurrent import PowerFit, RecurrentPower, RecurrentTime, recurrent_shape
+from gpurec.model.recurrent_fit import fit_recurrent
+
+NAMES = ["batch", "seq_len", "embed_dim", "out_features", "num_heads", "element_bytes", "math_mode",
+         "mode_training", "flops", "kind=LSTM", "kind=GRU", "kind=conv2d"]
+
+
+def _rows(specs: list[tuple[str, int, int, int, int, int]], training: bool = False) -> np.ndarray:
+    """Feature rows (NAMES order) of recurrent layers: (kind, batch, seq, hidden, layers, directions)."""
+    out = []
+    for kind, b, s, h, layers, dirs in specs:
+        out.append([b, s, h, h * dirs, layers * dirs, 4.0, 0.0, float(training), 1e9,
+                    float(kind == "LSTM"), float(kind == "GRU"), 0.0])
+    return np.array(out, dtype=np.float64)
+
+
+def _true_ms(X: np.ndarray, layer_share: float = 0.5, direction_share: float = 0.0) -> np.ndarray:
+    """A known chain: steps as in the module docstring, 2 us x batch^0.1 x (hidden / 256)^0.3 per step."""
+    s = recurrent_shape(X, NAMES)
+    a = np.where(s.directions > 1, 1.0, layer_share)
+    steps = s.seq_len * (1 + a * (s.layers - 1)) * (1 + direction_share * (s.directions - 1))
+    return steps * 2e-3 * s.batch ** 0.1 * (s.hidden / 256) ** 0.3
+
+
+def _training_grid() -> list[tuple[str, int, int, int, int, int]]:
+    archs = [("LSTM", 512, 2, 1), ("LSTM", 1024, 1, 1), ("GRU", 256, 2, 1), ("GRU", 512, 3, 2), ("LSTM", 256, 1, 2)]
+    return [(k, b, s, h, layers, d) for k, h, layers, d in archs for b in (1, 8, 32, 128) for s in (32, 128)]
+
+
+def test_chain_model_recovers_a_known_chain_and_extrapolates() -> None:
+    specs = _training_grid()
+    X = _rows(specs)
+    groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in specs]
+    model, report = fit_recurrent(X, np.log(_true_ms(X)), np.full(len(X), "inference"), groups, NAMES)
+    assert model is not None
+    fit = model.fits["inference"]
+    assert (fit.layer_share, fit.direction_share) == (0.5, 0.0)
+    assert fit.loao_mape < 1e-4 and report["rows"]["inference"] == {"rows": 40, "architectures": 5}
+    # unseen: deeper, longer, wider, bidirectional with two layers
+    unseen = _rows([("LSTM", 8, 384, 768, 3, 1), ("GRU", 64, 384, 384, 2, 2), ("LSTM", 4, 1024, 2048, 4, 1)])
+    got = np.exp(model.apply(np.zeros(len(unseen)), unseen, "inference"))
+    assert got == pytest.approx(_true_ms(unseen), rel=1e-4)
+
+
+def test_only_recurrent_fp32_rows_of_the_fitted_mode_are_replaced() -> None:
+    X = _rows(_training_grid())
+    model, _ = fit_recurrent(X, np.log(_true_ms(X)), np.full(len(X), "inference"),
+                             [str(i % 5) for i in range(len(X))], NAMES)
+    assert model is not None
+    conv = np.zeros((1, len(NAMES)))
+    conv[0, NAMES.index("kind=conv2d")] = 1.0
+    half = _rows([("LSTM", 8, 64, 512, 1, 1)])
+    half[0, NAMES.index("element_bytes")] = 2.0  # a bfloat16 layer: the fp32 fit says nothing about it
+    lstm = _rows([("LSTM", 8, 64, 512, 1, 1)])
+    X2 = np.vstack([conv, half, lstm, lstm])
+    base = np.array([1.0, 2.0, 3.0, 4.0])
+    out = model.apply(base, X2, np.array(["inference", "inference", "inference", "training"]))
+    assert out[[0, 1, 3]] == pytest.approx(base[[0, 1, 3]])  # conv, bf16, a mode without a fit: untouched
+    assert np.exp(out[2]) == pytest.approx(_true_ms(lstm)[0], rel=1e-4)
+
+
+def test_too_few_architectures_give_no_model() -> None:
+    X = _rows(_training_grid()[:16])  # two architectures
+    model, report = fit_recurrent(X, np.log(_true_ms(X)), np.full(len(X), "inference"),
+                                  ["a"] * 8 + ["b"] * 8, NAMES)
+    assert model is None and report["rows"]["inference"]["architectures"] == 2
+
+
+def test_round_trip_through_the_manifest_dict() -> None:
+    X = _rows(_training_grid())
+    model, _ = fit_recurrent(X, np.log(_true_ms(X)), np.full(len(X), "inference"),
+                             [str(i % 5) for i in range(len(X))], NAMES)
+    again = RecurrentTime.from_dict(model.as_dict(), NAMES)
+    assert again is not None and RecurrentTime.from_dict(None, NAMES) is None
+    assert again.apply(np.zeros(len(X)), X, "inference") == pytest.approx(model.apply(np.zeros(len(X)), X,
+                                                                                       "inference"))
+
+
+def test_routed_time_model_applies_its_override() -> None:
+    from gpurec.model.regressors import Routed
+
+    class Flat:
+        def fit(self, X, y, margin, feature_names=None):  # noqa: ANN001, ANN201
+            return self
+
+        def predict(self, X, margin):  # noqa: ANN001, ANN201
+            return np.zeros(len(X))
+
+    X = _rows(_training_grid())
+    r = Routed(Flat, min_rows=1).fit(X, np.zeros(len(X)), np.zeros(len(X)), np.full(len(X), "inference"))
+    assert r.predict(X, np.zeros(len(X)), np.full(len(X), "inference")) == pytest.approx(0.0)
+    r.override, _ = fit_recurrent(X, np.log(_true_ms(X)), np.full(len(X), "inference"),
+                                  [str(i % 5) for i in range(len(X))], NAMES)
+    assert np.exp(r.predict(X, np.zeros(len(X)), np.full(len(X), "inference"))) == pytest.approx(_true_ms(X), rel=1e-4)
+
+
+def test_recurrent_rows_keep_their_elapsed_time_not_the_in_network_kernel_sum() -> None:
+    from gpurec.model.data import with_targets
+
+    ops = pd.DataFrame({
+        "gpu": "NVIDIA H100 80GB HBM3", "mode": "inference", "op_signature": ["lstm1", "lin1"],
+        "set_key": ["lstm_lm_2x512:b8:s32", "lstm_lm_2x512:b8:s32"], "op_kind": ["LSTM", "linear"],
+        "gpu_time_ms": [1.0, 0.2], "gpu_power_w": [200.0, 300.0], "captured": True, "schema": 2,
+        "time_ms": [5.0, 0.3], "power_w": [150.0, 250.0], "host_ms": [4.0, 0.05]})
+    in_net = pd.DataFrame({"gpu": "NVIDIA H100 80GB HBM3", "mode": "inference", "op_signature": ["lstm1", "lin1"],
+                           "set_key": "lstm_lm_2x512:b8:s32", "kernel_ms": [1.45, 0.18]})
+    out, _, info, _ = with_targets(ops, pd.DataFrame(), in_net, "auto", "in_network")
+    t = out.set_index("op_signature")["_t_gpu"]
+    assert t["lstm1"] == pytest.approx(1.0)  # concurrent streams: the kernel sum over-counts
+    assert t["lin1"] == pytest.approx(0.18)  # every other kind takes its in-network time
+    assert info["in_network_rows"] == 1
+    # models trained before it took the kernel sum: their data hash is computed that way
+    old, _, info, _ = with_targets(ops, pd.DataFrame(), in_net, "auto", "in_network", recurrent_elapsed=False)
+    assert old.set_index("op_signature")["_t_gpu"]["lstm1"] == pytest.approx(1.45)
+    assert info["in_network_rows"] == 2 and info["recurrent_elapsed"] is False
+
+
+def test_predictor_scales_a_recurrent_layer_with_its_chain() -> None:
+    """With a recurrent model in the manifest, four times the sequence is four times the layer's time."""
+    import torch
+
+    from gpurec.model import load_predictor
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = load_predictor(check_data=False)
+        names = p.builder.feature_names
+        rows = np.zeros((4, len(names)))
+        for i, (b, s) in enumerate(((8, 32), (8, 128), (64, 32), (64, 128))):
+            for k, v in {"batch": b, "seq_len": s, "embed_dim": 512, "out_features": 512, "num_heads": 2,
+                         "element_bytes": 4, "kind=LSTM": 1}.items():
+                rows[i, names.index(k)] = v
+        model, _ = fit_recurrent(np.vstack([rows] * 3), np.log(np.tile([0.3, 1.2, 0.5, 2.0], 3)),
+                                 np.full(12, "inference"), [str(i // 4) for i in range(12)], names)
+        p.recurrent = model
+        # and its power, 30% of the board's TDP whatever the shape
+        p.recurrent_power = RecurrentPower({"inference": PowerFit(("log_batch", "log_hidden"), (np.log(0.3), 0.0, 0.0),
+                                                                  0.0, 12, ("LSTM",))}, names)
+        per_op = [p.predict("lstm_lm_2x512", (8, s), gpu="H100", dtype=torch.long).per_op for s in (96, 384)]
+    t = [float(d.loc[d["kind"] == "LSTM", "time_ms"].sum()) for d in per_op]
+    assert t[1] / t[0] == pytest.approx(4.0, rel=1e-6)
+    from gpurec.catalog import resolve_gpu
+
+    tdp = resolve_gpu("H100").features()["tdp_w"]
+    assert per_op[0].loc[per_op[0]["kind"] == "LSTM", "power_w"].to_numpy() == pytest.approx([0.3 * tdp])
+
+
+def test_power_is_a_share_of_the_tdp_from_batch_and_hidden() -> None:
+    from gpurec.model.recurrent_fit import fit_recurrent_power
+
+    names = [*NAMES, "hw_tdp_w"]
+    X = np.column_stack([_rows(_training_grid()), np.full(40, 700.0)])
+    s = recurrent_shape(X, names)
+    share = 0.2 * s.batch ** 0.15 * (s.hidden / 256) ** 0.2  # a known law
+    model, report = fit_recurrent_power(X, np.log(700.0 * share), np.full(40, "inference"),
+                                        [str(i % 5) for i in range(40)], names)
+    assert model is not None and report["chosen"]["inference"]["loao_mape"] < 1e-4
+    other = X.copy()
+    other[:, -1] = 350.0  # another board: the same share of its own TDP
+    assert np.exp(model.apply(np.zeros(40), other, "inference")) == pytest.approx(350.0 * share, rel=1e-4)
+
+
+def test_host_dispatch_grows_with_every_step_of_every_layer_and_direction() -> None:
+    from gpurec.model.host_model import HostDispatch
+    from gpurec.model.recurrent_fit import fit_recurrent_host
+
+    X = _rows(_training_grid())
+    s = recurrent_shape(X, NAMES)
+    host_ms = 0.3 + 0.02 * s.seq_len * s.layers * s.directions
+    model, report = fit_recurrent_host(X, np.log(host_ms), np.full(40, "inference"), [str(i % 5) for i in range(40)],
+                                       NAMES)
+    assert model is not None
+    assert report["chosen"]["inference"]["a_ms"] == pytest.approx(0.3, rel=1e-6)
+    assert report["chosen"]["inference"]["b_ms"] == pytest.approx(0.02, rel=1e-6)
+    dispatch = HostDispatch.__new__(HostDispatch)
+    dispatch.models, dispatch.recurrent = None, model
+    dispatch._prior = {"inference": np.full(16, 0.01)}
+    unseen = _rows([("GRU", 8, 384, 384, 2, 2)])
+    got = dispatch.reference_ms(unseen, np.zeros(1, dtype=np.int64), "inference")
+    assert got == pytest.approx([0.3 + 0.02 * 384 * 4])
+
+
+def test_fit_recurrent_into_trained_models(tmp_path) -> None:  # noqa: ANN001
+    """The tool fits the three models from the committed recurrent rows into a copy of the models."""
+    import json
+    import shutil
+
+    from gpurec.model import load_predictor
+    from gpurec.model.persist import default_model_dir
+    from gpurec.tools.recurrent import fit_into
+
+    shutil.copytree(default_model_dir(), tmp_path / "m")
+    report = fit_into(tmp_path / "m", evaluate=False)
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    assert set(manifest["recurrent_time"]["by_mode"]) == {"inference", "training"}
+    assert report["rows"] >= 24 and report["time"]["rows"]["inference"]["architectures"] >= 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = load_predictor(tmp_path / "m", check_data=False)
+    assert p.recurrent is not None and p.recurrent_power is not None and p.host_model.recurrent is not None
