@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from fakes import FakeNVML
@@ -382,3 +383,55 @@ def test_training_matches_a_row_to_the_operation_of_its_precision() -> None:
     assert len(matched.row_index) == 1 and matched.block.kinds[0] == "Conv2d"
     as_fp32 = operations_of_rows(pd.DataFrame([{**row, "precision": None}]), extractor)
     assert len(as_fp32.row_index) == 0 and sum(as_fp32.unmatched.values()) == 1
+
+
+class _SpeedupPredictor:
+    """Stands in for a trained predictor: host-free time 10 ms at fp32, 4 ms at any other
+    precision, at a constant 200 W; records the precision of every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def predict(self, arch, shape, mode, gpu, host=None, precision="fp32"):  # noqa: ANN001, ANN201
+        self.calls.append(precision)
+        t = 10.0 if precision == "fp32" else 4.0
+        return SimpleNamespace(gpu_time_ms=t, gpu_energy_mj=t * 200.0, time_ms=t, energy_mj=t * 200.0,
+                               host_time_ms=0.1, bound="gpu", host="reference")
+
+
+def test_low_precision_networks_are_estimated_at_their_precision_and_grouped(tmp_path: Path) -> None:
+    """Each network row is predicted at its own precision; unseen test groups are listed with n 0
+    where nothing was measured, and planned test networks not measured are named."""
+    import pandas as pd
+
+    from gpurec.model.evaluate import network_records, precision_accuracy
+
+    gpu = "NVIDIA H100 80GB HBM3"
+    rows = [  # (set_key, mode, precision, host-free ms)
+        ("alexnet:b8:r224", "inference", "fp32", 10.0), ("alexnet:b8:r224", "inference", "bf16-mixed", 5.0),
+        ("alexnet:b8:r224", "training", "bf16-mixed", 4.0), ("vgg13_bn:b8:r224", "inference", "bf16-mixed", 8.0)]
+    nets = pd.DataFrame([{"gpu": gpu, "set_key": k, "mode": m, "precision": p, "status": "ok", "run_id": "r",
+                          "time_ms": t * 1.5, "energy_mj": t * 300.0, "gpu_time_ms": t, "gpu_energy_mj": t * 200.0}
+                         for k, m, p, t in rows])
+    (tmp_path / "h100").mkdir()
+    nets.to_parquet(tmp_path / "h100" / "networks.parquet", index=False)
+    plan = tmp_path / "precision.json"
+    plan.write_text(json.dumps({"items": [
+        {"item": "network", "set_key": k, "mode": m, "precision": "bf16-mixed"}
+        for k in ("vgg13_bn:b8:r224", "swin_s:b8:r224") for m in ("inference", "training")]}))
+    pred = _SpeedupPredictor()
+    fp32 = network_records(pred, nets[nets["precision"] == "fp32"])
+    out = precision_accuracy(pred, tmp_path, fp32, plan_file=plan)
+    assert pred.calls == ["fp32", "bf16-mixed", "bf16-mixed", "bf16-mixed"]
+    bf = out["precisions"]["bf16-mixed"]
+    g = {(x["archs"], x["mode"]): x for x in bf["groups"]}
+    assert g[("unseen test", "inference")]["n_time"] == 1  # vgg13_bn: 4 ms predicted for 8 ms measured
+    assert g[("unseen test", "inference")]["time_mape"] == pytest.approx(50.0)
+    assert g[("unseen test", "training")]["n_time"] == 0 and np.isnan(g[("unseen test", "training")]["time_mape"])
+    assert g[("training", "inference")]["time_mape"] == pytest.approx(20.0)  # 4 for 5
+    assert g[("training", "training")]["energy_mape"] == pytest.approx(0.0)
+    assert sorted(bf["test_planned_not_measured"]) == [("swin_s:b8:r224", "inference"), ("swin_s:b8:r224", "training"),
+                                                       ("vgg13_bn:b8:r224", "training")]
+    twin = bf["records"].set_index(["set_key", "mode"])
+    assert twin.loc[("alexnet:b8:r224", "inference"), "fp32_measured_gpu_time_ms"] == pytest.approx(10.0)
+    assert np.isnan(twin.loc[("alexnet:b8:r224", "training"), "fp32_measured_gpu_time_ms"])

@@ -465,7 +465,8 @@ def crossgpu_section(cross: dict[str, Any] | None) -> list[str]:
 
 def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: Path | None = None,
           host_gpu: dict[str, Any] | None = None, sources: dict[str, Any] | None = None,
-          cross: dict[str, Any] | None = None, energy: dict[str, Any] | None = None) -> str:
+          cross: dict[str, Any] | None = None, energy: dict[str, Any] | None = None,
+          precision: dict[str, Any] | None = None) -> str:
     """Render the report (and its plots next to ``out``); return the Markdown text."""
     img = out.parent / "img"
     made = plots(rep, img)
@@ -660,6 +661,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
               + (f"from {u['source']}: time ×{fmt(u['time_ratio'])}, energy ×{fmt(u['energy_ratio'])}."
                  if "time_ratio" in u else f"{u.get('source', 'measured band widened')}."), ""]
     L += host_gpu_section(host_gpu, rep, sources)
+    L += precision_section(precision)
     L += memory_section(data_root)
     L += energy_section(energy, manifest)
     L += repeatability_section(data_root)
@@ -757,7 +759,97 @@ def generate(models_dir: Path | str = "models", out: Path | str = "docs/accuracy
     cross = json.loads(cross_file.read_text()) if cross_file.exists() else None
     host_gpu = host_gpu_tables(models_dir, data_root, rep)
     return write(rep, manifest, Path(out), Path(data_root) if data_root is not None else None,
-                 host_gpu, sources, cross, energy_tables(models_dir, data_root, rep, host_gpu))
+                 host_gpu, sources, cross, energy_tables(models_dir, data_root, rep, host_gpu),
+                 precision_tables(models_dir, data_root, host_gpu))
+
+
+def precision_tables(models_dir: Path, data_root: Path | str | None,
+                     host_gpu: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The networks measured at a precision other than fp32, estimated at their precision with the
+    shipped models (gpurec.model.evaluate.precision_accuracy), each beside its fp32 twin."""
+    from gpurec.dataset.load import default_root
+    from gpurec.model import load_predictor
+    from gpurec.model.evaluate import precision_accuracy
+
+    try:
+        predictor = load_predictor(models_dir, data_root=data_root, check_data=False)
+    except Exception:
+        return None
+    root = Path(data_root) if data_root is not None else default_root()
+    return precision_accuracy(predictor, data_root, host_gpu["records"] if host_gpu is not None else None,
+                              plan_file=root / "plans" / "precision.json")
+
+
+def _ratio(a: Any, b: Any) -> str:
+    try:
+        v = float(a) / float(b)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return "—"
+    return "—" if v != v else f"{v:.2f}×"
+
+
+def precision_section(prec: dict[str, Any] | None) -> list[str]:
+    """Host-free accuracy per precision other than fp32: unseen test architectures against the
+    targets, training architectures for contrast, and every network's row."""
+    if not prec or not prec.get("precisions"):
+        return []
+    tgt = prec["targets_pct"]
+    L = ["## Lower precision: host-free accuracy per precision", "",
+         f"Networks measured at a precision other than fp32 (column `precision` of `networks.parquet`), each "
+         f"estimated at its own precision (`predict(..., precision=...)`). Target on unseen test architectures: "
+         f"host-free time ≤ {tgt['time']:g}% and energy ≤ {tgt['energy']:g}% MAPE per mode. The training "
+         "architectures' networks are shown for contrast: their operations at this precision are in the "
+         "training data, but no network at a precision other than fp32 enters the network correction, so "
+         "these networks are not fitted on as wholes.", ""]
+    for precision, p in prec["precisions"].items():
+        L += [f"### {precision}", ""]
+        lines = []
+        for g in p["groups"]:
+            if g["n_time"] == 0 and g["n_energy"] == 0:
+                verdict = "no networks measured"
+            elif g["archs"] == "unseen test":
+                ok = g["time_mape"] <= tgt["time"] and g["energy_mape"] <= tgt["energy"]
+                verdict = "met" if ok else "**NOT met**"
+            else:
+                verdict = "(contrast, no target)"
+            lines.append(row([short(g["gpu"]), g["archs"], g["mode"], str(g["n_time"]), _f(g["time_mape"]),
+                              str(g["n_energy"]), _f(g["energy_mape"]), ", ".join(g["architectures"]) or "—",
+                              verdict]))
+        L += table(["GPU", "architectures", "mode", "networks (time)", "host-free time MAPE", "networks (energy)",
+                    "host-free energy MAPE", "which", "target"], lines)
+        n_test = sum(g["n_time"] for g in p["groups"] if g["archs"] == "unseen test")
+        n_all = sum(g["n_time"] for g in p["groups"])
+        L += [""]
+        if n_test == 0:
+            planned = p.get("test_planned_not_measured", [])
+            L += [f"**No unseen test architecture has been measured at {precision}, so the target cannot be "
+                  f"judged** (the {n_all} networks above are all of training architectures)."
+                  + (f" The work order `datasets/plans/precision.json` holds {len(planned)} test-architecture "
+                     f"networks (set and mode) at {precision}, of {len({k for k, _ in planned})} sets "
+                     f"({', '.join(sorted({k for k, _ in planned}))}), not measured yet." if planned else ""), ""]
+        elif n_test < 10:
+            L += [f"Only {n_test} unseen test networks at {precision}: too few to be conclusive.", ""]
+        rec = p["records"]
+        if len(rec):
+            L += ["Every network (speed-up = fp32 host-free time / this precision's, measured and as predicted; "
+                  "— where the fp32 twin is not measured host-free):", ""]
+            lines = []
+            for r in rec.sort_values(["is_test", "arch", "mode", "set_key"], ascending=[False, True, True, True]) \
+                    .itertuples(index=False):
+                t_err = (r.pred_gpu_time_ms / r.measured_gpu_time_ms - 1) * 100 if not r.error else float("nan")
+                e_err = (r.pred_gpu_energy_mj / r.measured_gpu_energy_mj - 1) * 100 if not r.error else float("nan")
+                lines.append(row([r.set_key, r.mode, "unseen" if r.is_test else "training",
+                                  _f(r.measured_gpu_time_ms, 3, ""), _f(getattr(r, "pred_gpu_time_ms", None), 3, ""),
+                                  f"{t_err:+.1f}%" if t_err == t_err else "—",
+                                  _f(r.measured_gpu_energy_mj, 0, ""), _f(getattr(r, "pred_gpu_energy_mj", None), 0, ""),
+                                  f"{e_err:+.1f}%" if e_err == e_err else "—",
+                                  _ratio(getattr(r, "fp32_measured_gpu_time_ms", None), r.measured_gpu_time_ms),
+                                  _ratio(getattr(r, "fp32_pred_gpu_time_ms", None), getattr(r, "pred_gpu_time_ms", None)),
+                                  r.error or ""]))
+            L += table(["network", "mode", "architecture", "measured ms", "predicted ms", "time error",
+                        "measured mJ", "predicted mJ", "energy error", "measured speed-up", "predicted speed-up",
+                        "error"], lines) + [""]
+    return L
 
 
 def energy_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str, Any],
