@@ -435,3 +435,83 @@ def test_low_precision_networks_are_estimated_at_their_precision_and_grouped(tmp
     twin = bf["records"].set_index(["set_key", "mode"])
     assert twin.loc[("alexnet:b8:r224", "inference"), "fp32_measured_gpu_time_ms"] == pytest.approx(10.0)
     assert np.isnan(twin.loc[("alexnet:b8:r224", "training"), "fp32_measured_gpu_time_ms"])
+
+
+# -- autocast entered inside forward, and recurrent layers under autocast -------------------------
+
+class _AutocastInside(Block):
+    """Block whose forward enters CUDA autocast itself (as a user's training module may)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return super().forward(x)
+
+
+class _AutocastPart(Block):
+    """Only the convolution runs under fp16 autocast; the rest of forward runs in fp32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.float16):
+            y = self.relu(self.conv(x))
+        return torch.softmax(self.norm(self.fc(y.float().flatten(1))), -1)
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_autocast_inside_forward_is_extracted_at_the_precision_it_runs(mode: str) -> None:
+    inside = extract_operations(_AutocastInside(), (2, 3, 8, 8), mode=mode, keep_sources=False)
+    outside = extract_operations(Block(), (2, 3, 8, 8), mode=mode, keep_sources=False, precision="bf16-mixed")
+    assert [op.signature for op in inside] == [op.signature for op in outside]
+    assert {op.precision for op in inside} == {"bf16-mixed"}
+    # the autocast state and torch.autocast itself are as they were
+    assert not torch.is_autocast_enabled("cuda")
+    assert torch.amp.autocast_mode.autocast.__enter__.__qualname__ == "autocast.__enter__"
+
+
+def test_an_autocast_region_of_forward_is_low_precision_and_the_rest_fp32() -> None:
+    ops = extract_operations(_AutocastPart(), (2, 3, 8, 8), mode="training", keep_sources=False)
+    kinds = _by_kind(ops)
+    (conv,) = kinds["Conv2d"]
+    assert conv.precision == "fp16-mixed" and conv.dtype == "float16"
+    assert kinds["ReLU"][0].dtype == "float16"
+    fp32 = {op.kind: op for op in extract_operations(Block(), (2, 3, 8, 8), mode="training", keep_sources=False)}
+    for kind in ("Linear", "LayerNorm", "softmax"):  # after the region: the fp32 operations themselves
+        (op,) = kinds[kind]
+        assert op.precision == "fp32" and op.signature == fp32[kind].signature
+
+
+class _LM(nn.Module):
+    def __init__(self, layer: type[nn.Module]) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(100, 32)
+        self.rnn = layer(32, 64, num_layers=2, batch_first=True)
+        self.out = nn.Linear(64, 100)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.rnn(self.emb(x))
+        return self.out(h)
+
+
+@pytest.mark.parametrize("layer", [nn.LSTM, nn.GRU, nn.RNN])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed"])
+def test_recurrent_layers_follow_cudnn_autocast_policy(layer: type[nn.Module], precision: str) -> None:
+    """cuDNN's RNN under CUDA autocast runs in float16 whatever autocast's dtype: the input and
+    every weight arrive cast (one cast each), and the next layer casts its float16 input again."""
+    from gpurec.ops.extract import rnn_autocast_dtype
+
+    assert rnn_autocast_dtype() == torch.float16  # torch registers the autocast kernel for aten::_cudnn_rnn
+    model = _LM(layer)
+    ops = extract_operations(model, (4, 16), dtype=torch.long, mode="training", precision=precision)
+    (rnn,) = [op for op in ops if op.kind == layer.__name__]
+    assert rnn.precision == precision and rnn.dtype == "float16" and rnn.input_dtypes == ["float16"]
+    weights = [n for n, _ in model.rnn.named_parameters()]
+    assert rnn.param_dtypes == {n: "float16" for n in weights}
+    before = ops[:ops.index(rnn)]
+    casts = [op for op in before if op.kind == "autocast_cast" and op.name == rnn.name + ".cast"]
+    assert len(casts) == 1 + len(weights) and all(c.dtype == "float16" for c in casts)
+    assert all(c.input_requires_grad == [True] for c in casts)  # weights and the embedding's output
+    fp32 = [op for op in extract_operations(model, (4, 16), dtype=torch.long, mode="training")
+            if op.kind == layer.__name__][0]
+    assert rnn.flops == fp32.flops and rnn.bytes_read < fp32.bytes_read
+    (linear,) = [op for op in ops if op.kind == "Linear"]
+    low = "bfloat16" if precision == "bf16-mixed" else "float16"
+    assert linear.dtype == low and linear.input_dtypes == [low]

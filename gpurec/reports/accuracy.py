@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -776,8 +777,55 @@ def precision_tables(models_dir: Path, data_root: Path | str | None,
     except Exception:
         return None
     root = Path(data_root) if data_root is not None else default_root()
-    return precision_accuracy(predictor, data_root, host_gpu["records"] if host_gpu is not None else None,
-                              plan_file=root / "plans" / "precision.json")
+    out = precision_accuracy(predictor, data_root, host_gpu["records"] if host_gpu is not None else None,
+                             plan_file=root / "plans" / "precision.json")
+    for precision, p in out["precisions"].items():
+        rec = p["records"]
+        batch = rec["set_key"].str.extract(r":b(\d+):")[0].astype(float)
+        cases = sorted(set(zip(rec["set_key"][batch >= FLIP_MIN_BATCH], rec["mode"][batch >= FLIP_MIN_BATCH],
+                               strict=True)))
+        p["flips"] = precision_flips(predictor, cases, precision, sorted(set(rec["gpu"])))
+    return out
+
+
+FLIP_MIN_BATCH = 32  # the order of GPUs is asked of GPU-bound steps (small batches are launch-bound)
+
+
+def precision_flips(predictor: Any, cases: list[tuple[str, str]], precision: str,
+                    measured_gpus: Sequence[str] = ()) -> dict[str, Any]:
+    """Pairs of catalogue GPUs whose predicted host-free order flips between fp32 and
+    ``precision`` on the (set_key, mode) ``cases``: a is faster than b in fp32 and slower at
+    ``precision``.  Each flip's margin is the smaller of the two relative differences; the
+    widest flip is ``best`` (and ``best_measured`` among pairs with one of ``measured_gpus``,
+    those with networks measured at ``precision``).  Both GPUs must fit the step in memory at both precisions."""
+    import warnings
+
+    from gpurec.recommend import recommend
+    from gpurec.sets import parse_set_key
+
+    flips = []
+    for set_key, mode in cases:
+        s = parse_set_key(set_key)
+        times = {}
+        for p in ("fp32", precision):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                r = recommend(s.arch, s.input_shape, mode=mode, predictor=predictor, cuda_graphs=True,
+                              batch_search=False, precision=p)
+            times[p] = {row.gpu: row.gpu_time_ms for row in r.rows if row.fits}
+        common = sorted(set(times["fp32"]) & set(times[precision]))
+        for a in common:
+            for b in common:
+                fa, fb, la, lb = times["fp32"][a], times["fp32"][b], times[precision][a], times[precision][b]
+                if fa < fb and la > lb:
+                    flips.append({"set_key": set_key, "mode": mode, "faster_fp32": a, "faster_low": b,
+                                  "fp32_ms": (fa, fb), "low_ms": (la, lb),
+                                  "margin_pct": 100 * (min(fb / fa, la / lb) - 1)})
+    measured = set(measured_gpus)
+    flips.sort(key=lambda f: -f["margin_pct"])
+    with_measured = [f for f in flips if {f["faster_fp32"], f["faster_low"]} & measured]
+    return {"precision": precision, "cases": len(cases), "flips": flips, "best": flips[0] if flips else None,
+            "best_measured": with_measured[0] if with_measured else None, "measured_gpus": sorted(measured)}
 
 
 def _ratio(a: Any, b: Any) -> str:
@@ -786,6 +834,39 @@ def _ratio(a: Any, b: Any) -> str:
     except (TypeError, ValueError, ZeroDivisionError):
         return "—"
     return "—" if v != v else f"{v:.2f}×"
+
+
+def _flip_lines(fl: dict[str, Any] | None) -> list[str]:
+    """The widest predicted flip of two GPUs' order between fp32 and a lower precision."""
+    if not fl:
+        return []
+    precision = fl["precision"]
+    L = [f"#### GPUs whose order flips between fp32 and {precision}", "",
+         f"Every catalogue GPU predicted (host-free, shipped models) at fp32 and at {precision} on the "
+         f"{fl['cases']} measured {precision} networks of batch ≥ {FLIP_MIN_BATCH} (GPU-bound steps); a flip is a "
+         f"pair where one GPU is the faster in fp32 and the slower at {precision}, its margin the smaller of the "
+         "two relative differences.", ""]
+    if not fl["flips"]:
+        return L + [f"No pair flips on these networks: the predicted order is the same at fp32 and {precision}.", ""]
+    L += [f"{len(fl['flips'])} flips in all ({len({(f['faster_fp32'], f['faster_low']) for f in fl['flips']})} "
+          "distinct pairs)."]
+    lines = []
+    for label, f in (("widest", fl["best"]), ("widest with a GPU measured at this precision", fl["best_measured"])):
+        if f is None:
+            lines.append(row([label, "none", "", "", "", "", "", ""]))
+            continue
+        lines.append(row([label, f"{f['set_key']} {f['mode']}", f"{short(f['faster_fp32'])} vs {short(f['faster_low'])}",
+                          f"{f['fp32_ms'][0]:.2f} / {f['fp32_ms'][1]:.2f}", f"{f['low_ms'][0]:.2f} / {f['low_ms'][1]:.2f}",
+                          f"{f['margin_pct']:.1f}%",
+                          ", ".join(short(g) for g in (f["faster_fp32"], f["faster_low"]) if g in fl["measured_gpus"])
+                          or "neither"]))
+    L += [""] + table(["flip", "network", "GPU a vs GPU b", "fp32 ms (a / b)", f"{precision} ms (a / b)", "margin",
+                       f"measured at {precision}"], lines)
+    L += ["", "Caveat: GPUs without host-free rows take the H100's time times the cross-GPU model's per-operation "
+          "ratio, and that model reads FP32/TF32 peaks, bandwidth and the operations' FLOPs and bytes (bytes in the "
+          f"{precision} dtypes), not the GPUs' BF16/FP16 tensor-core peaks: a flip between two unmeasured GPUs "
+          "rests on those, and on no measurement at this precision.", ""]
+    return L
 
 
 def precision_section(prec: dict[str, Any] | None) -> list[str]:
@@ -829,6 +910,7 @@ def precision_section(prec: dict[str, Any] | None) -> list[str]:
                      f"({', '.join(sorted({k for k, _ in planned}))}), not measured yet." if planned else ""), ""]
         elif n_test < 10:
             L += [f"Only {n_test} unseen test networks at {precision}: too few to be conclusive.", ""]
+        L += _flip_lines(p.get("flips"))
         rec = p["records"]
         if len(rec):
             L += ["Every network (speed-up = fp32 host-free time / this precision's, measured and as predicted; "
