@@ -515,3 +515,27 @@ def test_recurrent_layers_follow_cudnn_autocast_policy(layer: type[nn.Module], p
     (linear,) = [op for op in ops if op.kind == "Linear"]
     low = "bfloat16" if precision == "bf16-mixed" else "float16"
     assert linear.dtype == low and linear.input_dtypes == [low]
+
+
+def test_precision_flips_finds_the_pairs_whose_order_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pair flips when one GPU is faster in fp32 and slower at the lower precision; GPUs without
+    tensor cores at its dtype (a V100 for bf16) never take part."""
+    import gpurec.recommend as rec_mod
+    from gpurec.reports.accuracy import precision_flips
+
+    l40s, a100, v100 = "NVIDIA L40S", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB"
+    times = {"fp32": {l40s: 1.0, a100: 2.0, v100: 0.5}, "bf16-mixed": {l40s: 2.0, a100: 1.0, v100: 3.0}}
+    asked: list[list[str]] = []
+
+    def fake_recommend(arch, shape, mode, predictor, cuda_graphs, batch_search, precision, gpus):  # noqa: ANN001, ANN202
+        asked.append(list(gpus))
+        return SimpleNamespace(rows=[SimpleNamespace(gpu=g, gpu_time_ms=t, fits=True)
+                                     for g, t in times[precision].items() if g in gpus])
+
+    monkeypatch.setattr(rec_mod, "recommend", fake_recommend)
+    out = precision_flips(object(), [("alexnet:b32:r224", "training")], "bf16-mixed", [a100])
+    assert v100 not in asked[0] and {l40s, a100} <= set(asked[0])
+    assert [(f["faster_fp32"], f["faster_low"]) for f in out["flips"]] == [(l40s, a100)]
+    assert out["best"]["margin_pct"] == pytest.approx(100.0) and out["best_measured"] == out["best"]
+    none_measured = precision_flips(object(), [("alexnet:b32:r224", "training")], "bf16-mixed", [])
+    assert none_measured["best_measured"] is None and none_measured["best"] is not None

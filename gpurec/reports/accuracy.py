@@ -800,9 +800,14 @@ def precision_flips(predictor: Any, cases: list[tuple[str, str]], precision: str
     those with networks measured at ``precision``).  Both GPUs must fit the step in memory at both precisions."""
     import warnings
 
+    from gpurec.ops.precision import LOW_DTYPE
     from gpurec.recommend import recommend
     from gpurec.sets import parse_set_key
 
+    peak = "bf16_tflops" if LOW_DTYPE.get(precision) == "bfloat16" else "fp16_tflops"
+    from gpurec.catalog import load_catalog
+
+    gpus = [g.nvml_name for g in load_catalog() if (getattr(g, peak, 0) or 0) > 2 * g.fp32_tflops]
     flips = []
     for set_key, mode in cases:
         s = parse_set_key(set_key)
@@ -811,7 +816,7 @@ def precision_flips(predictor: Any, cases: list[tuple[str, str]], precision: str
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 r = recommend(s.arch, s.input_shape, mode=mode, predictor=predictor, cuda_graphs=True,
-                              batch_search=False, precision=p)
+                              batch_search=False, precision=p, gpus=gpus)
             times[p] = {row.gpu: row.gpu_time_ms for row in r.rows if row.fits}
         common = sorted(set(times["fp32"]) & set(times[precision]))
         for a in common:
@@ -824,7 +829,7 @@ def precision_flips(predictor: Any, cases: list[tuple[str, str]], precision: str
     measured = set(measured_gpus)
     flips.sort(key=lambda f: -f["margin_pct"])
     with_measured = [f for f in flips if {f["faster_fp32"], f["faster_low"]} & measured]
-    return {"precision": precision, "cases": len(cases), "flips": flips, "best": flips[0] if flips else None,
+    return {"precision": precision, "cases": len(cases), "gpus": gpus, "flips": flips, "best": flips[0] if flips else None,
             "best_measured": with_measured[0] if with_measured else None, "measured_gpus": sorted(measured)}
 
 
@@ -842,7 +847,9 @@ def _flip_lines(fl: dict[str, Any] | None) -> list[str]:
         return []
     precision = fl["precision"]
     L = [f"#### GPUs whose order flips between fp32 and {precision}", "",
-         f"Every catalogue GPU predicted (host-free, shipped models) at fp32 and at {precision} on the "
+         f"The {len(fl['gpus'])} catalogue GPUs with tensor cores at {precision}'s dtype (catalogue peak more "
+         "than twice the FP32 peak) predicted (host-free, shipped models) at fp32 and at "
+         f"{precision} on the "
          f"{fl['cases']} measured {precision} networks of batch ≥ {FLIP_MIN_BATCH} (GPU-bound steps); a flip is a "
          f"pair where one GPU is the faster in fp32 and the slower at {precision}, its margin the smaller of the "
          "two relative differences.", ""]
