@@ -771,6 +771,7 @@ def precision_tables(models_dir: Path, data_root: Path | str | None,
     from gpurec.dataset.load import default_root
     from gpurec.model import load_predictor
     from gpurec.model.evaluate import precision_accuracy
+    from gpurec.model.kind_errors import per_kind_errors
 
     try:
         predictor = load_predictor(models_dir, data_root=data_root, check_data=False)
@@ -785,6 +786,7 @@ def precision_tables(models_dir: Path, data_root: Path | str | None,
         cases = sorted(set(zip(rec["set_key"][batch >= FLIP_MIN_BATCH], rec["mode"][batch >= FLIP_MIN_BATCH],
                                strict=True)))
         p["flips"] = precision_flips(predictor, cases, precision, sorted(set(rec["gpu"])))
+        p["per_kind"] = per_kind_errors(predictor, data_root, archs=sorted(set(rec["arch"])), precision=precision)
     return out
 
 
@@ -917,6 +919,16 @@ def precision_section(prec: dict[str, Any] | None) -> list[str]:
                      f"({', '.join(sorted({k for k, _ in planned}))}), not measured yet." if planned else ""), ""]
         elif n_test < 10:
             L += [f"Only {n_test} unseen test networks at {precision}: too few to be conclusive.", ""]
+        if p.get("per_kind"):
+            L += [f"Where the {precision} time error sits: each operation's predicted GPU time against the kernel "
+                  f"time the in-network pass attributed to it in these {precision} networks, summed per kind "
+                  "(as in *The kinds that carry the time error* below; `autocast cast` is the copies autocast "
+                  "inserts):", ""]
+            lines = [row([short(r["gpu"]), r["mode"], r["kind"], str(r["n_ops"]), f"{r['measured_ms']:.1f}",
+                          f"{r['predicted_ms']:.1f}", f"{r['bias_pct']:+.1f}%", pct(r["weighted_error_pct"]),
+                          f"{100 * r['share_of_error']:.0f}%"]) for r in p["per_kind"]]
+            L += table(["GPU", "mode", "kind", "ops", "measured ms", "predicted ms", "bias", "weighted error",
+                        "share of error"], lines) + [""]
         L += _flip_lines(p.get("flips"))
         rec = p["records"]
         if len(rec):
