@@ -395,8 +395,10 @@ class _SpeedupPredictor:
     def predict(self, arch, shape, mode, gpu, host=None, precision="fp32"):  # noqa: ANN001, ANN201
         self.calls.append(precision)
         t = 10.0 if precision == "fp32" else 4.0
+        ops = SimpleNamespace(entry=SimpleNamespace(block=SimpleNamespace(kinds=["autocast_cast", "Linear"])),
+                              gpu_time_ms=[1.0, t - 1.0])  # 1 ms of the step is autocast's casts
         return SimpleNamespace(gpu_time_ms=t, gpu_energy_mj=t * 200.0, time_ms=t, energy_mj=t * 200.0,
-                               host_time_ms=0.1, bound="gpu", host="reference")
+                               host_time_ms=0.1, bound="gpu", host="reference", _ops=ops)
 
 
 def test_low_precision_networks_are_estimated_at_their_precision_and_grouped(tmp_path: Path) -> None:
@@ -435,6 +437,13 @@ def test_low_precision_networks_are_estimated_at_their_precision_and_grouped(tmp
     twin = bf["records"].set_index(["set_key", "mode"])
     assert twin.loc[("alexnet:b8:r224", "inference"), "fp32_measured_gpu_time_ms"] == pytest.approx(10.0)
     assert np.isnan(twin.loc[("alexnet:b8:r224", "training"), "fp32_measured_gpu_time_ms"])
+    check = {(c["variant"], c["mode"]): c for c in bf["correction_check"]}
+    inf = check[("as predicted", "inference")]  # alexnet 4 for 5, vgg13_bn 4 for 8
+    assert (inf["n"], inf["families"]) == (2, 2) and inf["time_mape"] == pytest.approx(35.0)
+    # each scaled by the other family's ratio: alexnet 4 x 2 = 8 for 5, vgg13_bn 4 x 1.25 = 5 for 8
+    assert inf["lofo_scaled_time_mape"] == pytest.approx((60.0 + 37.5) / 2)
+    assert check[("casts taken out", "inference")]["time_mape"] == pytest.approx((40.0 + 62.5) / 2)  # 3 ms each
+    assert np.isnan(check[("as predicted", "training")]["lofo_scaled_time_mape"])  # one family: nothing held out
 
 
 # -- autocast entered inside forward, and recurrent layers under autocast -------------------------

@@ -157,6 +157,11 @@ def network_records(predictor: Any, nets: Any, host_profiles: dict[str, list[Any
                 rec[f"pred_{k}"] = getattr(est, k)
             rec["pred_bound"] = est.bound
             rec["host"] = est.host
+            if precision in ("bf16-mixed", "fp16-mixed"):  # the casts autocast inserts, predicted on their own
+                ops = getattr(est, "_ops", None)
+                if ops is not None:
+                    cast = np.asarray(ops.entry.block.kinds) == "autocast_cast"
+                    rec["pred_cast_gpu_time_ms"] = float(np.asarray(ops.gpu_time_ms)[cast].sum())
         except Exception as exc:  # reported per row, not fatal
             rec["error"] = f"{type(exc).__name__}: {exc}"[:200]
         rows.append(rec)
@@ -350,7 +355,32 @@ def precision_accuracy(predictor: Any, data_root: Any = None, fp32_records: Any 
                    if arch_of(k[0]) in test_arch_names()]
         out["precisions"][str(precision)] = {
             "groups": groups, "records": part.reset_index(drop=True),
-            "test_planned_not_measured": [k for k in planned if k not in measured]}
+            "test_planned_not_measured": [k for k in planned if k not in measured],
+            "correction_check": precision_correction_check(part)}
+    return out
+
+
+def precision_correction_check(records: Any) -> list[dict[str, Any]]:
+    """Would a whole-network correction for this precision help networks of held-out families?
+    Per mode: host-free time MAPE as predicted, and after a scale fitted leave-one-family-out
+    (the median measured / predicted of the other families' networks); the same with the
+    predicted autocast casts taken out (``pred_cast_gpu_time_ms``: inside a network autocast
+    launches them in their consumer's call, whose in-network time already holds them)."""
+    df = records[(records["error"] == "") & records["measured_gpu_time_ms"].notna()]
+    if not len(df) or "pred_gpu_time_ms" not in df:
+        return []
+    out = []
+    fams = df["arch"].map(family).to_numpy()
+    casts = df["pred_cast_gpu_time_ms"].fillna(0.0).to_numpy() if "pred_cast_gpu_time_ms" in df else np.zeros(len(df))
+    for variant, pred in (("as predicted", df["pred_gpu_time_ms"].to_numpy(dtype=float)),
+                          ("casts taken out", df["pred_gpu_time_ms"].to_numpy(dtype=float) - casts)):
+        for mode in sorted(set(df["mode"])):
+            sel = (df["mode"] == mode).to_numpy()
+            p, m, f = pred[sel], df["measured_gpu_time_ms"].to_numpy(dtype=float)[sel], fams[sel]
+            scaled = np.array([p[i] * np.median((m / p)[f != f[i]]) if (f != f[i]).any() else np.nan
+                               for i in range(len(p))])
+            out.append({"variant": variant, "mode": mode, "n": int(sel.sum()), "families": len(set(f)),
+                        "time_mape": float(np.mean(ape(p, m))), "lofo_scaled_time_mape": _mape(scaled, m)[0]})
     return out
 
 

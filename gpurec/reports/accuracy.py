@@ -929,6 +929,22 @@ def precision_section(prec: dict[str, Any] | None) -> list[str]:
                           f"{100 * r['share_of_error']:.0f}%"]) for r in p["per_kind"]]
             L += table(["GPU", "mode", "kind", "ops", "measured ms", "predicted ms", "bias", "weighted error",
                         "share of error"], lines) + [""]
+        check = p.get("correction_check") or []
+        if check:
+            L += [f"Would a whole-network correction for {precision} help held-out networks? Per mode, host-free time "
+                  "MAPE of these networks as predicted and after a scale fitted leave-one-family-out (the median "
+                  "measured / predicted of the other families' networks); then the same with the predicted autocast "
+                  "casts taken out (inside a network autocast launches them in their consumer's call, and the "
+                  "consumer's in-network time, a training target, already holds their kernels).", ""]
+            lines = [row([c["variant"], c["mode"], str(c["n"]), str(c["families"]), pct(c["time_mape"]),
+                          pct(c["lofo_scaled_time_mape"])]) for c in check]
+            L += table(["predicted time", "mode", "networks", "families", "time MAPE",
+                        "scaled, leave one family out"], lines)
+            helps = [c for c in check if c["lofo_scaled_time_mape"] < c["time_mape"]]
+            L += ["", f"The scale lowers the held-out error in {len(helps)} of {len(check)} cases"
+                  + (": no precision-wide network correction is fitted." if not helps else
+                     ": see where before fitting one.") + ""]
+            L += [""]
         L += _flip_lines(p.get("flips"))
         rec = p["records"]
         if len(rec):
