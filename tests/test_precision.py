@@ -552,3 +552,14 @@ def test_precision_flips_finds_the_pairs_whose_order_changes(monkeypatch: pytest
     assert out["best"]["margin_pct"] == pytest.approx(100.0) and out["best_measured"] == out["best"]
     none_measured = precision_flips(object(), [("alexnet:b32:r224", "training")], "bf16-mixed", [])
     assert none_measured["best_measured"] is None and none_measured["best"] is not None
+
+
+def test_the_precision_networks_preset_is_networks_only_with_the_unseen_architectures_first() -> None:
+    from gpurec.sets import DATASET_ARCHS, TEST_ARCHS, TEST_BATCH_SIZES
+    from gpurec.tools.plan import PRESETS, held_out_first
+
+    items = held_out_first(build_parts_plan(PRESETS["precision-networks"](), extract=_fake_extract), TEST_ARCHS)
+    assert {(w.item, w.precision) for w in items} == {("network", "bf16-mixed")}
+    n_test = len(TEST_ARCHS) * len(TEST_BATCH_SIZES) * 2
+    assert {w.key.split(":")[0] for w in items[:n_test]} == set(TEST_ARCHS)
+    assert {w.key.split(":")[0] for w in items[n_test:]} == set(DATASET_ARCHS)
