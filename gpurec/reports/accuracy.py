@@ -925,7 +925,9 @@ def precision_section(prec: dict[str, Any] | None) -> list[str]:
                   "(as in *The kinds that carry the time error* below; `autocast cast` is the copies autocast "
                   "inserts):", ""]
             lines = [row([short(r["gpu"]), r["mode"], r["kind"], str(r["n_ops"]), f"{r['measured_ms']:.1f}",
-                          f"{r['predicted_ms']:.1f}", f"{r['bias_pct']:+.1f}%", pct(r["weighted_error_pct"]),
+                          f"{r['predicted_ms']:.1f}",
+                          f"{r['bias_pct']:+.1f}%" if r["measured_ms"] > 0 else "— (0 ms measured)",
+                          _f(r["weighted_error_pct"]),
                           f"{100 * r['share_of_error']:.0f}%"]) for r in p["per_kind"]]
             L += table(["GPU", "mode", "kind", "ops", "measured ms", "predicted ms", "bias", "weighted error",
                         "share of error"], lines) + [""]
