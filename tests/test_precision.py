@@ -321,9 +321,6 @@ def test_a_precision_contradicting_the_parameters_is_refused(predictor) -> None:
         predictor.predict(MLP(), (8, 1024), precision="bf16")
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: GPUs without host-free rows take the H100's time times the "
-                   "cross-GPU model's ratio, and that model reads FP32/TF32 peaks only, so a V100's missing bf16 "
-                   "tensor cores do not show; strict, so this fails loudly once the ratio follows precision")
 def test_fp16_and_bf16_differ_where_the_gpu_differs(predictor) -> None:  # noqa: ANN001
     import warnings
 

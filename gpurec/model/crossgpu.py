@@ -2,11 +2,17 @@
 
 After NeuSight (ASPLOS'25), an operation's GPU time on GPU g is built from g's specifications:
 
-    rate_c = rate_c0 * p(g),  rate_c0 = max(fp32(g) * u_ff, tf32_ok * tf32(g) * u_tc)   FLOP/s
+    rate_c = rate_c0 * p(g),  rate_c0 = max(fp32(g) * u_ff, tc(g, op) * u_tc)           FLOP/s
     p(g)   = (TDP(g) / (TDP(g) + rho * rate_c0))^gamma                 power headroom, gamma in (0, 1)
     rate_m = bandwidth(g) * u_m(L2(g))                                 effective DRAM byte/s
     rate_s = SMs(g) * clock(g) * beta * u_s                            effective on-chip byte/s
     t      = (sum of (F/rate_c, B/rate_m, B/rate_s)^k)^(1/k) * Q(g)^a + c0
+
+``tc(g, op)`` is g's tensor-core peak for the operation's math (TF32 for FP32 convolutions, which
+cuDNN may run in TF32, and for ``tf32`` operations; FP16 or BF16 for GEMM-like operations in those
+types, e.g. ``bf16-mixed`` convolutions and matmuls); 0 where the operation has no tensor-core path.
+The catalogue carries the FP32 rate where a GPU has no such tensor cores (a V100's BF16), so a
+GPU without them gets no tensor-core speed-up.
 
 F and B are the operation's FLOPs and bytes in its mode; the efficiencies ``u`` lie in (0, 1)
 (a sigmoid of a linear function of the operation's features: kind group, log FLOPs, log bytes,
@@ -20,7 +26,7 @@ quantisation: GEMM-like kernels run 128x128 output tiles, one per SM at a time, 
 filled last wave costs a full one. ``u_m`` grows with log(L2 / working set) through a weight kept
 non-negative, so a larger L2 never slows an operation down.
 
-**Monotone by construction.** Time depends on the GPU only through fp32, tf32 (inside a max,
+**Monotone by construction.** Time depends on the GPU only through fp32 and the tensor-core peaks (inside a max,
 times non-negative efficiencies), bandwidth, L2 (non-decreasing ``u_m``) and the SM count (``Q``
 is taken as the best quantisation over any count up to the GPU's, which never increases with
 more SMs; the on-chip term falls with more SMs and a higher clock). So a GPU that is not worse in any of these never gets a longer time.
@@ -41,17 +47,20 @@ import numpy as np
 from gpurec.catalog import GPUSpec, resolve_gpu
 from gpurec.model.features import KIND_GROUPS, OpBlock, kind_group
 
-CROSSGPU_SCHEMA = 1
+CROSSGPU_SCHEMA = 2
 CROSSGPU_FILE = "crossgpu.json"
 GEMM_GROUPS = ("conv", "matmul", "attention")
 GEMM_TILE = 128 * 128
 MAX_SM = 256  # wave quantisation looks at SM counts up to this
 
 # GPU columns the model reads (units in the names), in this order.
-GPU_COLUMNS = ("fp32_tflops", "tf32_tflops", "memory_bandwidth_gbs", "l2_cache_mb", "sm_count", "max_sm_clock_mhz",
+GPU_COLUMNS = ("fp32_tflops", "tf32_tflops", "fp16_tflops", "bf16_tflops", "memory_bandwidth_gbs", "l2_cache_mb", "sm_count", "max_sm_clock_mhz",
                "tdp_w")
 # Per-operation columns: what crosses the GPU (raw) and what the efficiencies see (design).
-OP_COLUMNS = ("flops_mode", "bytes_mode", "output_elements", "gemm", "tf32_ok")
+OP_COLUMNS = ("flops_mode", "bytes_mode", "output_elements", "gemm", "tensor_mode")
+# tensor_mode codes: which tensor-core peak an operation may use (0: none, FP32 units only).
+TENSOR_MODES = ("none", "tf32", "fp16", "bf16")
+_TENSOR_PEAK_COLUMN = {1: "tf32_tflops", 2: "fp16_tflops", 3: "bf16_tflops"}
 
 
 class CrossGPUModelError(ValueError):
@@ -61,7 +70,7 @@ class CrossGPUModelError(ValueError):
 def spec_row(gpu: str | GPUSpec) -> np.ndarray:
     """The GPU columns of one catalogue GPU."""
     s = resolve_gpu(gpu)
-    return np.array([s.fp32_tflops, s.tf32_tflops, s.memory_bandwidth_gbs, s.l2_cache_mb, s.sm_count,
+    return np.array([s.fp32_tflops, s.tf32_tflops, s.fp16_tflops, s.bf16_tflops, s.memory_bandwidth_gbs, s.l2_cache_mb, s.sm_count,
                      s.max_sm_clock_mhz, s.tdp_w], dtype=np.float64)
 
 
@@ -90,12 +99,13 @@ def design_names() -> list[str]:
     names = []
     for g in KIND_GROUPS:
         names += [f"{g}:{c}" for c in _PER_GROUP]
-    return [*names, "training", "training:log_flops", "training:log_bytes"]
+    return [*names, "training", "training:log_flops", "training:log_bytes", "half_precision"]
 
 
 def op_table(flops_mode: np.ndarray, bytes_mode: np.ndarray, output_elements: np.ndarray, groups: Sequence[str],
-             training: np.ndarray, tf32_ok: np.ndarray) -> OpTable:
-    """Build the table from per-operation arrays (groups are KIND_GROUPS names)."""
+             training: np.ndarray, tensor_mode: np.ndarray) -> OpTable:
+    """Build the table from per-operation arrays (groups are KIND_GROUPS names; ``tensor_mode``
+    indexes TENSOR_MODES: 1 (TF32) where FP32 work may run on TF32 tensor cores, 0 where not)."""
     f = np.maximum(np.asarray(flops_mode, dtype=np.float64), 0.0)
     b = np.maximum(np.asarray(bytes_mode, dtype=np.float64), 1.0)
     o = np.maximum(np.asarray(output_elements, dtype=np.float64), 1.0)
@@ -107,17 +117,20 @@ def op_table(flops_mode: np.ndarray, bytes_mode: np.ndarray, output_elements: np
     lr = np.log10(f / (2.0 * o) + 1.0) / 4
     per = np.stack([np.ones(n), lf, lb, lo, li, lr, lf**2, lb**2, lr**2], axis=1)
     w = per.shape[1]
-    design = np.zeros((n, len(KIND_GROUPS) * w + 3))
+    tm = np.asarray(tensor_mode, dtype=np.float64)
+    design = np.zeros((n, len(KIND_GROUPS) * w + 4))
     for j in range(w):
         design[np.arange(n), gidx * w + j] = per[:, j]
-    design[:, -3:] = np.stack([tr, tr * lf, tr * lb], axis=1)
+    design[:, -4:] = np.stack([tr, tr * lf, tr * lb, (tm >= 2).astype(np.float64)], axis=1)
     gemm = np.isin(gidx, [KIND_GROUPS.index(g) for g in GEMM_GROUPS]).astype(np.float64)
-    raw = np.stack([f, b, o, gemm, np.asarray(tf32_ok, dtype=np.float64)], axis=1)
+    raw = np.stack([f, b, o, gemm, tm], axis=1)
     return OpTable(raw=raw, design=design)
 
 
 def op_table_from_block(block: OpBlock, tf32_convs: bool = True) -> OpTable:
-    """The table of extracted operations (``tf32_convs``: cuDNN may use TF32, PyTorch's default)."""
+    """The table of extracted operations (``tf32_convs``: cuDNN may use TF32 for FP32 convolutions,
+    PyTorch's default).  GEMM-like operations computing in TF32, FP16 or BF16 (their math_mode,
+    gpurec.ops.features) take that tensor-core peak; other operations none."""
     from gpurec.ops.features import FEATURE_NAMES
 
     v = block.values
@@ -127,8 +140,21 @@ def op_table_from_block(block: OpBlock, tf32_convs: bool = True) -> OpTable:
     flops_mode = v[:, col("flops_total")] + training * v[:, col("flops_bwd")]
     bytes_mode = v[:, col("bytes_total")] * (1.0 + 2.0 * has_bwd)  # as gpurec.model.features
     groups = [kind_group(k) for k in block.kinds]
-    tf32_ok = np.array([tf32_convs and g == "conv" for g in groups], dtype=np.float64)
-    return op_table(flops_mode, bytes_mode, v[:, col("output_elements")], groups, training, tf32_ok)
+    math = v[:, col("math_mode")]  # 0 fp32, 1 tf32, 2 fp16, 3 bf16 (gpurec.ops.features.MATH_MODES)
+    gemm = np.array([g in GEMM_GROUPS for g in groups], dtype=bool)
+    conv = np.array([g == "conv" for g in groups], dtype=bool)
+    tensor_mode = np.where(gemm, math, 0.0)
+    if tf32_convs:
+        tensor_mode = np.where(conv & (math == 0), 1.0, tensor_mode)
+    return op_table(flops_mode, bytes_mode, v[:, col("output_elements")], groups, training, tensor_mode)
+
+
+def tensor_peak(tensor_mode: np.ndarray, specs: np.ndarray) -> np.ndarray:
+    """Per operation, the tensor-core peak (TFLOPS) of its math mode on its GPU's spec row (0: none)."""
+    out = np.zeros(len(tensor_mode))
+    for code, column in _TENSOR_PEAK_COLUMN.items():
+        out = np.where(tensor_mode == code, specs[:, GPU_COLUMNS.index(column)], out)
+    return out
 
 
 def wave_factor(output_elements: np.ndarray, gemm: np.ndarray, sm_count: float) -> np.ndarray:
@@ -156,10 +182,10 @@ class CrossGPUModel:
     theta_m: np.ndarray
     theta_s: np.ndarray
     theta_p: np.ndarray
+    theta_k: np.ndarray  # per-operation roofline exponent k = K_MIN + softplus(x @ theta_k)
     sm_bytes_per_clock: float  # > 0
     watts_per_tflops: float  # > 0 (rho)
     l2_weight: float  # >= 0
-    k: float  # > 0, soft-max exponent of the roofline
     wave_exponent: float  # >= 0
     c0_ms: float  # >= 0, shortest kernel
     info: dict[str, Any]
@@ -171,21 +197,24 @@ class CrossGPUModel:
 
     def predict_ms_rows(self, ops: OpTable, specs: np.ndarray, waves: np.ndarray | None = None) -> np.ndarray:
         """GPU time (ms) of operation i on the GPU of spec row i (``waves``: precomputed wave_factor)."""
-        f, b, o, gemm, tf32_ok = (ops.raw[:, j] for j in range(len(OP_COLUMNS)))
-        fp32, tf32, bw, l2, sms, clock, tdp = (specs[:, j] for j in range(len(GPU_COLUMNS)))
+        f, b, o, gemm, tensor_mode = (ops.raw[:, j] for j in range(len(OP_COLUMNS)))
+        fp32, bw, l2, sms, clock, tdp = (specs[:, GPU_COLUMNS.index(c)] for c in (
+            "fp32_tflops", "memory_bandwidth_gbs", "l2_cache_mb", "sm_count", "max_sm_clock_mhz", "tdp_w"))
+        tc = tensor_peak(tensor_mode, specs)
         x = ops.design
         u_ff = _sigmoid(x @ self.theta_ff)
         u_tc = _sigmoid(x @ self.theta_tc)
         l2_fit = np.clip(np.log2(l2 * 2**20 / b), 0.0, 8.0)
         u_m = _sigmoid(x @ self.theta_m + self.l2_weight * l2_fit)
-        peak = np.maximum(fp32 * u_ff, tf32_ok * tf32 * u_tc)
+        peak = np.maximum(fp32 * u_ff, tc * u_tc)
         gamma = _sigmoid(x @ self.theta_p)
         # in the rate actually used, so the rate stays non-decreasing in both peaks and in TDP
         headroom = (tdp / (tdp + self.watts_per_tflops * peak)) ** gamma
         rate_c = peak * headroom * 1e9  # FLOP per ms
         rate_m = bw * u_m * 1e6  # byte per ms
         rate_s = sms * clock * 1e3 * self.sm_bytes_per_clock * _sigmoid(x @ self.theta_s)  # byte per ms
-        k = self.k
+        k = roofline_exponent(x @ self.theta_k)
+        # the direct form: times are within 1e-9..1e4 ms and k within [0.5, ~30], far from under/overflow
         roof = ((f / rate_c) ** k + (b / rate_m) ** k + (b / rate_s) ** k) ** (1.0 / k)
         if waves is None:
             if np.all(sms == sms[0]) if len(sms) else True:
@@ -199,7 +228,7 @@ class CrossGPUModel:
                 "theta_ff": self.theta_ff.tolist(), "theta_tc": self.theta_tc.tolist(), "theta_m": self.theta_m.tolist(),
                 "theta_s": self.theta_s.tolist(), "sm_bytes_per_clock": self.sm_bytes_per_clock,
                 "theta_p": self.theta_p.tolist(), "watts_per_tflops": self.watts_per_tflops,
-                "l2_weight": self.l2_weight, "k": self.k, "wave_exponent": self.wave_exponent, "c0_ms": self.c0_ms,
+                "theta_k": self.theta_k.tolist(), "l2_weight": self.l2_weight, "wave_exponent": self.wave_exponent, "c0_ms": self.c0_ms,
                 "info": self.info}
 
     @classmethod
@@ -208,16 +237,25 @@ class CrossGPUModel:
                 or d.get("gpu_columns") != list(GPU_COLUMNS):
             raise CrossGPUModelError("the cross-GPU model was fitted for another feature layout; refit it with "
                                      "`gpurec train-crossgpu` (gpurec.model.crossgpu_fit.fit_and_save)")
-        if min(d["l2_weight"], d["wave_exponent"], d["c0_ms"]) < 0 or d["k"] <= 0 \
+        if min(d["l2_weight"], d["wave_exponent"], d["c0_ms"]) < 0 \
                 or min(d["sm_bytes_per_clock"], d["watts_per_tflops"]) <= 0:
             raise CrossGPUModelError("cross-GPU model parameters break monotonicity (negative L2 weight, wave "
-                                     "exponent or floor, or k <= 0); refit it")
+                                     "exponent or floor); refit it")
         return cls(np.asarray(d["theta_ff"], dtype=np.float64), np.asarray(d["theta_tc"], dtype=np.float64),
                    np.asarray(d["theta_m"], dtype=np.float64), np.asarray(d["theta_s"], dtype=np.float64),
-                   np.asarray(d["theta_p"], dtype=np.float64),
+                   np.asarray(d["theta_p"], dtype=np.float64), np.asarray(d["theta_k"], dtype=np.float64),
                    float(d["sm_bytes_per_clock"]), float(d["watts_per_tflops"]),
-                   float(d["l2_weight"]), float(d["k"]),
+                   float(d["l2_weight"]),
                    float(d["wave_exponent"]), float(d["c0_ms"]), dict(d.get("info", {})))
+
+
+K_MIN = 0.5  # smallest roofline exponent: below 1 the terms add up more than linearly
+
+
+def roofline_exponent(z: np.ndarray) -> np.ndarray:
+    """Per-operation soft-max exponent of the roofline terms, K_MIN + softplus(z): large k is a hard
+    max (compute and memory overlap fully), k = 1 their sum (no overlap)."""
+    return K_MIN + np.logaddexp(0.0, z)
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

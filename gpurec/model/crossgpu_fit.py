@@ -33,11 +33,13 @@ import numpy as np
 from gpurec.model.crossgpu import (
     CROSSGPU_FILE,
     GPU_COLUMNS,
+    K_MIN,
     CrossGPUModel,
     OpTable,
     op_table,
     op_table_from_block,
     spec_row,
+    tensor_peak,
     wave_factor,
 )
 from gpurec.model.features import kind_group
@@ -45,7 +47,10 @@ from gpurec.model.features import kind_group
 GPU_DOMINATED_RATIO = 0.9
 GPU_DOMINATED_HOST_FACTOR = 1.25
 NEUSIGHT_CAP_PER_OP = 300
-PAIR_WEIGHT = 1.0  # the H200/H100 pairs' log-ratio loss, against 1.0 for all rows together  # training rows per (GPU, NeuSight operation, split); evaluation uses all
+# Weights of the H200/H100 log-ratio losses (operation pairs; whole networks of the training
+# architectures), against 1.0 for all rows together.
+PAIR_WEIGHT = 1.0
+NETWORK_PAIR_WEIGHT = 10.0
 H100 = "NVIDIA H100 80GB HBM3"
 H200 = "NVIDIA H200"
 
@@ -89,6 +94,15 @@ def gpu_dominated_h200(h100: Any, h200: Any) -> Any:
     return m[keep.to_numpy()].reset_index(drop=True)
 
 
+def h200_gpu_time_ms(pairs: Any) -> np.ndarray:
+    """GPU time of GPU-dominated H200 eager rows: the eager time times the same operation's H100
+    host-free / eager time.  Back-to-back eager calls leave gaps between kernels even where the GPU
+    dominates (on the H100 the eager time is a median 4% above the graph-replayed GPU time), and
+    the H200 runs the same kernels from a similar host, so its eager time carries the same share."""
+    share = pairs["h100_gpu_time_ms"].astype(float) / pairs["h100_time_ms"].astype(float)
+    return (pairs["time_ms"].astype(float) * np.minimum(share, 1.0)).to_numpy()
+
+
 def _own_rows(data_root: Path | str | None, cache_dir: str | None, log: Callable[[str], None]) -> tuple[Any, OpTable]:
     import pandas as pd
 
@@ -104,7 +118,7 @@ def _own_rows(data_root: Path | str | None, cache_dir: str | None, log: Callable
     h100 = h100.drop_duplicates(["op_signature", "mode"], keep="last").reset_index(drop=True)
     h200 = gpu_dominated_h200(h100, ops[ops["gpu"] == H200].drop_duplicates(["op_signature", "mode"], keep="last"))
     rows = pd.concat([h100.assign(source="h100_host_free", target_ms=h100["gpu_time_ms"].astype(float)),
-                      h200.assign(source="h200_eager", target_ms=h200["time_ms"].astype(float))], ignore_index=True)
+                      h200.assign(source="h200_eager", target_ms=h200_gpu_time_ms(h200))], ignore_index=True)
     t0 = time.perf_counter()
     extractor = SetExtractor(cache_dir)
     matched = operations_of_rows(rows, extractor)
@@ -151,8 +165,52 @@ def training_rows(table: CrossTable, exclude_gpu: str | None = None, seed: int =
     return np.sort(np.concatenate(keep))
 
 
-def fit(table: CrossTable, rows: np.ndarray, max_iter: int = 100, info: dict[str, Any] | None = None) -> CrossGPUModel:
-    """Fit the parameters on ``rows`` of ``table`` (squared log error, GPUs and kind groups weighted equally)."""
+@dataclass
+class NetworkPairs:
+    """Whole networks of the training architectures measured eager on both the H100 and the H200
+    and GPU-bound on both (h200_network_errors' rule): their operations (``ops``, ``net`` = the
+    network each belongs to) and the measured H200/H100 eager time ratio of each network."""
+
+    ops: OpTable
+    net: np.ndarray  # (n_ops,) network index
+    waves: np.ndarray  # (n_ops,) wave factor (the H100 and H200 have the same SM count)
+    measured_ratio: np.ndarray  # (n_nets,)
+    keys: list[str]
+
+
+def network_pairs(data_root: Path | str | None = None, cache_dir: str | None = None) -> NetworkPairs:
+    """The training architectures' H200/H100 network pairs (held-out architectures left out)."""
+    from gpurec.model._sets import test_arch_names
+    from gpurec.model.evaluate import arch_of
+    from gpurec.model.features import SetExtractor
+
+    nets = _gpu_bound_pairs(data_root)
+    nets = nets[[arch_of(k) not in set(test_arch_names()) for k in nets["set_key"]]].reset_index(drop=True)
+    extractor = SetExtractor(cache_dir)
+    tables, index, ratios, keys = [], [], [], []
+    for r in nets.itertuples(index=False):
+        block = extractor.get(r.set_key, r.mode)
+        if block is None or len(block) == 0:
+            continue
+        tables.append(op_table_from_block(block))
+        index.append(np.full(len(block), len(ratios)))
+        ratios.append(r.h200_time_ms / r.h100_time_ms)
+        keys.append(f"{r.set_key}|{r.mode}")
+    extractor.save()
+    if not tables:
+        return NetworkPairs(OpTable(np.zeros((0, 5)), np.zeros((0, 0))), np.zeros(0, dtype=np.int64), np.zeros(0),
+                            np.zeros(0), [])
+    ops = OpTable(np.concatenate([t.raw for t in tables]), np.concatenate([t.design for t in tables]))
+    sms = float(spec_row(H100)[GPU_COLUMNS.index("sm_count")])
+    return NetworkPairs(ops, np.concatenate(index), wave_factor(ops.raw[:, 2], ops.raw[:, 3], sms),
+                        np.array(ratios), keys)
+
+
+def fit(table: CrossTable, rows: np.ndarray, max_iter: int = 100, info: dict[str, Any] | None = None,
+        networks: NetworkPairs | None = None) -> CrossGPUModel:
+    """Fit the parameters on ``rows`` of ``table`` (squared log error, GPUs and kind groups weighted
+    equally), plus the log H200/H100 ratios of the operation pairs among the rows and of
+    ``networks`` (whole networks measured on both)."""
     import torch
 
     torch.set_num_threads(1)  # small problem; more threads only contend on a shared machine
@@ -163,69 +221,92 @@ def fit(table: CrossTable, rows: np.ndarray, max_iter: int = 100, info: dict[str
     w = 1.0 / (per_group * groups_of_gpu)
     w = w / w.sum()
     dt = torch.float64
-    x = torch.tensor(sub.ops.design, dtype=dt)
-    raw = torch.tensor(sub.ops.raw, dtype=dt)
-    spec = torch.tensor(sub.specs, dtype=dt)
-    waves = torch.tensor(np.log(sub.waves), dtype=dt)
     y = torch.tensor(np.log(f["target_ms"].to_numpy(dtype=np.float64)), dtype=dt)
     wt = torch.tensor(w, dtype=dt)
-    n_design = x.shape[1]
-    params = {name: torch.zeros(n_design, dtype=dt, requires_grad=True) for name in ("ff", "tc", "m", "s", "p")}
+    n_design = sub.ops.design.shape[1]
+    params = {name: torch.zeros(n_design, dtype=dt, requires_grad=True) for name in ("ff", "tc", "m", "s", "p", "k")}
     scalars = {name: torch.tensor(v, dtype=dt, requires_grad=True)
-               for name, v in (("l2", -2.0), ("k", 0.5), ("wave", -1.0), ("c0", -6.0), ("beta", 4.0),
-                               ("rho", 1.0))}
-    fl, by, tf32_ok = raw[:, 0], raw[:, 1], raw[:, 4]
-    fp32, tf32, bw, l2, sms, clock, tdp = (spec[:, j] for j in range(len(GPU_COLUMNS)))
-    l2_fit = torch.clamp(torch.log2(l2 * 2**20 / by), 0.0, 8.0)
+               for name, v in (("l2", -2.0), ("wave", -1.0), ("c0", -6.0), ("beta", 4.0), ("rho", 1.0))}
     sp = torch.nn.functional.softplus
 
-    def predict_log() -> torch.Tensor:
+    def inputs(ops: OpTable, specs: np.ndarray, waves: np.ndarray) -> dict[str, torch.Tensor]:
+        col = {c: torch.tensor(specs[:, GPU_COLUMNS.index(c)], dtype=dt) for c in (
+            "fp32_tflops", "memory_bandwidth_gbs", "l2_cache_mb", "sm_count", "max_sm_clock_mhz", "tdp_w")}
+        by = torch.tensor(ops.raw[:, 1], dtype=dt)
+        return {"x": torch.tensor(ops.design, dtype=dt), "fl": torch.tensor(ops.raw[:, 0], dtype=dt), "by": by,
+                "tc": torch.tensor(tensor_peak(ops.raw[:, 4], specs), dtype=dt),
+                "waves": torch.tensor(np.log(waves), dtype=dt),
+                "l2_fit": torch.clamp(torch.log2(col["l2_cache_mb"] * 2**20 / by), 0.0, 8.0), **col}
+
+    def predict_log(d: dict[str, torch.Tensor]) -> torch.Tensor:
+        x, fl, by = d["x"], d["fl"], d["by"]
         u_ff, u_tc = torch.sigmoid(x @ params["ff"]), torch.sigmoid(x @ params["tc"])
-        u_m = torch.sigmoid(x @ params["m"] + sp(scalars["l2"]) * l2_fit)
+        u_m = torch.sigmoid(x @ params["m"] + sp(scalars["l2"]) * d["l2_fit"])
         gamma = torch.sigmoid(x @ params["p"])
-        peak = torch.maximum(fp32 * u_ff, tf32_ok * tf32 * u_tc)
+        peak = torch.maximum(d["fp32_tflops"] * u_ff, d["tc"] * u_tc)
+        tdp = d["tdp_w"]
         rate_c = peak * (tdp / (tdp + sp(scalars["rho"]) * peak)) ** gamma * 1e9
-        rate_m = bw * u_m * 1e6
-        rate_s = sms * clock * 1e3 * sp(scalars["beta"]) * torch.sigmoid(x @ params["s"])
-        k = 0.5 + sp(scalars["k"])
-        # log of (a^k + b^k)^(1/k) via logsumexp, stable over five orders of magnitude
+        rate_m = d["memory_bandwidth_gbs"] * u_m * 1e6
+        rate_s = d["sm_count"] * d["max_sm_clock_mhz"] * 1e3 * sp(scalars["beta"]) * torch.sigmoid(x @ params["s"])
+        k = K_MIN + sp(x @ params["k"])
+        # log of (a^k + b^k + c^k)^(1/k) via logsumexp, stable over five orders of magnitude
         la = torch.log(torch.clamp(fl, min=1e-30) / rate_c)
         la = torch.where(fl > 0, la, torch.full_like(la, -1e3))
         lb = torch.log(by / rate_m)
         ls = torch.log(by / rate_s)
-        roof = torch.logsumexp(torch.stack([k * la, k * lb, k * ls]), dim=0) / k + sp(scalars["wave"]) * waves
+        roof = torch.logsumexp(torch.stack([k * la, k * lb, k * ls]), dim=0) / k + sp(scalars["wave"]) * d["waves"]
         return torch.logaddexp(roof, torch.log(sp(scalars["c0"])))
 
+    rows_in = inputs(sub.ops, sub.specs, sub.waves)
     # Pairs: an operation measured on the H200 (GPU-dominated eager) and on the H100 (host-free).
     # Their measured ratio is the only direct evidence of what bandwidth alone buys, and the
-    # predictor uses this model as a ratio to the H100, so the pairs' log ratio is fitted too,
-    # weighted as much as all rows together.
+    # predictor uses this model as a ratio to the H100, so the pairs' log ratio is fitted too.
     pa, pb = _pairs(f)
-    pair_w = PAIR_WEIGHT if len(pa) else 0.0
     pa_t, pb_t = torch.tensor(pa, dtype=torch.long), torch.tensor(pb, dtype=torch.long)
+    use_nets = networks is not None and len(networks.measured_ratio) > 0
+    if use_nets:
+        net_in = {g: inputs(networks.ops, np.broadcast_to(spec_row(g), (len(networks.ops), len(GPU_COLUMNS))),
+                            networks.waves) for g in (H100, H200)}
+        net_idx = torch.tensor(networks.net, dtype=torch.long)
+        n_nets = len(networks.measured_ratio)
+        net_y = torch.tensor(np.log(networks.measured_ratio), dtype=dt)
+
+    def network_log_ratio() -> torch.Tensor:
+        sums = {}
+        for g in (H100, H200):
+            t = torch.exp(predict_log(net_in[g]))
+            sums[g] = torch.zeros(n_nets, dtype=dt).index_add(0, net_idx, t)
+        return torch.log(sums[H200]) - torch.log(sums[H100])
+
     everything = [*params.values(), *scalars.values()]
     opt = torch.optim.LBFGS(everything, lr=1.0, max_iter=max_iter, history_size=20, line_search_fn="strong_wolfe")
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
-        pred = predict_log()
+        pred = predict_log(rows_in)
         loss = (wt * (pred - y) ** 2).sum() + 1e-4 * sum((p ** 2).sum() for p in params.values())
         if len(pa):
-            loss = loss + pair_w * (((pred[pa_t] - pred[pb_t]) - (y[pa_t] - y[pb_t])) ** 2).mean()
+            loss = loss + PAIR_WEIGHT * (((pred[pa_t] - pred[pb_t]) - (y[pa_t] - y[pb_t])) ** 2).mean()
+        if use_nets:
+            loss = loss + NETWORK_PAIR_WEIGHT * ((network_log_ratio() - net_y) ** 2).mean()
         loss.backward()
         return loss
 
     opt.step(closure)
     with torch.no_grad():
-        loss = float((wt * (predict_log() - y) ** 2).sum())
-        k = float(0.5 + sp(scalars["k"]))
+        loss = float((wt * (predict_log(rows_in) - y) ** 2).sum())
+        net_info = {}
+        if use_nets:
+            err = network_log_ratio() - net_y
+            net_info = {"network_pairs": n_nets, "network_pair_rms_log_ratio_error": float(torch.sqrt((err ** 2).mean()))}
         return CrossGPUModel(
             theta_ff=params["ff"].detach().numpy().copy(), theta_tc=params["tc"].detach().numpy().copy(),
             theta_m=params["m"].detach().numpy().copy(), theta_s=params["s"].detach().numpy().copy(),
-            theta_p=params["p"].detach().numpy().copy(), sm_bytes_per_clock=float(sp(scalars["beta"])),
-            watts_per_tflops=float(sp(scalars["rho"])), l2_weight=float(sp(scalars["l2"])), k=k,
+            theta_p=params["p"].detach().numpy().copy(), theta_k=params["k"].detach().numpy().copy(),
+            sm_bytes_per_clock=float(sp(scalars["beta"])),
+            watts_per_tflops=float(sp(scalars["rho"])), l2_weight=float(sp(scalars["l2"])),
             wave_exponent=float(sp(scalars["wave"])), c0_ms=float(sp(scalars["c0"])),
-            info={**(info or {}), "rows": int(len(rows)), "weighted_log_mse": loss,
+            info={**(info or {}), "rows": int(len(rows)), "weighted_log_mse": loss, **net_info,
                   "rows_by_gpu": {str(g): int(n) for g, n in f["gpu"].value_counts().sort_index().items()}})
 
 
@@ -250,17 +331,19 @@ def predict_rows(model: CrossGPUModel, table: CrossTable, idx: np.ndarray | None
     return model.predict_ms_rows(sub.ops, sub.specs, sub.waves)
 
 
-def leave_one_gpu_out(table: CrossTable, gpus: list[str] | None = None, log: Callable[[str], None] = print
-                      ) -> tuple[Any, dict[str, CrossGPUModel]]:
-    """Per held-out GPU, a model fitted without it; returns a frame of every row of that GPU with
-    its prediction (columns of ``table.frame`` + ``pred_ms``) and the fold models."""
+def leave_one_gpu_out(table: CrossTable, gpus: list[str] | None = None, log: Callable[[str], None] = print,
+                      networks: NetworkPairs | None = None) -> tuple[Any, dict[str, CrossGPUModel]]:
+    """Per held-out GPU, a model fitted without it (and without the H200/H100 network pairs when
+    it is one of those two); returns a frame of every row of that GPU with its prediction
+    (columns of ``table.frame`` + ``pred_ms``) and the fold models."""
     import pandas as pd
 
     gpus = gpus or sorted(table.frame["gpu"].unique())
     parts, models = [], {}
     for g in gpus:
         t0 = time.perf_counter()
-        m = fit(table, training_rows(table, exclude_gpu=g), info={"held_out": g})
+        m = fit(table, training_rows(table, exclude_gpu=g), info={"held_out": g},
+                networks=None if g in (H100, H200) else networks)
         idx = np.flatnonzero(table.frame["gpu"].to_numpy() == g)
         part = table.frame.iloc[idx].reset_index(drop=True).assign(pred_ms=predict_rows(m, table, idx))
         parts.append(part)
@@ -282,18 +365,22 @@ def fit_and_save(data_root: Path | str | None = None, out_dir: Path | str = "mod
 
     t0 = time.perf_counter()
     table = build_table(data_root, cache_dir, log)
+    networks = network_pairs(data_root, cache_dir)
     counts = table.frame.groupby(["source", "gpu"]).size()
-    model = fit(table, training_rows(table), info={
+    model = fit(table, training_rows(table), networks=networks, info={
         "sources": {f"{s}|{g}": int(n) for (s, g), n in counts.items()},
         "gpu_dominated_h200": {"h100_host_free_over_eager_min": GPU_DOMINATED_RATIO,
                                "h200_eager_over_h100_host_ms_min": GPU_DOMINATED_HOST_FACTOR},
-        "neusight_cap_per_op": NEUSIGHT_CAP_PER_OP})
+        "neusight_cap_per_op": NEUSIGHT_CAP_PER_OP,
+        "h200_target": "H200 eager time x the same operation's H100 host-free / eager time",
+        "pair_weights": {"operations": PAIR_WEIGHT, "networks": NETWORK_PAIR_WEIGHT}})
     out = Path(out_dir)
     atomic_write_text(out / CROSSGPU_FILE, json.dumps(model.to_dict(), indent=1, sort_keys=True) + "\n")
     log(f"cross-GPU model: weighted log MSE {model.info['weighted_log_mse']:.4f} on {model.info['rows']} rows, "
         f"saved to {out / CROSSGPU_FILE} ({time.perf_counter() - t0:.0f} s)")
     if validate:
-        report = evaluate(table, data_root, cache_dir, log)
+        report = evaluate(table, data_root, cache_dir, log, model=model, networks=networks,
+                          predictor=load_energy_predictor(out, log))
         report["model_info"] = model.info
         report["seconds"] = time.perf_counter() - t0
         atomic_write_text(out / CROSSGPU_REPORT_FILE, json.dumps(_json_ready(report), indent=1, sort_keys=True)
@@ -426,30 +513,57 @@ def public_model_errors(models_by_gpu: dict[str, CrossGPUModel], data_root: Path
 
 # -- H200 against H100 on whole networks ---------------------------------------------------------
 
-def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = None, cache_dir: str | None = None
-                        ) -> Any:
-    """The collected networks GPU-bound on both the H100 and the H200, with the H200/H100 time ratio
-    measured (eager over eager) and predicted (the model's op-sum ratio), and the H200's time
-    predicted as the H100's host-free network time times that ratio (``pred_h200_ms``, what the
-    predictor does) and directly as the model's summed operation times (``direct_h200_ms``).
+def _fp32_rows(frame: Any) -> Any:
+    """Rows measured at fp32 (rows from before precision was a column are fp32)."""
+    if "precision" not in frame:
+        return frame
+    return frame[frame["precision"].fillna("fp32").astype(str) == "fp32"]
 
-    GPU-bound: on the H100, host-free / eager >= GPU_DOMINATED_RATIO; on the H200, eager time >=
-    GPU_DOMINATED_HOST_FACTOR x the H100's single-step host time (as for operation rows)."""
+
+def _gpu_bound_pairs(data_root: Path | str | None) -> Any:
+    """fp32 networks measured on the H100 and the H200 and GPU-bound on both (h200_network_errors)."""
     import pandas as pd
 
     from gpurec.dataset import load_dataset
-    from gpurec.model.features import SetExtractor
 
-    nets = load_dataset(root=data_root, table="networks")
-    a = nets[nets["gpu"] == H100][["set_key", "mode", "gpu_time_ms", "time_ms", "host_ms"]].rename(
-        columns={"gpu_time_ms": "h100_gpu_time_ms", "time_ms": "h100_time_ms", "host_ms": "h100_host_ms"})
-    b = nets[nets["gpu"] == H200][["set_key", "mode", "time_ms"]].rename(columns={"time_ms": "h200_time_ms"})
-    m = a.merge(b, on=["set_key", "mode"]).drop_duplicates(["set_key", "mode"], keep="last")
-    for c in ("h100_gpu_time_ms", "h100_time_ms", "h100_host_ms", "h200_time_ms"):
+    nets = _fp32_rows(load_dataset(root=data_root, table="networks"))
+    a = nets[nets["gpu"] == H100][["set_key", "mode", "gpu_time_ms", "time_ms", "host_ms", "energy_mj"]].rename(
+        columns={"gpu_time_ms": "h100_gpu_time_ms", "time_ms": "h100_time_ms", "host_ms": "h100_host_ms",
+                 "energy_mj": "h100_energy_mj"})
+    b = nets[nets["gpu"] == H200][["set_key", "mode", "time_ms", "energy_mj"]].rename(
+        columns={"time_ms": "h200_time_ms", "energy_mj": "h200_energy_mj"})
+    a = a.drop_duplicates(["set_key", "mode"], keep="last")
+    b = b.drop_duplicates(["set_key", "mode"], keep="last")
+    m = a.merge(b, on=["set_key", "mode"])
+    for c in ("h100_gpu_time_ms", "h100_time_ms", "h100_host_ms", "h200_time_ms", "h100_energy_mj", "h200_energy_mj"):
         m[c] = pd.to_numeric(m[c], errors="coerce")
     bound = (m["h100_gpu_time_ms"] / m["h100_time_ms"] >= GPU_DOMINATED_RATIO) \
         & (m["h200_time_ms"] >= GPU_DOMINATED_HOST_FACTOR * m["h100_host_ms"])
     m = m[bound.to_numpy()].reset_index(drop=True)
+    return m
+
+
+def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = None, cache_dir: str | None = None,
+                        predictor: Any = None) -> Any:
+    """The collected fp32 networks GPU-bound on both the H100 and the H200, with the H200/H100 time
+    ratio measured (eager over eager) and predicted (the model's op-sum ratio), and the H200's time
+    predicted as the H100's host-free network time times that ratio (``pred_h200_ms``, what the
+    predictor does) and directly as the model's summed operation times (``direct_h200_ms``).
+    ``held_out_arch`` marks networks of the held-out test architectures (never trained on).
+
+    With ``predictor`` (a gpurec Predictor; its cross-GPU model is replaced by ``model`` for the
+    call), also what a user gets: its H200/H100 GPU time ratio (``product_ratio``: the H100's
+    per-operation times weighted by the model's per-operation ratios) and GPU energy ratio
+    (``pred_energy_ratio``, its power model's power times those times), against the measured
+    eager energy ratio (``measured_energy_ratio``).
+
+    GPU-bound: on the H100, host-free / eager >= GPU_DOMINATED_RATIO; on the H200, eager time >=
+    GPU_DOMINATED_HOST_FACTOR x the H100's single-step host time (as for operation rows)."""
+    from gpurec.model._sets import parse_set, test_arch_names
+    from gpurec.model.evaluate import arch_of
+    from gpurec.model.features import SetExtractor
+
+    m = _gpu_bound_pairs(data_root)
     extractor = SetExtractor(cache_dir)
     ratio, direct = np.full(len(m), np.nan), np.full(len(m), np.nan)
     for i, r in enumerate(m.itertuples(index=False)):
@@ -460,18 +574,52 @@ def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = Non
         direct[i] = model.predict_ms(ops, H200).sum()
         ratio[i] = direct[i] / model.predict_ms(ops, H100).sum()
     extractor.save()
-    m = m.assign(pred_ratio=ratio, measured_ratio=m["h200_time_ms"] / m["h100_time_ms"], direct_h200_ms=direct)
+    held_out = set(test_arch_names())
+    m = m.assign(pred_ratio=ratio, measured_ratio=m["h200_time_ms"] / m["h100_time_ms"], direct_h200_ms=direct,
+                 measured_energy_ratio=m["h200_energy_mj"] / m["h100_energy_mj"],
+                 held_out_arch=[arch_of(k) in held_out for k in m["set_key"]])
     m = m.assign(pred_h200_ms=m["h100_gpu_time_ms"] * m["pred_ratio"])
+    if predictor is not None:
+        m = m.assign(**_product_ratios(predictor, model, m, parse_set))
+        m = m.assign(energy_ratio_error_pp=100 * (m["pred_energy_ratio"] - m["measured_energy_ratio"]),
+                     product_ratio_error_pp=100 * (m["product_ratio"] - m["measured_ratio"]))
     return m.assign(ape=np.abs(m["pred_h200_ms"] / m["h200_time_ms"] - 1),
                     direct_ape=np.abs(m["direct_h200_ms"] / m["h200_time_ms"] - 1),
                     ratio_error_pp=100 * (m["pred_ratio"] - m["measured_ratio"]))
 
 
+def _product_ratios(predictor: Any, model: CrossGPUModel, nets: Any, parse_set: Callable[[str], Any]
+                    ) -> dict[str, np.ndarray]:
+    """The predictor's H200/H100 GPU time and GPU energy ratios of each network, with ``model`` as its
+    cross-GPU model (restored afterwards)."""
+    saved = predictor.crossgpu
+    predictor.crossgpu = model
+    predictor.clear_cache()
+    t_ratio, e_ratio = np.full(len(nets), np.nan), np.full(len(nets), np.nan)
+    try:
+        for i, r in enumerate(nets.itertuples(index=False)):
+            s = parse_set(r.set_key)
+            cand = [(s.arch, s.input_shape)]
+            a = predictor.predict_many(cand, mode=r.mode, gpu=H100)[0]
+            b = predictor.predict_many(cand, mode=r.mode, gpu=H200)[0]
+            if hasattr(a, "gpu_time_ms") and hasattr(b, "gpu_time_ms"):
+                t_ratio[i] = b.gpu_time_ms / a.gpu_time_ms
+                e_ratio[i] = b.gpu_energy_mj / a.gpu_energy_mj
+    finally:
+        predictor.crossgpu = saved
+        predictor.clear_cache()
+    return {"product_ratio": t_ratio, "pred_energy_ratio": e_ratio}
+
+
 def evaluate(table: CrossTable, data_root: Path | str | None = None, cache_dir: str | None = None,
-             log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Leave one GPU out per operation kind group, on whole public models and on the H200's
-    GPU-bound networks, plus the H200/H100 ratio error; JSON-ready tables for docs/accuracy.md."""
-    logo, models = leave_one_gpu_out(table, log=log)
+             log: Callable[[str], None] = print, model: CrossGPUModel | None = None,
+             networks: NetworkPairs | None = None, predictor: Any = None) -> dict[str, Any]:
+    """Leave one GPU out per operation kind group and on whole public models; the H200/H100 ratio
+    on the collected GPU-bound networks, by ``model`` (fitted with the H200 rows and network pairs
+    of the training architectures; ``held_out_arch`` marks the networks it never saw) and, for
+    reference, by the leave-the-H200-out model; JSON-ready tables for docs/accuracy.md.  With a
+    ``predictor`` the networks also get the predicted GPU energy ratio."""
+    logo, models = leave_one_gpu_out(table, log=log, networks=networks)
     logo = logo.assign(ape=np.abs(logo["pred_ms"] / logo["target_ms"] - 1))
     per_op = []
     for (gpu, group), part in logo.groupby(["gpu", "group"]):
@@ -480,13 +628,39 @@ def evaluate(table: CrossTable, data_root: Path | str | None = None, cache_dir: 
     per_gpu = [{"gpu": g, "rows": int(len(p)), "mape": float(p["ape"].mean()), "median_ape": float(p["ape"].median()),
                 "sources": sorted(p["source"].unique().tolist())} for g, p in logo.groupby("gpu")]
     public = public_model_errors(models, data_root)
-    h200 = h200_network_errors(models[H200], data_root, cache_dir) if H200 in models else None
     out: dict[str, Any] = {
         "per_op": per_op, "per_gpu": per_gpu,
         "public_models": public.drop(columns=[]).to_dict(orient="records"),
     }
-    if h200 is not None:
-        cols = ["set_key", "mode", "h100_gpu_time_ms", "h100_time_ms", "h200_time_ms", "pred_ratio",
-                "measured_ratio", "pred_h200_ms", "ape", "direct_h200_ms", "direct_ape", "ratio_error_pp"]
-        out["h200_networks"] = h200[cols].to_dict(orient="records")
+    cols = ["set_key", "mode", "held_out_arch", "h100_gpu_time_ms", "h100_time_ms", "h200_time_ms", "pred_ratio",
+            "measured_ratio", "pred_h200_ms", "ape", "direct_h200_ms", "direct_ape", "ratio_error_pp",
+            "h100_energy_mj", "h200_energy_mj", "measured_energy_ratio"]
+    extra = ["product_ratio", "product_ratio_error_pp", "pred_energy_ratio", "energy_ratio_error_pp"]
+    if model is not None:
+        h200 = h200_network_errors(model, data_root, cache_dir, predictor=predictor)
+        out["h200_networks"] = h200[[c for c in cols + extra if c in h200]].to_dict(orient="records")
+        out["h200_networks_method"] = {
+            "model": "fitted on every GPU's rows, the H200's GPU-dominated eager operation rows and "
+                     "H200/H100 network pairs of the training architectures included",
+            "network_pairs": int(len(networks.keys)) if networks is not None else 0,
+            "energy": "predictor (its power model) with this cross-GPU model" if predictor is not None else None}
+    if H200 in models:
+        logo_h200 = h200_network_errors(models[H200], data_root, cache_dir)
+        out["h200_networks_leave_h200_out"] = logo_h200[["set_key", "mode", "held_out_arch", "pred_ratio",
+                                                         "measured_ratio", "ratio_error_pp"]].to_dict(orient="records")
     return out
+
+
+def load_energy_predictor(model_dir: Path | str | None, log: Callable[[str], None] = print) -> Any:
+    """The trained predictor (``model_dir``, else the default models) that turns the cross-GPU
+    times into energy, or None (logged) when none loads (e.g. xgboost missing)."""
+    from gpurec.model import load_predictor
+
+    reasons = []
+    for where in ([model_dir] if model_dir is not None else []) + [None]:
+        try:
+            return load_predictor(where, check_data=False)
+        except Exception as exc:  # any unusable model directory: try the next, say why at the end
+            reasons.append(f"{where or 'default'}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+    log("cross-GPU: no predictor loads, so the H200/H100 energy ratio is left out (" + "; ".join(reasons) + ")")
+    return None
