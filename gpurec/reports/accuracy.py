@@ -918,9 +918,11 @@ def _flip_lines(fl: dict[str, Any] | None) -> list[str]:
     L += [""] + table(["flip", "network", "GPU a vs GPU b", "fp32 ms (a / b)", f"{precision} ms (a / b)", "margin",
                        f"measured at {precision}"], lines)
     L += ["", "Caveat: GPUs without host-free rows take the H100's time times the cross-GPU model's per-operation "
-          "ratio, and that model reads FP32/TF32 peaks, bandwidth and the operations' FLOPs and bytes (bytes in the "
-          f"{precision} dtypes), not the GPUs' BF16/FP16 tensor-core peaks: a flip between two unmeasured GPUs "
-          "rests on those, and on no measurement at this precision.", ""]
+          "ratio (each GPU's tensor-core peak for the operation's math, its bandwidth, the operations' FLOPs and "
+          f"bytes in the {precision} dtypes); only "
+          + (", ".join(short(g) for g in fl["measured_gpus"]) or "no GPU")
+          + f" has networks measured at {precision}, so a flip between two other GPUs rests on that model alone.",
+          ""]
     return L
 
 
