@@ -1085,7 +1085,9 @@ def tools_plan(out: Path = typer.Option(None, "--out",
                precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP + "; the main plan's "
                                              "sets and modes at that precision"),
                preset: str = typer.Option(None, "--preset", help="a plan of several precisions: "
-                                          "'precision' (the round's precision collection)")) -> None:
+                                          "'precision' (the round's precision collection), "
+                                          "'precision-networks' (bf16-mixed networks only, unseen test "
+                                          "architectures first)")) -> None:
     """Write the collection plan (work order) with the local torch."""
     from gpurec.tools.plan import (
         DEFAULT_PLAN,

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from fakes import FakeNVML
@@ -379,3 +380,183 @@ def test_training_matches_a_row_to_the_operation_of_its_precision() -> None:
     assert len(matched.row_index) == 1 and matched.block.kinds[0] == "Conv2d"
     as_fp32 = operations_of_rows(pd.DataFrame([{**row, "precision": None}]), extractor)
     assert len(as_fp32.row_index) == 0 and sum(as_fp32.unmatched.values()) == 1
+
+
+class _SpeedupPredictor:
+    """Stands in for a trained predictor: host-free time 10 ms at fp32, 4 ms at any other
+    precision, at a constant 200 W; records the precision of every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def predict(self, arch, shape, mode, gpu, host=None, precision="fp32"):  # noqa: ANN001, ANN201
+        self.calls.append(precision)
+        t = 10.0 if precision == "fp32" else 4.0
+        ops = SimpleNamespace(entry=SimpleNamespace(block=SimpleNamespace(kinds=["autocast_cast", "Linear"])),
+                              gpu_time_ms=[1.0, t - 1.0])  # 1 ms of the step is autocast's casts
+        return SimpleNamespace(gpu_time_ms=t, gpu_energy_mj=t * 200.0, time_ms=t, energy_mj=t * 200.0,
+                               host_time_ms=0.1, bound="gpu", host="reference", _ops=ops)
+
+
+def test_low_precision_networks_are_estimated_at_their_precision_and_grouped(tmp_path: Path) -> None:
+    """Each network row is predicted at its own precision; unseen test groups are listed with n 0
+    where nothing was measured, and planned test networks not measured are named."""
+    import pandas as pd
+
+    from gpurec.model.evaluate import network_records, precision_accuracy
+
+    gpu = "NVIDIA H100 80GB HBM3"
+    rows = [  # (set_key, mode, precision, host-free ms)
+        ("alexnet:b8:r224", "inference", "fp32", 10.0), ("alexnet:b8:r224", "inference", "bf16-mixed", 5.0),
+        ("alexnet:b8:r224", "training", "bf16-mixed", 4.0), ("vgg13_bn:b8:r224", "inference", "bf16-mixed", 8.0)]
+    nets = pd.DataFrame([{"gpu": gpu, "set_key": k, "mode": m, "precision": p, "status": "ok", "run_id": "r",
+                          "time_ms": t * 1.5, "energy_mj": t * 300.0, "gpu_time_ms": t, "gpu_energy_mj": t * 200.0}
+                         for k, m, p, t in rows])
+    (tmp_path / "h100").mkdir()
+    nets.to_parquet(tmp_path / "h100" / "networks.parquet", index=False)
+    plan = tmp_path / "precision.json"
+    plan.write_text(json.dumps({"items": [
+        {"item": "network", "set_key": k, "mode": m, "precision": "bf16-mixed"}
+        for k in ("vgg13_bn:b8:r224", "swin_s:b8:r224") for m in ("inference", "training")]}))
+    pred = _SpeedupPredictor()
+    fp32 = network_records(pred, nets[nets["precision"] == "fp32"])
+    out = precision_accuracy(pred, tmp_path, fp32, plan_file=plan)
+    assert pred.calls == ["fp32", "bf16-mixed", "bf16-mixed", "bf16-mixed"]
+    bf = out["precisions"]["bf16-mixed"]
+    g = {(x["archs"], x["mode"]): x for x in bf["groups"]}
+    assert g[("unseen test", "inference")]["n_time"] == 1  # vgg13_bn: 4 ms predicted for 8 ms measured
+    assert g[("unseen test", "inference")]["time_mape"] == pytest.approx(50.0)
+    assert g[("unseen test", "training")]["n_time"] == 0 and np.isnan(g[("unseen test", "training")]["time_mape"])
+    assert g[("training", "inference")]["time_mape"] == pytest.approx(20.0)  # 4 for 5
+    assert g[("training", "training")]["energy_mape"] == pytest.approx(0.0)
+    assert sorted(bf["test_planned_not_measured"]) == [("swin_s:b8:r224", "inference"), ("swin_s:b8:r224", "training"),
+                                                       ("vgg13_bn:b8:r224", "training")]
+    twin = bf["records"].set_index(["set_key", "mode"])
+    assert twin.loc[("alexnet:b8:r224", "inference"), "fp32_measured_gpu_time_ms"] == pytest.approx(10.0)
+    assert np.isnan(twin.loc[("alexnet:b8:r224", "training"), "fp32_measured_gpu_time_ms"])
+    check = {(c["variant"], c["mode"]): c for c in bf["correction_check"]}
+    inf = check[("as predicted", "inference")]  # alexnet 4 for 5, vgg13_bn 4 for 8
+    assert (inf["n"], inf["families"]) == (2, 2) and inf["time_mape"] == pytest.approx(35.0)
+    # each scaled by the other family's ratio: alexnet 4 x 2 = 8 for 5, vgg13_bn 4 x 1.25 = 5 for 8
+    assert inf["lofo_scaled_time_mape"] == pytest.approx((60.0 + 37.5) / 2)
+    assert check[("casts taken out", "inference")]["time_mape"] == pytest.approx((40.0 + 62.5) / 2)  # 3 ms each
+    assert np.isnan(check[("as predicted", "training")]["lofo_scaled_time_mape"])  # one family: nothing held out
+
+
+# -- autocast entered inside forward, and recurrent layers under autocast -------------------------
+
+class _AutocastInside(Block):
+    """Block whose forward enters CUDA autocast itself (as a user's training module may)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return super().forward(x)
+
+
+class _AutocastPart(Block):
+    """Only the convolution runs under fp16 autocast; the rest of forward runs in fp32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.float16):
+            y = self.relu(self.conv(x))
+        return torch.softmax(self.norm(self.fc(y.float().flatten(1))), -1)
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_autocast_inside_forward_is_extracted_at_the_precision_it_runs(mode: str) -> None:
+    inside = extract_operations(_AutocastInside(), (2, 3, 8, 8), mode=mode, keep_sources=False)
+    outside = extract_operations(Block(), (2, 3, 8, 8), mode=mode, keep_sources=False, precision="bf16-mixed")
+    assert [op.signature for op in inside] == [op.signature for op in outside]
+    assert {op.precision for op in inside} == {"bf16-mixed"}
+    # the autocast state and torch.autocast itself are as they were
+    assert not torch.is_autocast_enabled("cuda")
+    assert torch.amp.autocast_mode.autocast.__enter__.__qualname__ == "autocast.__enter__"
+
+
+def test_an_autocast_region_of_forward_is_low_precision_and_the_rest_fp32() -> None:
+    ops = extract_operations(_AutocastPart(), (2, 3, 8, 8), mode="training", keep_sources=False)
+    kinds = _by_kind(ops)
+    (conv,) = kinds["Conv2d"]
+    assert conv.precision == "fp16-mixed" and conv.dtype == "float16"
+    assert kinds["ReLU"][0].dtype == "float16"
+    fp32 = {op.kind: op for op in extract_operations(Block(), (2, 3, 8, 8), mode="training", keep_sources=False)}
+    for kind in ("Linear", "LayerNorm", "softmax"):  # after the region: the fp32 operations themselves
+        (op,) = kinds[kind]
+        assert op.precision == "fp32" and op.signature == fp32[kind].signature
+
+
+class _LM(nn.Module):
+    def __init__(self, layer: type[nn.Module]) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(100, 32)
+        self.rnn = layer(32, 64, num_layers=2, batch_first=True)
+        self.out = nn.Linear(64, 100)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.rnn(self.emb(x))
+        return self.out(h)
+
+
+@pytest.mark.parametrize("layer", [nn.LSTM, nn.GRU, nn.RNN])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed"])
+def test_recurrent_layers_follow_cudnn_autocast_policy(layer: type[nn.Module], precision: str) -> None:
+    """cuDNN's RNN under CUDA autocast runs in float16 whatever autocast's dtype: the input and
+    every weight arrive cast (one cast each), and the next layer casts its float16 input again."""
+    from gpurec.ops.extract import rnn_autocast_dtype
+
+    assert rnn_autocast_dtype() == torch.float16  # torch registers the autocast kernel for aten::_cudnn_rnn
+    model = _LM(layer)
+    ops = extract_operations(model, (4, 16), dtype=torch.long, mode="training", precision=precision)
+    (rnn,) = [op for op in ops if op.kind == layer.__name__]
+    assert rnn.precision == precision and rnn.dtype == "float16" and rnn.input_dtypes == ["float16"]
+    weights = [n for n, _ in model.rnn.named_parameters()]
+    assert rnn.param_dtypes == {n: "float16" for n in weights}
+    before = ops[:ops.index(rnn)]
+    casts = [op for op in before if op.kind == "autocast_cast" and op.name == rnn.name + ".cast"]
+    assert len(casts) == 1 + len(weights) and all(c.dtype == "float16" for c in casts)
+    assert all(c.input_requires_grad == [True] for c in casts)  # weights and the embedding's output
+    fp32 = [op for op in extract_operations(model, (4, 16), dtype=torch.long, mode="training")
+            if op.kind == layer.__name__][0]
+    assert rnn.flops == fp32.flops and rnn.bytes_read < fp32.bytes_read
+    (linear,) = [op for op in ops if op.kind == "Linear"]
+    low = "bfloat16" if precision == "bf16-mixed" else "float16"
+    assert linear.dtype == low and linear.input_dtypes == [low]
+
+
+def test_precision_flips_finds_the_pairs_whose_order_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pair flips when one GPU is faster in fp32 and slower at the lower precision; GPUs without
+    tensor cores at its dtype (a V100 for bf16) never take part."""
+    import importlib
+
+    from gpurec.reports.accuracy import precision_flips
+
+    rec_mod = importlib.import_module("gpurec.recommend")
+
+    l40s, a100, v100, h100 = "NVIDIA L40S", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB", "NVIDIA H100 80GB HBM3"
+    times = {"fp32": {l40s: 1.0, a100: 2.0, v100: 0.5, h100: 0.8},  # the H100 is the fastest in both
+             "bf16-mixed": {l40s: 2.0, a100: 1.0, v100: 3.0, h100: 0.5}}
+    asked: list[list[str]] = []
+
+    def fake_recommend(arch, shape, mode, predictor, cuda_graphs, batch_search, precision, gpus):  # noqa: ANN001, ANN202
+        asked.append(list(gpus))
+        return SimpleNamespace(rows=[SimpleNamespace(gpu=g, gpu_time_ms=t, fits=True)
+                                     for g, t in times[precision].items() if g in gpus])
+
+    monkeypatch.setattr(rec_mod, "recommend", fake_recommend)
+    out = precision_flips(object(), [("alexnet:b32:r224", "training")], "bf16-mixed", [a100])
+    assert v100 not in asked[0] and {l40s, a100} <= set(asked[0])
+    assert [(f["faster_fp32"], f["faster_low"]) for f in out["flips"]] == [(l40s, a100)]
+    assert out["best"]["margin_pct"] == pytest.approx(100.0) and out["best_measured"] == out["best"]
+    none_measured = precision_flips(object(), [("alexnet:b32:r224", "training")], "bf16-mixed", [])
+    assert none_measured["best_measured"] is None and none_measured["best"] is not None
+
+
+def test_the_precision_networks_preset_is_networks_only_with_the_unseen_architectures_first() -> None:
+    from gpurec.sets import DATASET_ARCHS, TEST_ARCHS, TEST_BATCH_SIZES
+    from gpurec.tools.plan import PRESETS, held_out_first
+
+    items = held_out_first(build_parts_plan(PRESETS["precision-networks"](), extract=_fake_extract), TEST_ARCHS)
+    assert {(w.item, w.precision) for w in items} == {("network", "bf16-mixed")}
+    n_test = len(TEST_ARCHS) * len(TEST_BATCH_SIZES) * 2
+    assert {w.key.split(":")[0] for w in items[:n_test]} == set(TEST_ARCHS)
+    assert {w.key.split(":")[0] for w in items[n_test:]} == set(DATASET_ARCHS)

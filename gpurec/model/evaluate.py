@@ -116,6 +116,11 @@ def _col(df: Any, name: str) -> np.ndarray:
     return pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
 
 
+def row_precision(value: Any) -> str:
+    """A row's precision column: absent or empty in rows from before precision was a column (fp32)."""
+    return value if isinstance(value, str) and value else "fp32"
+
+
 def network_records(predictor: Any, nets: Any, host_profiles: dict[str, list[Any]] | None = None,
                     use_run_host: bool = True) -> Any:
     """One row per measured network row: measured and estimated gpu_time_ms, gpu_energy_mj,
@@ -123,6 +128,7 @@ def network_records(predictor: Any, nets: Any, host_profiles: dict[str, list[Any
     that measured it (its run's ``host_bench`` profile, median of start and end) where
     ``use_run_host`` and the profile exists, else for the reference host (``host`` says which).
 
+    Each row is estimated at its own ``precision`` (column absent: fp32).
     ``nets`` is ``gpurec.load_dataset(table="networks")`` (any subset); ``host_profiles`` is
     gpurec.model.provenance.host_profiles_by_run(root). Rows that cannot be estimated (an
     architecture this torchvision cannot build) are kept with ``error`` set, never dropped."""
@@ -137,18 +143,25 @@ def network_records(predictor: Any, nets: Any, host_profiles: dict[str, list[Any
     for i, r in enumerate(nets.itertuples(index=False)):
         run = str(getattr(r, "run_id", ""))
         host = run_host.get(run) if use_run_host else None
+        precision = row_precision(getattr(r, "precision", None))
         rec: dict[str, Any] = {"gpu": r.gpu, "set_key": r.set_key, "mode": r.mode, "run_id": run,
+                               "precision": precision,
                                "arch": arch_of(r.set_key), "is_test": arch_of(r.set_key) in test_arch_names(),
                                "host_profile": "run" if host is not None else "reference", "error": ""}
         for k in ("time_ms", "energy_mj", "gpu_time_ms", "gpu_energy_mj"):
             rec[f"measured_{k}"] = float(_col(nets.iloc[[i]], k)[0])
         try:
             s = parse_set(r.set_key)
-            est = predictor.predict(s.arch, s.input_shape, mode=r.mode, gpu=r.gpu, host=host)
+            est = predictor.predict(s.arch, s.input_shape, mode=r.mode, gpu=r.gpu, host=host, precision=precision)
             for k in ("time_ms", "energy_mj", "gpu_time_ms", "gpu_energy_mj", "host_time_ms"):
                 rec[f"pred_{k}"] = getattr(est, k)
             rec["pred_bound"] = est.bound
             rec["host"] = est.host
+            if precision in ("bf16-mixed", "fp16-mixed"):  # the casts autocast inserts, predicted on their own
+                ops = getattr(est, "_ops", None)
+                if ops is not None:
+                    cast = np.asarray(ops.entry.block.kinds) == "autocast_cast"
+                    rec["pred_cast_gpu_time_ms"] = float(np.asarray(ops.gpu_time_ms)[cast].sum())
         except Exception as exc:  # reported per row, not fatal
             rec["error"] = f"{type(exc).__name__}: {exc}"[:200]
         rows.append(rec)
@@ -284,6 +297,91 @@ def accuracy_tables(predictor: Any, data_root: Any = None, report: dict[str, Any
             "bound": bound_accuracy(records), "host_share": host_share_accuracy(records),
             "noise_floor": noise_floor(both), "leave_one_gpu_out": leave_one_gpu_out_table(report or {}),
             "records": records}
+
+
+PRECISION_TARGETS_PCT = {"time": 8.0, "energy": 10.0}  # host-free MAPE, unseen architectures, non-fp32
+
+
+def planned_networks(plan_file: Any, precision: str) -> list[tuple[str, str]]:
+    """(set_key, mode) of the network items a work order (``datasets/plans/*.json``) holds at
+    ``precision``; empty where the file does not exist."""
+    from pathlib import Path
+
+    path = Path(plan_file)
+    if not path.exists():
+        return []
+    items = json.loads(path.read_text()).get("items", [])
+    return sorted({(str(i.get("set_key") or i.get("key")), str(i.get("mode"))) for i in items
+                   if i.get("item") == "network" and row_precision(i.get("precision")) == precision})
+
+
+def precision_accuracy(predictor: Any, data_root: Any = None, fp32_records: Any = None,
+                       plan_file: Any = None) -> dict[str, Any]:
+    """Host-free accuracy of the networks measured at a precision other than fp32, each estimated
+    at its own precision: per precision, GPU, architecture group (unseen test / training) and mode,
+    every group listed even where no network was measured (``n`` 0, never padded).  With
+    ``fp32_records`` (``accuracy_tables``' records) each network also gets its fp32 twin's measured
+    and predicted host-free time, so the measured and predicted speed-ups can be compared.  With
+    ``plan_file``, the test-architecture networks planned at that precision but not measured."""
+    from gpurec.dataset import load_dataset
+    from gpurec.model._sets import test_arch_names
+    from gpurec.model.provenance import host_profiles_by_run
+
+    nets = load_dataset(root=data_root, table="networks")
+    if "precision" not in nets:
+        return {"precisions": {}}
+    low = nets[nets["precision"].map(row_precision) != "fp32"].reset_index(drop=True)
+    if not len(low):
+        return {"precisions": {}}
+    records = network_records(predictor, low, host_profiles_by_run(data_root))
+    if fp32_records is not None and len(fp32_records):
+        twin = (fp32_records.groupby(["gpu", "set_key", "mode"])[["measured_gpu_time_ms", "pred_gpu_time_ms"]]
+                .median().rename(columns=lambda c: f"fp32_{c}").reset_index())
+        records = records.merge(twin, on=["gpu", "set_key", "mode"], how="left")
+    out: dict[str, Any] = {"precisions": {}, "targets_pct": dict(PRECISION_TARGETS_PCT)}
+    for precision, part in records.groupby("precision"):
+        groups = []
+        for gpu in sorted(set(part["gpu"])):
+            for is_test in (True, False):
+                for mode in ("inference", "training"):
+                    sel = part[(part["gpu"] == gpu) & (part["is_test"] == is_test) & (part["mode"] == mode)]
+                    t, n_t = _mape(sel.get("pred_gpu_time_ms"), sel["measured_gpu_time_ms"])
+                    e, n_e = _mape(sel.get("pred_gpu_energy_mj"), sel["measured_gpu_energy_mj"])
+                    groups.append({"gpu": gpu, "archs": "unseen test" if is_test else "training", "mode": mode,
+                                   "n_time": n_t, "n_energy": n_e, "time_mape": t, "energy_mape": e,
+                                   "architectures": sorted(set(sel["arch"]))})
+        measured = set(zip(part["set_key"], part["mode"], strict=True))
+        planned = [k for k in (planned_networks(plan_file, str(precision)) if plan_file is not None else [])
+                   if arch_of(k[0]) in test_arch_names()]
+        out["precisions"][str(precision)] = {
+            "groups": groups, "records": part.reset_index(drop=True),
+            "test_planned_not_measured": [k for k in planned if k not in measured],
+            "correction_check": precision_correction_check(part)}
+    return out
+
+
+def precision_correction_check(records: Any) -> list[dict[str, Any]]:
+    """Would a whole-network correction for this precision help networks of held-out families?
+    Per mode: host-free time MAPE as predicted, and after a scale fitted leave-one-family-out
+    (the median measured / predicted of the other families' networks); the same with the
+    predicted autocast casts taken out (``pred_cast_gpu_time_ms``: inside a network autocast
+    launches them in their consumer's call, whose in-network time already holds them)."""
+    df = records[(records["error"] == "") & records["measured_gpu_time_ms"].notna()]
+    if not len(df) or "pred_gpu_time_ms" not in df:
+        return []
+    out = []
+    fams = df["arch"].map(family).to_numpy()
+    casts = df["pred_cast_gpu_time_ms"].fillna(0.0).to_numpy() if "pred_cast_gpu_time_ms" in df else np.zeros(len(df))
+    for variant, pred in (("as predicted", df["pred_gpu_time_ms"].to_numpy(dtype=float)),
+                          ("casts taken out", df["pred_gpu_time_ms"].to_numpy(dtype=float) - casts)):
+        for mode in sorted(set(df["mode"])):
+            sel = (df["mode"] == mode).to_numpy()
+            p, m, f = pred[sel], df["measured_gpu_time_ms"].to_numpy(dtype=float)[sel], fams[sel]
+            scaled = np.array([p[i] * np.median((m / p)[f != f[i]]) if (f != f[i]).any() else np.nan
+                               for i in range(len(p))])
+            out.append({"variant": variant, "mode": mode, "n": int(sel.sum()), "families": len(set(f)),
+                        "time_mape": float(np.mean(ape(p, m))), "lofo_scaled_time_mape": _mape(scaled, m)[0]})
+    return out
 
 
 def compare_gpu_time_sources(data_root: Any, out_root: Any, log: Any = None, **overrides: Any) -> dict[str, Any]:

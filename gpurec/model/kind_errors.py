@@ -20,7 +20,7 @@ import numpy as np
 
 ERROR_KINDS: tuple[str, ...] = ("conv (dense)", "conv (grouped/depthwise)", "channel concat", "window attention",
                                 "squeeze-excite gate", "stochastic depth", "batch norm", "linear / attention",
-                                "other")
+                                "autocast cast", "other")
 _WINDOW = frozenset({"shifted_window_attention", "roll", "pad", "_patch_merging_pad", "_get_relative_position_bias",
                      "window_partition", "window_reverse"})
 _SE = frozenset({"Sigmoid", "sigmoid", "Hardsigmoid", "hardsigmoid", "mul", "AdaptiveAvgPool2d"})
@@ -41,17 +41,21 @@ def error_kind(kind: str, groups: float) -> str:
         return "stochastic depth"
     if kind.startswith("BatchNorm"):
         return "batch norm"
+    if kind == "autocast_cast":
+        return "autocast cast"
     if kind in ("Linear", "MultiheadAttention", "matmul", "bmm", "linear") or "attention" in kind.lower():
         return "linear / attention"
     return "other"
 
 
-def per_kind_errors(predictor: Any, data_root: Any = None, archs: Sequence[str] | None = None) -> list[dict[str, Any]]:
+def per_kind_errors(predictor: Any, data_root: Any = None, archs: Sequence[str] | None = None,
+                    precision: str = "fp32") -> list[dict[str, Any]]:
     """Per (gpu, mode, error kind) over the in-network rows of ``archs`` (default: the unseen test
-    architectures): operations, measured and predicted kernel time (ms), bias (predicted/measured
-    - 1, %), weighted error (sum |predicted - measured| / sum measured, %) and this kind's share of
-    the absolute error of those networks.  Positions whose signature differs from the extracted
-    operation are counted apart (``misaligned``), never matched."""
+    architectures) measured at ``precision``, each network predicted at it: operations, measured
+    and predicted kernel time (ms), bias (predicted/measured - 1, %), weighted error (sum
+    |predicted - measured| / sum measured, %) and this kind's share of the absolute error of those
+    networks.  Positions whose signature differs from the extracted operation are counted apart
+    (``misaligned``), never matched."""
     import warnings
 
     from gpurec.dataset import load_dataset
@@ -60,15 +64,17 @@ def per_kind_errors(predictor: Any, data_root: Any = None, archs: Sequence[str] 
     archs = set(archs if archs is not None else test_arch_names())
     inn = load_dataset(root=data_root, table="in_network")
     inn = inn[inn["set_key"].map(lambda k: str(k).split(":", 1)[0] in archs)]
-    if "network_id" in inn:  # positions of fp32 networks only (another precision's id ends in it)
-        inn = inn[inn["network_id"].map(lambda i: str(i).count(":") <= 4)]
+    if "precision" in inn:
+        inn = inn[inn["precision"].map(lambda v: v if isinstance(v, str) and v else "fp32") == precision]
+    elif "network_id" in inn:  # positions of fp32 networks only (another precision's id ends in it)
+        inn = inn[inn["network_id"].map(lambda i: str(i).count(":") <= 4)] if precision == "fp32" else inn.iloc[:0]
     acc: dict[tuple[str, str, str], dict[str, float]] = {}
     misaligned: dict[tuple[str, str], int] = {}
     for (gpu, set_key, mode), rows in inn.groupby(["gpu", "set_key", "mode"], sort=True):
         s = parse_set(set_key)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            est = predictor.predict(s.arch, s.input_shape, mode=mode, gpu=gpu)
+            est = predictor.predict(s.arch, s.input_shape, mode=mode, gpu=gpu, precision=precision)
         ops = est._ops
         block = ops.entry.block
         groups = block.column("groups")

@@ -363,6 +363,8 @@ class _Traced:
 
     root: nn.Module
     graph: torch.fx.Graph
+    # (device_type, dtype, enabled) of every torch.autocast its forward enters (marker nodes)
+    autocast: tuple[tuple[str, torch.dtype, bool], ...] = ()
 
 
 @functools.lru_cache(maxsize=64)
@@ -408,15 +410,71 @@ def _trace(root: nn.Module, n_inputs: int = 1) -> _Traced:
             raise ExtractionError(f"{type(root).__name__} takes at most 3 example inputs here, got {n_inputs}")
         root = wrappers[n_inputs](root)
     tracer = _Tracer()
+    requests: list[tuple[str, torch.dtype, bool]] = []
     try:
-        graph = tracer.trace(root)
+        with _recording_autocast(tracer, requests):
+            graph = tracer.trace(root)
     except Exception as exc:
         hint = ""
         if "control flow" in str(exc):
             hint = (" (forward branches with if/while on a tensor or its shape; extraction sees shapes, never "
                     "values: move the branch out of forward or make it a constant attribute)")
         raise _TraceFailed(f"torch.fx could not trace {type(root).__name__}: {exc}{hint}") from exc
-    return _Traced(root, graph)
+    return _Traced(root, graph, tuple(requests))
+
+
+def _autocast_enter(device_type: str, dtype: torch.dtype, enabled: bool) -> None:
+    """Graph marker: forward enters ``torch.autocast(device_type, dtype, enabled)`` here
+    (recorded by _recording_autocast, acted on by _interpret; does nothing if called)."""
+
+
+def _autocast_exit() -> None:
+    """Graph marker: forward leaves its innermost torch.autocast here."""
+
+
+_AUTOCAST_MARKERS = frozenset({_autocast_enter, _autocast_exit})
+
+
+@contextlib.contextmanager
+def _recording_autocast(tracer: torch.fx.Tracer, requests: list[tuple[str, torch.dtype, bool]]) -> Any:
+    """While ``tracer`` traces on this thread, a ``torch.autocast`` entered or left inside forward
+    becomes a marker node (and its request is appended to ``requests``) instead of switching
+    autocast at trace time, which fx would do and then forget: the graph would hold no trace of
+    it.  The request is taken as written, before torch.autocast disables a CUDA autocast on a
+    machine without CUDA.  Other threads see torch.autocast unchanged; restored on exit."""
+    cls = torch.amp.autocast_mode.autocast
+    init, enter, leave = cls.__init__, cls.__enter__, cls.__exit__
+    me = threading.get_ident()
+
+    def rec_init(self: Any, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
+                 cache_enabled: bool | None = None) -> None:
+        if threading.get_ident() != me:
+            return init(self, device_type, dtype, enabled, cache_enabled)
+        self.device = device_type
+        self.fast_dtype = torch.get_autocast_dtype(device_type) if dtype is None else dtype
+        self._enabled = bool(enabled)
+        self._cache_enabled = cache_enabled
+        return None
+
+    def rec_enter(self: Any) -> Any:
+        if threading.get_ident() != me:
+            return enter(self)
+        request = (str(self.device), self.fast_dtype, bool(self._enabled))
+        requests.append(request)
+        tracer.create_proxy("call_function", _autocast_enter, request, {})
+        return self
+
+    def rec_exit(self: Any, *exc: Any) -> Any:
+        if threading.get_ident() != me:
+            return leave(self, *exc)
+        tracer.create_proxy("call_function", _autocast_exit, (), {})
+        return False
+
+    cls.__init__, cls.__enter__, cls.__exit__ = rec_init, rec_enter, rec_exit
+    try:
+        yield
+    finally:
+        cls.__init__, cls.__enter__, cls.__exit__ = init, enter, leave
 
 
 class _TraceFailed(ExtractionError):
@@ -693,9 +751,10 @@ def normalise_input_shape(input_shape: Sequence[int] | int) -> tuple[int, ...]:
 class _Precise:
     """How a non-fp32 extraction makes and reads its tensors (see _precision_scope)."""
 
-    precision: str
+    precision: str  # the precision of the operations being interpreted now
     mixed: bool
     low: torch.dtype
+    scope: str = ""  # the precision the scope was made for (autocast in forward can switch ``precision``)
 
     def like(self, t: torch.Tensor) -> torch.Tensor:
         """A placeholder of ``t``'s shape in this precision: a fake CUDA tensor under autocast,
@@ -762,7 +821,7 @@ def _swapped_tensors(root: nn.Module, make: Any, keep_meta: bool = False) -> Any
 def _precision_scope(precision: str, root: nn.Module) -> Any:
     """What a non-fp32 extraction runs under: fake CUDA tensors and CUDA autocast for a mixed
     precision, the module's tensors in the low dtype for a cast one; yields the _Precise."""
-    precise = _Precise(precision, precision in MIXED, low_dtype(precision))
+    precise = _Precise(precision, precision in MIXED, low_dtype(precision), precision)
     with contextlib.ExitStack() as stack:
         if precise.mixed:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -874,10 +933,14 @@ def _extract_operations(model: str | nn.Module, input_shape: Sequence[int] | Non
             scope.enter_context(_in_mode(model, training))
             traced = _trace_or_record(model, inputs)
         try:
-            if precision == DEFAULT_PRECISION:
+            scoped = _scope_precision(precision, traced)
+            if scoped == DEFAULT_PRECISION:
                 ops, _ = _interpret(traced, inputs, compute, training, keep_sources)
             else:
-                precise = scope.enter_context(_precision_scope(precision, traced.root))
+                precise = scope.enter_context(_precision_scope(scoped, traced.root))
+                if scoped != precision:  # autocast entered only inside forward: off until its marker
+                    precise.precision = precision
+                    torch.set_autocast_enabled("cuda", False)
                 ops, _ = _interpret(traced, [precise.input(t) for t in inputs], compute, training, keep_sources,
                                     precise=precise)
         except ExtractionError:
@@ -888,6 +951,43 @@ def _extract_operations(model: str | nn.Module, input_shape: Sequence[int] | Non
     for op in ops:
         op.model = name
     return ops
+
+
+_MIXED_OF_DTYPE = {torch.bfloat16: "bf16-mixed", torch.float16: "fp16-mixed"}
+
+
+def _scope_precision(precision: str, traced: _Traced) -> str:
+    """The precision to set up the extraction for: ``precision``, or the mixed precision of a
+    CUDA autocast that forward enters itself (the step runs at it there; _interpret follows the
+    markers).  A module cast to bf16/fp16 that enters autocast is refused (not modelled)."""
+    cuda = [(dtype, enabled) for device, dtype, enabled in traced.autocast if device == "cuda"]
+    if not cuda or precision in MIXED:
+        return precision
+    if precision in CAST:
+        raise ExtractionError(f"a module cast to {precision} that enters torch.autocast in forward is not supported: "
+                              "pass the float32 module (its autocast regions are followed)")
+    entered = [_MIXED_OF_DTYPE[d] for d, enabled in cuda if enabled and d in _MIXED_OF_DTYPE]
+    return entered[0] if entered else precision
+
+
+def _switch_autocast(node: torch.fx.Node, precise: _Precise, stack: list[Any]) -> None:
+    """Follow an autocast marker of forward: set CUDA autocast as forward asks (restore it on
+    the matching exit) and label the operations that follow with the precision they run at."""
+    if node.target is _autocast_exit:
+        saved = stack.pop() if stack else None
+        if saved is not None:
+            torch.set_autocast_enabled("cuda", saved[0])
+            torch.set_autocast_dtype("cuda", saved[1])
+            precise.precision = saved[2]
+        return
+    device, dtype, enabled = node.args
+    if device != "cuda":  # another device's autocast leaves the CUDA step as it is
+        stack.append(None)
+        return
+    stack.append((torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"), precise.precision))
+    torch.set_autocast_enabled("cuda", bool(enabled))
+    torch.set_autocast_dtype("cuda", dtype)
+    precise.precision = _MIXED_OF_DTYPE.get(dtype, DEFAULT_PRECISION) if enabled else DEFAULT_PRECISION
 
 
 def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, training: bool,
@@ -906,6 +1006,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
     dtype_name = str(dtype).replace("torch.", "")
     mode_name = "training" if training else "inference"
     no_ops = _EVAL_NOOPS + _leaf_types()  # modules that return their input in eval
+    markers = bool(traced.autocast)
+    autocast_stack: list[Any] = []
 
     def load(a: Any) -> Any:
         return _map_nodes(a, lambda n: env[n.name])
@@ -941,6 +1043,10 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             continue
         if node.op == "output":
             return ops, load(node.args[0])
+        if markers and node.op == "call_function" and node.target in _AUTOCAST_MARKERS:
+            if precise is not None and precise.mixed:
+                _switch_autocast(node, precise, autocast_stack)
+            continue
         args, kwargs = load(node.args), load(node.kwargs)
         in_nodes = [n for n in node.all_input_nodes]
         in_grad = any(grad.get(n.name, False) for n in in_nodes)
@@ -948,14 +1054,15 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             env[node.name] = _run_node(modules, node, args, kwargs)
             grad[node.name] = in_grad
             continue
-        if precise is not None and node.op == "call_module" and isinstance(modules[node.target], _RECURRENT):
-            raise ExtractionError(f"{type(modules[node.target]).__name__} is extracted in fp32 only; "
-                                  f"precision {precise.precision!r} is not supported for recurrent layers yet")
         # Settings of a leaf module: computed once, used by the memo key and the record.
         named_params = _named_params(modules[node.target]) if node.op == "call_module" else []
         settings = _module_settings(modules[node.target], named_params) if node.op == "call_module" else {}
-        out, mm_flops, aliased = _run_counted(modules, node, args, kwargs, counter, training, settings,
-                                              exact=precise is not None)
+        if precise is not None and node.op == "call_module" and isinstance(modules[node.target], _RECURRENT):
+            assert isinstance(counter, _NodeTrace)
+            out, mm_flops, aliased = _recurrent_at(precise, modules[node.target], args, kwargs, counter)
+        else:
+            out, mm_flops, aliased = _run_counted(modules, node, args, kwargs, counter, training, settings,
+                                                  exact=precise is not None)
         env[node.name] = out
         has_params = False
         if node.op == "call_module":
@@ -1060,13 +1167,18 @@ def _apply_precision(op: Operation, precise: _Precise, counter: _NodeTrace, spli
     A cast of one of the operation's own inputs (an activation, a weight) is an operation of its
     own, and the operation then reads the cast copy; a cast of a tensor made inside the call
     (MultiheadAttention's internal softmax input) stays part of the operation's own work."""
-    if precise.precision == "tf32":
+    label = precise.precision
+    if label == DEFAULT_PRECISION:  # autocast switched off inside forward (_switch_autocast)
+        if all(t.dtype == torch.float32 for t in (*split.act_values, *out_tensors) if t.is_floating_point()):
+            return []  # the fp32 operation, signature and all
+        label = precise.scope  # it runs in the low dtype its inputs arrive in
+    if label == "tf32":
         # Only the operators TF32 changes; the others are the fp32 operations, signatures and all.
         if counter.packets & _matmul_packets():
             op.precision = "tf32"
             op.input_dtypes = [_dtype_name(t.dtype) for t in split.act_values]
         return []
-    op.precision = precise.precision
+    op.precision = label
     input_dtypes = [t.dtype for t in split.act_values]
     named: dict[str, torch.Tensor] = {}
     if module is not None:
@@ -1402,6 +1514,52 @@ def _analytic_recurrent(rnn: nn.Module, args: Any, kwargs: Any) -> tuple[Any, in
         c_n = torch.empty((rnn.num_layers * dirs, batch, hidden), dtype=x.dtype, device="meta")
         return (out, (h_n, c_n)), int(flops)
     return (out, h_n), int(flops)
+
+
+def rnn_autocast_dtype() -> torch.dtype | None:
+    """The dtype CUDA autocast runs a whole recurrent layer (nn.LSTM/GRU/RNN) in, or None if
+    it leaves it alone.  On CUDA the layer is one ``aten::_cudnn_rnn`` call; torch registers an
+    autocast kernel for it (asked of the dispatcher here) that casts the input, the hidden
+    state and the weights (into one flat buffer) to float16 whatever autocast's dtype, bf16
+    included (aten/src/ATen/cudnn/AutocastRNN.cpp: ``cached_cast(at::kHalf, ...)``).  The
+    per-step cells (lstm_cell, gru_cell, rnn_*_cell) are on autocast's lower-precision list
+    and run through torch's own autocast kernels like any other leaf."""
+    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::_cudnn_rnn", "AutocastCUDA"):
+        return torch.float16
+    return None
+
+
+def _recurrent_at(precise: _Precise, rnn: nn.Module, args: Any, kwargs: Any,
+                  counter: _NodeTrace) -> tuple[Any, int, bool]:
+    """A whole recurrent layer at a precision other than fp32, analytically (as in fp32): under
+    CUDA autocast in rnn_autocast_dtype() with the casts of its float inputs and weights recorded
+    in ``counter`` as torch's autocast kernel makes them; under TF32 the fp32 layer (cuDNN's RNN
+    math mode is TF32 by default already).  A module cast to bf16/fp16 is refused."""
+    label = precise.precision
+    if label in CAST:
+        raise ExtractionError(f"{type(rnn).__name__} in a module cast to {label} is not supported yet: "
+                              f"use precision '{label}-mixed' with the float32 module")
+    x = args[0] if args else None
+    active = precise.mixed and torch.is_autocast_enabled("cuda")
+    to = rnn_autocast_dtype() if active else None
+    if not _is_tensor(x):
+        raise ExtractionError(f"{type(rnn).__name__} takes a tensor input, got {type(x).__name__}")
+    run_dtype = to if to is not None and x.is_floating_point() else x.dtype
+    known = _analytic_recurrent(rnn, (torch.empty(tuple(x.shape), dtype=run_dtype, device="meta"), *args[1:]), kwargs)
+    if known is None:
+        raise ExtractionError(f"{type(rnn).__name__} at precision {label!r}: only a batched 3-D tensor input "
+                              "with the default hidden state form is supported (packed sequences are not)")
+    meta_out, flops = known
+    device = x.device
+    out = tree_unflatten([torch.empty(tuple(t.shape), dtype=t.dtype, device=device)
+                          for t in tree_flatten(meta_out)[0]], tree_flatten(meta_out)[1])
+    counter.reset()
+    counter.current = int(flops)
+    if to is not None:
+        floats = [t for t in _leaves((args, kwargs)) if _is_tensor(t) and t.is_floating_point() and t.dtype != to]
+        floats += [p for p in rnn.parameters() if p.is_floating_point() and p.dtype != to]
+        counter.casts = [(t, to) for t in floats]
+    return out, int(flops), False
 
 
 # Shape-preserving leaves whose FLOPs FlopCounterMode counts as zero (our own per-element counts

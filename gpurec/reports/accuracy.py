@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -512,7 +513,7 @@ def crossgpu_section(cross: dict[str, Any] | None) -> list[str]:
 def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: Path | None = None,
           host_gpu: dict[str, Any] | None = None, sources: dict[str, Any] | None = None,
           cross: dict[str, Any] | None = None, energy: dict[str, Any] | None = None,
-          memory_fit: Any = None) -> str:
+          memory_fit: Any = None, precision: dict[str, Any] | None = None) -> str:
     """Render the report (and its plots next to ``out``); return the Markdown text."""
     img = out.parent / "img"
     made = plots(rep, img)
@@ -707,6 +708,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
               + (f"from {u['source']}: time ×{fmt(u['time_ratio'])}, energy ×{fmt(u['energy_ratio'])}."
                  if "time_ratio" in u else f"{u.get('source', 'measured band widened')}."), ""]
     L += host_gpu_section(host_gpu, rep, sources)
+    L += precision_section(precision)
     L += memory_section(data_root, memory_fit)
     L += energy_section(energy, manifest)
     L += repeatability_section(data_root)
@@ -856,7 +858,216 @@ def generate(models_dir: Path | str = "models", out: Path | str = "docs/accuracy
     host_gpu = host_gpu_tables(models_dir, data_root, rep)
     return write(rep, manifest, Path(out), Path(data_root) if data_root is not None else None,
                  host_gpu, sources, cross, energy_tables(models_dir, data_root, rep, host_gpu),
-                 memory_fit=load_memory_fit(models_dir))
+                 memory_fit=load_memory_fit(models_dir), precision=precision_tables(models_dir, data_root, host_gpu))
+
+
+def precision_tables(models_dir: Path, data_root: Path | str | None,
+                     host_gpu: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The networks measured at a precision other than fp32, estimated at their precision with the
+    shipped models (gpurec.model.evaluate.precision_accuracy), each beside its fp32 twin."""
+    from gpurec.dataset.load import default_root
+    from gpurec.model import load_predictor
+    from gpurec.model.evaluate import precision_accuracy
+    from gpurec.model.kind_errors import per_kind_errors
+
+    try:
+        predictor = load_predictor(models_dir, data_root=data_root, check_data=False)
+    except Exception:
+        return None
+    root = Path(data_root) if data_root is not None else default_root()
+    out = precision_accuracy(predictor, data_root, host_gpu["records"] if host_gpu is not None else None,
+                             plan_file=root / "plans" / "precision.json")
+    for precision, p in out["precisions"].items():
+        rec = p["records"]
+        batch = rec["set_key"].str.extract(r":b(\d+):")[0].astype(float)
+        cases = sorted(set(zip(rec["set_key"][batch >= FLIP_MIN_BATCH], rec["mode"][batch >= FLIP_MIN_BATCH],
+                               strict=True)))
+        p["flips"] = precision_flips(predictor, cases, precision, sorted(set(rec["gpu"])))
+        p["per_kind"] = per_kind_errors(predictor, data_root, archs=sorted(set(rec["arch"])), precision=precision)
+    return out
+
+
+FLIP_MIN_BATCH = 32  # the order of GPUs is asked of GPU-bound steps (small batches are launch-bound)
+
+
+def precision_flips(predictor: Any, cases: list[tuple[str, str]], precision: str,
+                    measured_gpus: Sequence[str] = ()) -> dict[str, Any]:
+    """Pairs of catalogue GPUs whose predicted host-free order flips between fp32 and
+    ``precision`` on the (set_key, mode) ``cases``: a is faster than b in fp32 and slower at
+    ``precision``.  Each flip's margin is the smaller of the two relative differences; the
+    widest flip is ``best`` (and ``best_measured`` among pairs with one of ``measured_gpus``,
+    those with networks measured at ``precision``).  Both GPUs must fit the step in memory at both precisions."""
+    import warnings
+
+    from gpurec.ops.precision import LOW_DTYPE
+    from gpurec.recommend import recommend
+    from gpurec.sets import parse_set_key
+
+    peak = "bf16_tflops" if LOW_DTYPE.get(precision) == "bfloat16" else "fp16_tflops"
+    from gpurec.catalog import load_catalog
+
+    gpus = [g.nvml_name for g in load_catalog() if (getattr(g, peak, 0) or 0) > 2 * g.fp32_tflops]
+    flips = []
+    for set_key, mode in cases:
+        s = parse_set_key(set_key)
+        times = {}
+        for p in ("fp32", precision):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                r = recommend(s.arch, s.input_shape, mode=mode, predictor=predictor, cuda_graphs=True,
+                              batch_search=False, precision=p, gpus=gpus)
+            times[p] = {row.gpu: row.gpu_time_ms for row in r.rows if row.fits}
+        common = sorted(set(times["fp32"]) & set(times[precision]))
+        for a in common:
+            for b in common:
+                fa, fb, la, lb = times["fp32"][a], times["fp32"][b], times[precision][a], times[precision][b]
+                if fa < fb and la > lb:
+                    flips.append({"set_key": set_key, "mode": mode, "faster_fp32": a, "faster_low": b,
+                                  "fp32_ms": (fa, fb), "low_ms": (la, lb),
+                                  "margin_pct": 100 * (min(fb / fa, la / lb) - 1)})
+    measured = set(measured_gpus)
+    flips.sort(key=lambda f: -f["margin_pct"])
+    with_measured = [f for f in flips if {f["faster_fp32"], f["faster_low"]} & measured]
+    return {"precision": precision, "cases": len(cases), "gpus": gpus, "flips": flips, "best": flips[0] if flips else None,
+            "best_measured": with_measured[0] if with_measured else None, "measured_gpus": sorted(measured)}
+
+
+def _ratio(a: Any, b: Any) -> str:
+    try:
+        v = float(a) / float(b)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return "—"
+    return "—" if v != v else f"{v:.2f}×"
+
+
+def _flip_lines(fl: dict[str, Any] | None) -> list[str]:
+    """The widest predicted flip of two GPUs' order between fp32 and a lower precision."""
+    if not fl:
+        return []
+    precision = fl["precision"]
+    L = [f"#### GPUs whose order flips between fp32 and {precision}", "",
+         f"The {len(fl['gpus'])} catalogue GPUs with tensor cores at {precision}'s dtype (catalogue peak more "
+         "than twice the FP32 peak) predicted (host-free, shipped models) at fp32 and at "
+         f"{precision} on the "
+         f"{fl['cases']} measured {precision} networks of batch ≥ {FLIP_MIN_BATCH} (GPU-bound steps); a flip is a "
+         f"pair where one GPU is the faster in fp32 and the slower at {precision}, its margin the smaller of the "
+         "two relative differences.", ""]
+    if not fl["flips"]:
+        return L + [f"No pair flips on these networks: the predicted order is the same at fp32 and {precision}.", ""]
+    L += [f"{len(fl['flips'])} flips in all ({len({(f['faster_fp32'], f['faster_low']) for f in fl['flips']})} "
+          "distinct pairs)."]
+    lines = []
+    for label, f in (("widest", fl["best"]), ("widest with a GPU measured at this precision", fl["best_measured"])):
+        if f is None:
+            lines.append(row([label, "none", "", "", "", "", "", ""]))
+            continue
+        lines.append(row([label, f"{f['set_key']} {f['mode']}", f"{short(f['faster_fp32'])} vs {short(f['faster_low'])}",
+                          f"{f['fp32_ms'][0]:.2f} / {f['fp32_ms'][1]:.2f}", f"{f['low_ms'][0]:.2f} / {f['low_ms'][1]:.2f}",
+                          f"{f['margin_pct']:.1f}%",
+                          ", ".join(short(g) for g in (f["faster_fp32"], f["faster_low"]) if g in fl["measured_gpus"])
+                          or "neither"]))
+    L += [""] + table(["flip", "network", "GPU a vs GPU b", "fp32 ms (a / b)", f"{precision} ms (a / b)", "margin",
+                       f"measured at {precision}"], lines)
+    L += ["", "Caveat: GPUs without host-free rows take the H100's time times the cross-GPU model's per-operation "
+          "ratio (each GPU's tensor-core peak for the operation's math, its bandwidth, the operations' FLOPs and "
+          f"bytes in the {precision} dtypes); only "
+          + (", ".join(short(g) for g in fl["measured_gpus"]) or "no GPU")
+          + f" has networks measured at {precision}, so a flip between two other GPUs rests on that model alone.",
+          ""]
+    return L
+
+
+def precision_section(prec: dict[str, Any] | None) -> list[str]:
+    """Host-free accuracy per precision other than fp32: unseen test architectures against the
+    targets, training architectures for contrast, and every network's row."""
+    if not prec or not prec.get("precisions"):
+        return []
+    tgt = prec["targets_pct"]
+    L = ["## Lower precision: host-free accuracy per precision", "",
+         f"Networks measured at a precision other than fp32 (column `precision` of `networks.parquet`), each "
+         f"estimated at its own precision (`predict(..., precision=...)`). Target on unseen test architectures: "
+         f"host-free time ≤ {tgt['time']:g}% and energy ≤ {tgt['energy']:g}% MAPE per mode. The training "
+         "architectures' networks are shown for contrast: their operations at this precision are in the "
+         "training data, but no network at a precision other than fp32 enters the network correction, so "
+         "these networks are not fitted on as wholes.", ""]
+    for precision, p in prec["precisions"].items():
+        L += [f"### {precision}", ""]
+        lines = []
+        for g in p["groups"]:
+            if g["n_time"] == 0 and g["n_energy"] == 0:
+                verdict = "no networks measured"
+            elif g["archs"] == "unseen test":
+                ok = g["time_mape"] <= tgt["time"] and g["energy_mape"] <= tgt["energy"]
+                verdict = "met" if ok else "**NOT met**"
+            else:
+                verdict = "(contrast, no target)"
+            lines.append(row([short(g["gpu"]), g["archs"], g["mode"], str(g["n_time"]), _f(g["time_mape"]),
+                              str(g["n_energy"]), _f(g["energy_mape"]), ", ".join(g["architectures"]) or "—",
+                              verdict]))
+        L += table(["GPU", "architectures", "mode", "networks (time)", "host-free time MAPE", "networks (energy)",
+                    "host-free energy MAPE", "which", "target"], lines)
+        n_test = sum(g["n_time"] for g in p["groups"] if g["archs"] == "unseen test")
+        n_all = sum(g["n_time"] for g in p["groups"])
+        L += [""]
+        if n_test == 0:
+            planned = p.get("test_planned_not_measured", [])
+            L += [f"**No unseen test architecture has been measured at {precision}, so the target cannot be "
+                  f"judged** (the {n_all} networks above are all of training architectures)."
+                  + (f" The work order `datasets/plans/precision.json` holds {len(planned)} test-architecture "
+                     f"networks (set and mode) at {precision}, of {len({k for k, _ in planned})} sets "
+                     f"({', '.join(sorted({k for k, _ in planned}))}), not measured yet." if planned else ""), ""]
+        elif n_test < 10:
+            L += [f"Only {n_test} unseen test networks at {precision}: too few to be conclusive.", ""]
+        if p.get("per_kind"):
+            L += [f"Where the {precision} time error sits: each operation's predicted GPU time against the kernel "
+                  f"time the in-network pass attributed to it in these {precision} networks, summed per kind "
+                  "(as in *The kinds that carry the time error* below; `autocast cast` is the copies autocast "
+                  "inserts):", ""]
+            lines = [row([short(r["gpu"]), r["mode"], r["kind"], str(r["n_ops"]), f"{r['measured_ms']:.1f}",
+                          f"{r['predicted_ms']:.1f}",
+                          f"{r['bias_pct']:+.1f}%" if r["measured_ms"] > 0 else "— (0 ms measured)",
+                          _f(r["weighted_error_pct"]),
+                          f"{100 * r['share_of_error']:.0f}%"]) for r in p["per_kind"]]
+            L += table(["GPU", "mode", "kind", "ops", "measured ms", "predicted ms", "bias", "weighted error",
+                        "share of error"], lines) + [""]
+        check = p.get("correction_check") or []
+        if check:
+            L += [f"Would a whole-network correction for {precision} help held-out networks? Per mode, host-free time "
+                  "MAPE of these networks as predicted and after a scale fitted leave-one-family-out (the median "
+                  "measured / predicted of the other families' networks); then the same with the predicted autocast "
+                  "casts taken out (inside a network autocast launches them in their consumer's call, and the "
+                  "consumer's in-network time, a training target, already holds their kernels).", ""]
+            lines = [row([c["variant"], c["mode"], str(c["n"]), str(c["families"]), pct(c["time_mape"]),
+                          pct(c["lofo_scaled_time_mape"])]) for c in check]
+            L += table(["predicted time", "mode", "networks", "families", "time MAPE",
+                        "scaled, leave one family out"], lines)
+            helps = [c for c in check if c["lofo_scaled_time_mape"] < c["time_mape"]]
+            L += ["", f"The scale lowers the held-out error in {len(helps)} of {len(check)} cases"
+                  + (": no precision-wide network correction is fitted." if not helps else
+                     ": see where before fitting one.") + ""]
+            L += [""]
+        L += _flip_lines(p.get("flips"))
+        rec = p["records"]
+        if len(rec):
+            L += ["Every network (speed-up = fp32 host-free time / this precision's, measured and as predicted; "
+                  "— where the fp32 twin is not measured host-free):", ""]
+            lines = []
+            for r in rec.sort_values(["is_test", "arch", "mode", "set_key"], ascending=[False, True, True, True]) \
+                    .itertuples(index=False):
+                t_err = (r.pred_gpu_time_ms / r.measured_gpu_time_ms - 1) * 100 if not r.error else float("nan")
+                e_err = (r.pred_gpu_energy_mj / r.measured_gpu_energy_mj - 1) * 100 if not r.error else float("nan")
+                lines.append(row([r.set_key, r.mode, "unseen" if r.is_test else "training",
+                                  _f(r.measured_gpu_time_ms, 3, ""), _f(getattr(r, "pred_gpu_time_ms", None), 3, ""),
+                                  f"{t_err:+.1f}%" if t_err == t_err else "—",
+                                  _f(r.measured_gpu_energy_mj, 0, ""), _f(getattr(r, "pred_gpu_energy_mj", None), 0, ""),
+                                  f"{e_err:+.1f}%" if e_err == e_err else "—",
+                                  _ratio(getattr(r, "fp32_measured_gpu_time_ms", None), r.measured_gpu_time_ms),
+                                  _ratio(getattr(r, "fp32_pred_gpu_time_ms", None), getattr(r, "pred_gpu_time_ms", None)),
+                                  r.error or ""]))
+            L += table(["network", "mode", "architecture", "measured ms", "predicted ms", "time error",
+                        "measured mJ", "predicted mJ", "energy error", "measured speed-up", "predicted speed-up",
+                        "error"], lines) + [""]
+    return L
 
 
 def energy_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str, Any],

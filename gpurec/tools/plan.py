@@ -68,7 +68,18 @@ def _issue21_parts() -> list[PlanPart]:
     ]
 
 
-PRESETS: dict[str, Callable[[], list[PlanPart]]] = {"precision": _issue21_parts}
+def _precision_networks_parts() -> list[PlanPart]:
+    """bf16-mixed whole networks only, the unseen test architectures first (the accuracy target
+    is judged on them), then the dataset architectures: what the first precision round's budget
+    did not reach (the runner skips the networks already measured)."""
+    from gpurec.sets import DATASET_ARCHS, DATASET_BATCH_SIZES, TEST_ARCHS, TEST_BATCH_SIZES
+
+    return [PlanPart("bf16-mixed", TEST_ARCHS, TEST_BATCH_SIZES, operations=False),
+            PlanPart("bf16-mixed", DATASET_ARCHS, DATASET_BATCH_SIZES, operations=False)]
+
+
+PRESETS: dict[str, Callable[[], list[PlanPart]]] = {"precision": _issue21_parts,
+                                                    "precision-networks": _precision_networks_parts}
 
 
 def build_parts_plan(parts: Sequence[PlanPart], extract: Any = None,
