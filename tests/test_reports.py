@@ -259,3 +259,47 @@ def test_report_cli(repo_copy: Path) -> None:
     assert res.exit_code == 0, res.output
     text = (repo_copy / "docs/coverage.md").read_text()
     assert text.startswith("# ") and "FlopCounterMode" in text  # rendered; .ci/check_docs compares it whole
+
+
+# The GPU layer: the CPU core (reports among it) never loads these.
+GPU_LAYER = ("gpurec.device", "gpurec.collect", "gpurec.calibrate.calibrate", "gpurec.calibrate.build",
+             "gpurec.calibrate.checks", "gpurec.calibrate.errors", "gpurec.calibrate.microbench",
+             "gpurec.calibrate.sweep", "gpurec.profile.api", "gpurec.profile.ncu_io", "gpurec.profile.worker",
+             "gpurec.validate.run")
+
+
+def test_importing_every_report_module_loads_no_gpu_side_module() -> None:
+    """A fresh interpreter imports every gpurec.reports module (and the offline parsers they
+    read committed runs with); none of the GPU layer may come along."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import gpurec.reports as r\n"
+        "names = [f'gpurec.reports.{m.name}' for m in pkgutil.iter_modules(r.__path__)]\n"
+        "names += ['gpurec.parsers.ncu', 'gpurec.profile.analysis', 'gpurec.validate.compare', 'gpurec.calibrate.summary']\n"
+        "for n in names: importlib.import_module(n)\n"
+        "from gpurec.profile import analyze, save_plots\n"
+        "from gpurec.validate import sum_operations\n"
+        f"bad = sorted(m for m in sys.modules if m.startswith({GPU_LAYER!r}))\n"
+        "print(len(names))\n"
+        "sys.exit(f'GPU-side modules loaded: {bad}' if bad else 0)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert int(r.stdout.split()[-1]) >= 10
+
+
+def test_layer_contract_holds() -> None:
+    """`lint-imports` (the contracts in pyproject.toml) passes: the CPU core never imports the
+    GPU layer, and model prediction never imports model training."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("lint-imports")
+    if exe is None:
+        pytest.skip("import-linter is not installed (pip install -e '.[dev]')")
+    r = subprocess.run([exe], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "broken" in r.stdout and " 0 broken" in r.stdout

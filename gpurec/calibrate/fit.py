@@ -18,6 +18,8 @@ import numpy as np
 
 MJ_TO_PJ = 1e9
 R2_MIN = 0.9
+# The memory levels the microbenchmarks exercise, in the order the fit and plots list them.
+LEVELS: tuple[str, ...] = ("shared", "l1", "l2", "dram")
 
 
 @dataclass(frozen=True)

@@ -873,7 +873,7 @@ def validation_table(gpus: list[GpuData], plan: list[dict[str, Any]], extract: C
         if p:
             jobs.append((p[0], p[1], p[2], m))
     ops_of = extract_sets(jobs, extract)
-    from gpurec.validate import sum_operations
+    from gpurec.validate.compare import sum_operations
 
     rows = []
     for g in gpus:
