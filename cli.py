@@ -1038,6 +1038,32 @@ def host_bench(
         typer.echo(f"{key:<24}{profile.dispatch_cpu_us[key]:>16.2f}{'' if gpu_us is None else f'{gpu_us:.2f}':>17}")
 
 
+# -- trained models ------------------------------------------------------------------------------
+models_app = typer.Typer(no_args_is_help=True, help="Check the trained models.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("check")
+def models_check(
+    models: Path = typer.Option(None, "--models", help="the trained models (default: $GPUREC_MODELS, else models/)"),
+    data: Path = typer.Option(None, "--data", help="dataset root (default: datasets/)"),
+    fmt: str = typer.Option("table", "--format", help="table or json"),
+) -> None:
+    """Whether the models were trained on the data on disk (hashes the dataset; loading a predictor
+    does not). Exit code 1 when they differ: retrain (`gpurec train`) to use the new rows."""
+    from gpurec.model.data import check_models
+
+    fmt = _check_format(fmt, ("table", "json"))
+    res = _guard(check_models, models, data)
+    if fmt == "json":
+        _print_json(res)
+    else:
+        typer.echo(f"{res['models']}: trained {res['created']} on data {str(res['model_data_sha256'])[:12]}…; "
+                   f"data on disk {res['data_sha256'][:12]}…: "
+                   + ("the same data" if res["match"] else "DIFFERENT data: retrain (`gpurec train`) to use it"))
+    raise typer.Exit(0 if res["match"] else 1)
+
+
 # -- generated documents and developer tools ----------------------------------------------------
 tools_app = typer.Typer(no_args_is_help=True, help="Developer tools: plan, extraction snapshot, counter features, "
                                                     "validation log.")

@@ -444,3 +444,47 @@ def test_reused_tuning_takes_each_gpu_target_with_its_parameters(tmp_path: Path)
     (tmp_path / "report.json").write_text(json.dumps(rep))
     got = _reused_tuning(str(tmp_path / "report.json"))
     assert set(got) == {"time"} and got["time"]["best_params"] == {"max_depth": 8} and got["time"]["rounds"] == 600
+
+
+# The training half of gpurec.model: loading a predictor and predicting must load none of it.
+TRAINING_MODULES = ("gpurec.model.data", "gpurec.model.evaluate", "gpurec.model.training", "gpurec.model.tuning",
+                    "gpurec.model.validation", "gpurec.model.crossgpu_fit", "gpurec.model.kind_errors",
+                    "gpurec.model.manifest", "gpurec.model.host_fit")
+
+
+def test_load_and_predict_load_no_training_module_and_no_optuna(trained: tuple[Path, dict]) -> None:
+    """The default load does not hash the dataset, and neither it nor a prediction imports the
+    training half or optuna (a fresh interpreter, so other tests' imports cannot hide a leak)."""
+    code = (
+        "import sys, gpurec\n"
+        f"p = gpurec.load_predictor({str(trained[0])!r}, data_root={str(FIXTURE)!r})\n"
+        "p.predict('resnet18', input_shape=(2, 3, 64, 64), mode='training', gpu='H100')\n"
+        "p.predict_many([('alexnet', (1, 3, 224, 224))], gpu='H100')\n"
+        f"bad = sorted(m for m in sys.modules if m.startswith({TRAINING_MODULES!r}) or m.split('.')[0] == 'optuna')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('gpurec.model')))\n"
+        "sys.exit(f'training modules loaded: {bad}' if bad else 0)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).parent.parent)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "'gpurec.model.predictor'" in r.stdout  # the check saw the prediction half load
+
+
+def test_models_check_compares_the_models_with_the_data(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    import cli
+    from gpurec.model.data import check_models
+    from gpurec.model.persist import write_manifest
+
+    res = check_models(trained[0], FIXTURE)
+    assert res["match"] and res["data_sha256"] == res["model_data_sha256"]
+    out = CliRunner().invoke(cli.app, ["models", "check", "--models", str(trained[0]), "--data", str(FIXTURE)])
+    assert out.exit_code == 0 and "the same data" in out.output
+    d = _copy(trained[0], tmp_path / "other")
+    m = json.loads((d / "manifest.json").read_text())
+    m["training_data"]["sha256"] = "0" * 64
+    write_manifest(d, m)
+    assert not check_models(d, FIXTURE)["match"]
+    out = CliRunner().invoke(cli.app, ["models", "check", "--models", str(d), "--data", str(FIXTURE), "--format", "json"])
+    assert out.exit_code == 1 and json.loads(out.output)["match"] is False

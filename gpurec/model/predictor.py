@@ -724,7 +724,7 @@ def _check_mode(mode: str) -> str:
     return mode
 
 
-def load_predictor(path: str | Path | None = None, *, check_data: bool | None = None,
+def load_predictor(path: str | Path | None = None, *, check_data: bool = False,
                    data_root: str | Path | None = None, nthread: int | None = 1,
                    use_measured: bool = True) -> Predictor:
     """Load trained predictors from ``path`` (default: $GPUREC_MODELS, else models/ beside the package).
@@ -734,17 +734,13 @@ def load_predictor(path: str | Path | None = None, *, check_data: bool | None = 
     made one vit_b_16 prediction 10-20x slower (24 ms instead of 1.2 ms on 2 loaded cores).
 
     Raises IncompatibleModel when the models cannot be used with this code; warns (ModelWarning)
-    on other library versions, or - when ``check_data`` (default: when the dataset is present) -
-    when the data on disk differs from the training data.
+    on other library versions, or - only when ``check_data`` is asked for - when the data on disk
+    differs from the training data (hashing the dataset takes seconds and loads the training
+    half; ``gpurec models check`` does it on its own).
     """
     model_dir = Path(path) if path is not None else default_model_dir()
     manifest = read_manifest(model_dir)
-    if check_data is None:
-        from gpurec.dataset.load import default_root
-
-        root = Path(data_root) if data_root is not None else default_root()
-        check_data = root.exists() and any(root.glob("*/operations.parquet"))
-    check_manifest(manifest, model_dir, data_root=data_root, check_data=bool(check_data))
+    check_manifest(manifest, model_dir, data_root=data_root, check_data=check_data)
     lookup = None
     if use_measured and manifest.get("measured_lookup"):
         lookup = MeasuredLookup.read_parquet(model_dir / manifest["measured_lookup"])
