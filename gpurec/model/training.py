@@ -32,7 +32,7 @@ from gpurec.model._sets import MODES
 from gpurec.model.config import TARGETS, TrainConfig
 from gpurec.model.data import current_data_hash, prepare
 from gpurec.model.features import MeasuredLookup, monotone_constraints
-from gpurec.model.host_model import fit_host_model
+from gpurec.model.host_fit import fit_host_model
 from gpurec.model.manifest import build_manifest
 from gpurec.model.network import fit_waiting_power
 from gpurec.model.provenance import dumps, library_versions
