@@ -488,3 +488,26 @@ def test_models_check_compares_the_models_with_the_data(trained: tuple[Path, dic
     assert not check_models(d, FIXTURE)["match"]
     out = CliRunner().invoke(cli.app, ["models", "check", "--models", str(d), "--data", str(FIXTURE), "--format", "json"])
     assert out.exit_code == 1 and json.loads(out.output)["match"] is False
+
+
+def test_regressors_follow_the_sklearn_estimator_contract() -> None:
+    from sklearn.base import clone
+
+    from gpurec.model.regressors import ForestModel, RooflineLinearModel, Routed, XGBModel
+
+    rng = np.random.default_rng(0)
+    X, margin = rng.random((60, 3)), np.zeros(60)
+    y = X @ np.array([1.0, -0.5, 0.2])
+    xgb = XGBModel({"max_depth": 3}, num_rounds=5, seed=1, nthread=1).fit(X, y, margin)
+    c = clone(xgb)
+    assert c is not xgb and c.get_params() == xgb.get_params() and c.booster_ is None  # unfitted copy
+    assert c.params is not xgb.params  # parameters copied, not shared
+    assert c.set_params(num_rounds=7, seed=3) is c and (c.num_rounds, c.seed) == (7, 3)
+    assert c.fit(X, y, margin).predict(X[:2], margin[:2]).shape == (2,)
+    with pytest.raises(ValueError, match="no parameter 'depth'"):
+        c.set_params(depth=3)
+    forest = clone(ForestModel(n_estimators=5, seed=2, n_jobs=1))
+    assert forest.get_params() == {"n_estimators": 5, "seed": 2, "n_jobs": 1}
+    assert clone(RooflineLinearModel()).get_params() == {}
+    routed = clone(Routed(lambda: XGBModel(num_rounds=3), min_rows=10))
+    assert routed.min_rows == 10 and routed.models_ == {}
