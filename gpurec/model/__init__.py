@@ -6,7 +6,7 @@ Heavy modules (numpy, xgboost, sklearn, optuna, torch) load on first use, so
 Layout: features (feature rows), data (targets, training data), tuning, validation,
 manifest, training (``train``, called by ``gpurec train``), host_model (dispatch per
 operation), timeline (the two-queue step), network (whole-network correction, waiting power),
-predictor (``load_predictor``, ``Estimate``), evaluate (metrics and the issue-13 accuracy
+predictor (``load_predictor``, ``Estimate``), evaluate (metrics and the network accuracy
 tables), bench (prediction speed), persist (save/load).
 
 Hosts: every estimate is for a host profile (gpurec.host). ``host=None`` is the *reference

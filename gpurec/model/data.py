@@ -1,10 +1,10 @@
 """Training data: load, choose targets, clean, and build the feature matrices.
 
-Targets (issue 13). The GPU-side models learn what the GPU does, apart from the host:
+Targets. The GPU-side models learn what the GPU does, apart from the host:
 
 * ``time_target='auto'`` (default): host-free ``gpu_time_ms`` / ``gpu_power_w`` when the data
-  has them (issue 12's CUDA-graph replays), else the eager ``time_ms`` / ``power_w`` (all data
-  collected before issue 12). Host-free and eager rows are never mixed: with host-free data,
+  has them (CUDA-graph replays), else the eager ``time_ms`` / ``power_w`` (all data
+  collected before host-free measurement). Host-free and eager rows are never mixed: with host-free data,
   rows without it (not captured, or older runs) are left out and counted.
 * ``gpu_time_source='in_network'`` (default): where the in-network table attributes kernel
   time to an operation inside a real network (median over its positions and sets), that is
@@ -44,7 +44,7 @@ from gpurec.model.features import (
 
 TIME_TARGETS = ("auto", "host_free", "eager")
 GPU_TIME_SOURCES = ("in_network", "isolated")
-# With host-free targets, an eager-only row (a GPU measured before issue 12, e.g. the H200)
+# With host-free targets, an eager-only row (a GPU measured before host-free measurement, e.g. the H200)
 # stands in for a host-free one when its eager time is at least this long: on the H100, rows
 # measured both ways had host-free / eager time 0.986 (10th-90th percentile 0.93-1.00) and
 # power 0.98 at >= 1 ms, against 0.25 between 0.1 and 0.3 ms (datasets/h100, 2026-11-26).
@@ -205,7 +205,7 @@ def reference_host(data_root: Path | str | None, ops: Any, nets: Any) -> tuple[A
     """The reference host profile, where it comes from, and the profiles by run.
 
     Reference = per-field median of the host profiles of the collection runs whose rows are
-    trained on. Until the data carries ``host_bench`` (issue 12), the fallback is this training
+    trained on. Until the data carries ``host_bench``, the fallback is this training
     machine's CPU-side profile (``run_host_bench(use_gpu=False)``), said so in its name."""
     from gpurec.host import reference_profile, run_host_bench
     from gpurec.model.provenance import host_profiles_by_run

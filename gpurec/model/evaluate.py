@@ -102,7 +102,7 @@ def breakdown(pred_t: np.ndarray, pred_p: np.ndarray, meas_t: np.ndarray, meas_p
 
 
 # ---------------------------------------------------------------------------------------------
-# Issue 13 accuracy: estimates against measured networks (docs/accuracy.md tables)
+# Network accuracy: estimates against measured networks (docs/accuracy.md tables)
 # ---------------------------------------------------------------------------------------------
 
 BOUND_CLEAR_MARGIN = 0.05  # a measured verdict is "clear" when eager / host-free is outside 1.2 +- this
@@ -264,7 +264,7 @@ def leave_one_gpu_out_table(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def accuracy_tables(predictor: Any, data_root: Any = None, report: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Every issue-13 table from the data under ``data_root`` and a trained ``predictor`` (and its
+    """Every network-accuracy table from the data under ``data_root`` and a trained ``predictor`` (and its
     training ``report`` for leave-one-GPU-out): what docs/accuracy.md reports."""
     import pandas as pd
 

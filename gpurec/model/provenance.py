@@ -42,7 +42,7 @@ def dumps(obj: Any) -> str:
 
 
 def host_profiles_by_run(data_root: Path | str | None) -> dict[str, list[Any]]:
-    """run_id -> the HostProfiles its provenance carries under ``host_bench`` (issue 12: measured
+    """run_id -> the HostProfiles its provenance carries under ``host_bench`` (measured
     at the start and end of every collection run). Runs without one are absent."""
     from gpurec.dataset.load import default_root
     from gpurec.host import profiles_of

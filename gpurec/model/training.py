@@ -1,9 +1,9 @@
 """Train the predictors, validate them without leakage, and persist them.
 
-What is learnt (issue 13), per operation:
+What is learnt, per operation:
 
 * GPU time and GPU power, on host-free targets where the data has them (gpurec.model.data
-  says which; eager targets before issue 12's data), one booster per mode, on log targets:
+  says which; eager targets for data without host-free rows), one booster per mode, on log targets:
   times span five orders of magnitude and what matters is relative error; power is bounded
   between idle and TDP. GPU energy = power x time, so the three never disagree.
 * Host dispatch on the reference host (gpurec.model.host_model), from ``host_ms`` rows.

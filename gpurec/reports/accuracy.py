@@ -341,7 +341,7 @@ def _host_side(hd: dict[str, Any]) -> list[str]:
 
 def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any],
                      sources: dict[str, Any] | None = None) -> list[str]:
-    """Issue 13: the GPU's work and the host's work predicted apart, on the unseen test
+    """The GPU's work and the host's work predicted apart, on the unseen test
     architectures, each figure next to the noise floor of the same measurement."""
     L = ["## GPU work and host work apart", ""]
     t = rep.get("targets", {})
@@ -718,7 +718,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
     return text
 
 
-MEMORY_TARGET_PCT = 15.0  # issue 24: the peak-memory estimate within 15% of the measured peak
+MEMORY_TARGET_PCT = 15.0  # target: the peak-memory estimate within 15% of the measured peak
 
 
 def memory_rows(nets: Any) -> list[dict[str, Any]]:
@@ -935,7 +935,7 @@ def energy_section(energy: dict[str, Any] | None, manifest: dict[str, Any]) -> l
 
 
 def host_gpu_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str, Any]) -> dict[str, Any] | None:
-    """The issue-13 tables: every measured network predicted with the shipped models for the
+    """The host/GPU tables: every measured network predicted with the shipped models for the
     host profile of the run that measured it (gpurec.model.evaluate.accuracy_tables)."""
     from gpurec.dataset import load_dataset
     from gpurec.dataset.load import fp32_rows

@@ -1206,7 +1206,7 @@ class Context:
     min_coverage: float = 0.5
 
 
-# ----------------------------------------------------------------------------- host-free (issue 12)
+# ----------------------------------------------------------------------------- host-free rows
 def _hf(df: pd.DataFrame) -> pd.DataFrame:
     """Successful rows measured host-free (schema 2)."""
     df = ok(df)

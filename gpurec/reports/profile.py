@@ -3,7 +3,7 @@
     gpurec report profile
 
 Inputs (all in the repository): datasets/h100/profile/{profile_results.tar.gz,profile_log.txt}
-(the 12 H100 runs of issue 7: resnet50, vit_b_16, convnext_tiny x batch 8, 64 x inference,
+(the 12 H100 profile runs: resnet50, vit_b_16, convnext_tiny x batch 8, 64 x inference,
 training), datasets/h200/profile/ (the earlier batch-8 H200 runs, a secondary comparison), and the
 full ncu profiles that check the per-config sampling: tests/fixtures/profile/real/ (H200) and
 datasets/h100/profile/full_profile_results.tar.gz (+ full_profile_log.txt).

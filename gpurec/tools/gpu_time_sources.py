@@ -1,4 +1,4 @@
-"""Which GPU-time target to train on (issue 13): in-network kernel time where the in-network
+"""Which GPU-time target to train on: in-network kernel time where the in-network
 pass attributes it (isolated host-free time elsewhere), or isolated host-free time only.
 
 Trains once per source on the same data and writes the errors that decide between them to a
