@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from gpurec.model.timeline import HOST_BOUND_RATIO
+from gpurec.results import HOST_BOUND_RATIO, bounds_of
 
 _FAMILY = re.compile(r"^[a-z]+")
 
@@ -156,7 +156,7 @@ def network_records(predictor: Any, nets: Any, host_profiles: dict[str, list[Any
     if len(df):
         ratio = df["measured_time_ms"] / df["measured_gpu_time_ms"]
         df["measured_ratio"] = ratio
-        df["measured_bound"] = np.where(ratio.isna(), "", np.where(ratio >= HOST_BOUND_RATIO, "host", "gpu"))
+        df["measured_bound"] = bounds_of(df["measured_time_ms"], df["measured_gpu_time_ms"])
         df["bound_clear"] = (ratio - HOST_BOUND_RATIO).abs() > BOUND_CLEAR_MARGIN
         df["measured_host_share"] = 1.0 - 1.0 / ratio
         if "pred_time_ms" in df:

@@ -62,6 +62,7 @@ from gpurec.model.persist import check_manifest, default_model_dir, load_booster
 from gpurec.model.timeline import bound_of, simulate
 from gpurec.ops.coverage import warn_if_low, warn_unmeasured_precision
 from gpurec.ops.precision import resolve_precision
+from gpurec.results import StepCost
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -183,6 +184,11 @@ class Estimate:
     def gpu_power_w(self) -> float:
         """Mean GPU power of the host-free step."""
         return self.gpu_energy_mj / self.gpu_time_ms if self.gpu_time_ms > 0 else 0.0
+
+    @property
+    def cost(self) -> StepCost:
+        """This step's cost as the type measurements and rankings share (gpurec.results)."""
+        return StepCost.of(self)
 
     @property
     def low(self) -> Bound:

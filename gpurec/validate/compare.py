@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpurec.results import StepCost
 
 DEFAULT_LOG = Path("datasets") / "validation" / "validation_log.jsonl"
 
@@ -78,18 +81,30 @@ def sum_of_measured_ops(model: str, input_shape: tuple[int, ...], mode: str, gpu
 
 
 def measured_fields(meas: dict[str, Any]) -> dict[str, Any]:
-    """The host-free figures of a measurement and the bound they imply (absent on old records)."""
+    """The host-free figures of a measurement and the bound they imply (absent on old records),
+    as ``measured_*`` log fields of its ``StepCost``."""
+    from gpurec.results import StepCost
+
     out: dict[str, Any] = {}
     for k in ("gpu_time_ms", "gpu_energy_mj", "gpu_power_w", "host_ms", "captured"):
         if meas.get(k) is not None:
             out[f"measured_{k}"] = meas[k]
     if meas.get("gpu_time_ms"):
-        from gpurec.model.timeline import bound_of  # the one bound rule, for predictions and measurements
-
-        out["measured_bound"] = bound_of(meas["time_ms"], meas["gpu_time_ms"])
+        out["measured_bound"] = StepCost.measured(meas).bound
     if meas.get("in_network_kernel_sum_ms") is not None:
         out["measured_kernel_sum_ms"] = meas["in_network_kernel_sum_ms"]
     return out
+
+
+def measured_cost(record: dict[str, Any]) -> StepCost:
+    """The measured ``StepCost`` of a log record (its ``measured_*`` fields)."""
+    from gpurec.results import StepCost
+
+    return StepCost.measured({"time_ms": record["measured_time_ms"], "energy_mj": record["measured_energy_mj"],
+                              "power_w": record.get("measured_power_w"),
+                              "gpu_time_ms": record.get("measured_gpu_time_ms"),
+                              "gpu_energy_mj": record.get("measured_gpu_energy_mj"),
+                              "host_ms": record.get("measured_host_ms")})
 
 
 def host_of(record: dict[str, Any]) -> Any:
@@ -104,20 +119,22 @@ def host_of(record: dict[str, Any]) -> Any:
 def prediction_fields(est: Any, measured_time_ms: float, measured_energy_mj: float,
                       measured: dict[str, Any] | None = None) -> dict[str, Any]:
     """A prediction and its error against a measurement, field by field, as a log record stores
-    them (errors are (predicted - measured) / measured, in per cent)."""
+    them (errors are (predicted - measured) / measured, in per cent; ``gpurec.results.compare``
+    on the two ``StepCost``s)."""
+    from gpurec.results import StepCost, compare
+
     out = {"predicted_time_ms": est.time_ms, "predicted_energy_mj": est.energy_mj,
            "predicted_power_w": est.power_w, "gpu_measured_in_training": bool(est.measured_gpu),
-           "time_error_pct": (est.time_ms / measured_time_ms - 1.0) * 100.0,
-           "energy_error_pct": (est.energy_mj / measured_energy_mj - 1.0) * 100.0,
            "predicted_gpu_time_ms": est.gpu_time_ms, "predicted_gpu_energy_mj": est.gpu_energy_mj,
            "predicted_host_time_ms": est.host_time_ms, "predicted_bound": est.bound, "predicted_host": est.host}
     m = measured or {}
-    for f in ("gpu_time_ms", "gpu_energy_mj"):
-        if m.get(f"measured_{f}"):
-            out[f"{f.replace('_ms', '').replace('_mj', '')}_error_pct"] = (
-                getattr(est, f) / m[f"measured_{f}"] - 1.0) * 100.0
-    if m.get("measured_bound"):
-        out["bound_right"] = est.bound == m["measured_bound"]
+    meas = measured_cost({**m, "measured_time_ms": measured_time_ms, "measured_energy_mj": measured_energy_mj})
+    # the bound as the record states it (records of older code may lack the host-free figures)
+    meas = StepCost(**{**meas.to_dict(), "bound": m.get("measured_bound") or None})
+    errors = compare(StepCost.of(est), meas)
+    # the log keeps the errors it always kept: eager time and energy, host-free time and energy
+    out.update({k: errors[k] for k in ("time_error_pct", "energy_error_pct", "gpu_time_error_pct",
+                                       "gpu_energy_error_pct", "bound_right") if k in errors})
     if m.get("in_network"):
         out["per_op_error"] = per_op_errors(est, m["in_network"])
     return out
