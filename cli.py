@@ -655,7 +655,7 @@ def train_crossgpu(
                                   help="also leave each GPU out and write crossgpu_report.json (minutes)"),
 ) -> None:
     """Fit the cross-GPU operation time model (OUT/crossgpu.json) on every GPU with data."""
-    from gpurec.model.crossgpu_fit import fit_and_save
+    from gpurec.model.fitting.crossgpu_fit import fit_and_save
 
     model = _guard(fit_and_save, data, out, str(cache) if cache is not None else None, validate,
                    log=lambda msg: typer.echo(msg, err=True))
@@ -1051,7 +1051,7 @@ def models_check(
 ) -> None:
     """Whether the models were trained on the data on disk (hashes the dataset; loading a predictor
     does not). Exit code 1 when they differ: retrain (`gpurec train`) to use the new rows."""
-    from gpurec.model.data import check_models
+    from gpurec.model.fitting.data import check_models
 
     fmt = _check_format(fmt, ("table", "json"))
     res = _guard(check_models, models, data)
@@ -1151,7 +1151,7 @@ def tools_unseen_snapshot(
     """Record the unseen-architecture errors of a set of models (per-kind in-network time error,
     host-free MAPE per mode), which docs/accuracy.md shows beside the shipped models' (minutes)."""
     from gpurec.dataset.store import atomic_write_json
-    from gpurec.model.kind_errors import snapshot
+    from gpurec.model.fitting.kind_errors import snapshot
 
     snap = _guard(snapshot, models, data)
     atomic_write_json(out, snap)

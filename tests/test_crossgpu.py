@@ -112,7 +112,7 @@ def test_model_file_refuses_parameters_that_break_monotonicity() -> None:
 
 def test_fit_recovers_a_known_model() -> None:
     pytest.importorskip("torch")
-    from gpurec.model.crossgpu_fit import CrossTable, fit, predict_rows
+    from gpurec.model.fitting.crossgpu_fit import CrossTable, fit, predict_rows
 
     truth = _random_model(5)
     truth.theta_ff *= 0.2

@@ -45,7 +45,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def test_family_names() -> None:
-    from gpurec.model.evaluate import family, row_families
+    from gpurec.model.fitting.evaluate import family, row_families
 
     assert family("resnet50") == "resnet"
     assert family("wide_resnet50_2") == "wide"
@@ -55,7 +55,7 @@ def test_family_names() -> None:
 
 
 def test_grouped_folds_never_split_a_group() -> None:
-    from gpurec.model.evaluate import grouped_folds
+    from gpurec.model.fitting.evaluate import grouped_folds
 
     groups = np.array(list("aabbbcdddeeffg"))
     folds = grouped_folds(groups, 3, seed=1)
@@ -350,7 +350,7 @@ def test_optional_extra_columns(tmp_path: Path) -> None:
 
     from gpurec.model import load_predictor, train
     from gpurec.model.features import FeatureConfig
-    from gpurec.model.training import TrainConfig
+    from gpurec.model.fitting.training import TrainConfig
 
     data = tmp_path / "data" / "h100"
     data.mkdir(parents=True)
@@ -418,7 +418,7 @@ def test_host_band_is_kept_per_bound() -> None:
     import numpy as np
 
     from gpurec.model.config import TrainConfig
-    from gpurec.model.training import _host_band
+    from gpurec.model.fitting.training import _host_band
 
     rng = np.random.default_rng(0)
     gpu = 1.0 + rng.normal(0, 0.01, 40)
@@ -437,7 +437,7 @@ def test_reused_tuning_takes_each_gpu_target_with_its_parameters(tmp_path: Path)
     target; a target without them (not tuned) is tuned again."""
     import json
 
-    from gpurec.model.training import _reused_tuning
+    from gpurec.model.fitting.training import _reused_tuning
 
     rep = {"tuning": {"time": {"best_params": {"max_depth": 8}, "rounds": 600, "trials": 20},
                       "power": {"trials": 0}, "host": {"best_params": {"max_depth": 3}, "rounds": 5}}}
@@ -474,7 +474,7 @@ def test_models_check_compares_the_models_with_the_data(trained: tuple[Path, dic
     from typer.testing import CliRunner
 
     import cli
-    from gpurec.model.data import check_models
+    from gpurec.model.fitting.data import check_models
     from gpurec.model.persist import write_manifest
 
     res = check_models(trained[0], FIXTURE)

@@ -39,7 +39,7 @@ _WHERE = {
 def train(data_root: Any = None, out_dir: Any = "models", tune_trials: int = 20, seed: int = 0,
           **kwargs: Any) -> dict[str, Any]:
     """Train, validate and save the predictors; see gpurec.model.training.train."""
-    from gpurec.model.training import train as _train
+    from gpurec.model.fitting.training import train as _train
 
     return _train(data_root, out_dir, tune_trials=tune_trials, seed=seed, **kwargs)
 

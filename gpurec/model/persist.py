@@ -338,7 +338,7 @@ def check_manifest(manifest: dict[str, Any], model_dir: Path | str, data_root: P
             notes.append(f"{k} {now.get(k)} here, model trained with {then}")
     if check_data:
         try:
-            from gpurec.model.data import current_data_hash
+            from gpurec.model.fitting.data import current_data_hash
 
             digest = current_data_hash(data_root)
             if digest != manifest.get("training_data", {}).get("sha256"):

@@ -811,7 +811,7 @@ def energy_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str,
     models, with the recorded snapshot of the models before them (benchmarks/unseen_before.json,
     written by `gpurec tools unseen-snapshot`) where it exists."""
     from gpurec.model import load_predictor
-    from gpurec.model.kind_errors import (
+    from gpurec.model.fitting.kind_errors import (
         POWER_GRID,
         gpu_bound_transfer,
         per_kind_errors,
@@ -940,7 +940,7 @@ def host_gpu_tables(models_dir: Path, data_root: Path | str | None, rep: dict[st
     from gpurec.dataset import load_dataset
     from gpurec.dataset.load import fp32_rows
     from gpurec.model import load_predictor
-    from gpurec.model.evaluate import accuracy_tables
+    from gpurec.model.fitting.evaluate import accuracy_tables
 
     try:
         predictor = load_predictor(models_dir, data_root=data_root, check_data=False)

@@ -94,8 +94,8 @@ def _own_rows(data_root: Path | str | None, cache_dir: str | None, log: Callable
 
     from gpurec.dataset import load_dataset
     from gpurec.model._sets import test_arch_names
-    from gpurec.model.evaluate import arch_of
     from gpurec.model.features import SetExtractor, operations_of_rows
+    from gpurec.model.fitting.evaluate import arch_of
 
     ops = load_dataset(root=data_root, table="operations")
     ops = ops[~ops["set_key"].map(lambda s: arch_of(s) in test_arch_names())]  # never trained on

@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from gpurec.model._sets import dataset_arch_names, test_arch_names
-from gpurec.model.evaluate import arch_of, family, row_families
 from gpurec.model.features import (
     FeatureBuilder,
     FeatureConfig,
@@ -41,6 +40,7 @@ from gpurec.model.features import (
     resolve_extra_columns,
     target_mask,
 )
+from gpurec.model.fitting.evaluate import arch_of, family, row_families
 
 TIME_TARGETS = ("auto", "host_free", "eager")
 GPU_TIME_SOURCES = ("in_network", "isolated")

@@ -30,14 +30,12 @@ import numpy as np
 
 from gpurec.model._sets import MODES
 from gpurec.model.config import TARGETS, TrainConfig
-from gpurec.model.data import current_data_hash, prepare
 from gpurec.model.features import MeasuredLookup, monotone_constraints
-from gpurec.model.host_fit import fit_host_model
-from gpurec.model.manifest import build_manifest
-from gpurec.model.network import fit_waiting_power
-from gpurec.model.provenance import dumps, library_versions
-from gpurec.model.tuning import auto_nthread, tune_xgboost
-from gpurec.model.validation import (
+from gpurec.model.fitting.data import current_data_hash, prepare
+from gpurec.model.fitting.host_fit import fit_host_model
+from gpurec.model.fitting.manifest import build_manifest
+from gpurec.model.fitting.tuning import auto_nthread, tune_xgboost
+from gpurec.model.fitting.validation import (
     GPU_TARGETS,
     Suite,
     fit_host_calibration,
@@ -49,6 +47,8 @@ from gpurec.model.validation import (
     network_host_inputs,
     test_set,
 )
+from gpurec.model.network import fit_waiting_power
+from gpurec.model.provenance import dumps, library_versions
 
 __all__ = ["TARGETS", "TrainConfig", "current_data_hash", "dumps", "library_versions", "train"]
 

@@ -295,7 +295,7 @@ def compare_gpu_time_sources(data_root: Any, out_root: Any, log: Any = None, **o
     ``tune_trials=0`` for a quicker comparison)."""
     from pathlib import Path
 
-    from gpurec.model.training import train
+    from gpurec.model.fitting.training import train
 
     out: dict[str, Any] = {}
     for source in ("in_network", "isolated"):

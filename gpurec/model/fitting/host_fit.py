@@ -17,7 +17,7 @@ def fit_host_model(p: Any, cfg: Any, log: Any) -> tuple[HostDispatch, Any, dict[
     prior. Returns the model, the fitted Routed (None for the prior) and the report entry.
 
     ``p`` is a gpurec.model.data.Prepared, ``cfg`` a TrainConfig."""
-    from gpurec.model.evaluate import grouped_folds, summary
+    from gpurec.model.fitting.evaluate import grouped_folds, summary
     from gpurec.model.regressors import Routed, XGBModel
 
     rows = p.host_rows

@@ -12,8 +12,8 @@ from typing import Any
 
 from gpurec.model._sets import MODES
 from gpurec.model.config import TARGETS, UNMEASURED_BAND_WIDENING, TrainConfig
-from gpurec.model.data import Prepared
 from gpurec.model.features import FEATURE_SCHEMA_VERSION, monotone_constraints, target_mask
+from gpurec.model.fitting.data import Prepared
 from gpurec.model.host_model import NetworkCalibration
 from gpurec.model.network import Correction
 from gpurec.model.provenance import library_versions

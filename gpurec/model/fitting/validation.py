@@ -15,9 +15,9 @@ import numpy as np
 from gpurec.catalog import resolve_gpu
 from gpurec.model._sets import MODES, dataset_arch_names
 from gpurec.model.config import TrainConfig
-from gpurec.model.data import Prepared
-from gpurec.model.evaluate import breakdown, family, grouped_folds
 from gpurec.model.features import MeasuredLookup, monotone_constraints
+from gpurec.model.fitting.data import Prepared
+from gpurec.model.fitting.evaluate import breakdown, family, grouped_folds
 from gpurec.model.network import (
     POWER_VARIANTS,
     TIME_VARIANTS,
