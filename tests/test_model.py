@@ -447,9 +447,7 @@ def test_reused_tuning_takes_each_gpu_target_with_its_parameters(tmp_path: Path)
 
 
 # The training half of gpurec.model: loading a predictor and predicting must load none of it.
-TRAINING_MODULES = ("gpurec.model.data", "gpurec.model.evaluate", "gpurec.model.training", "gpurec.model.tuning",
-                    "gpurec.model.validation", "gpurec.model.crossgpu_fit", "gpurec.model.kind_errors",
-                    "gpurec.model.manifest", "gpurec.model.host_fit")
+TRAINING_MODULES = ("gpurec.model.fitting",)
 
 
 def test_load_and_predict_load_no_training_module_and_no_optuna(trained: tuple[Path, dict]) -> None:

@@ -807,7 +807,7 @@ def generate(models_dir: Path | str = "models", out: Path | str = "docs/accuracy
 
 def energy_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str, Any],
                   host_gpu: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The energy, power-bound and per-kind tables (gpurec.model.kind_errors) of the shipped
+    """The energy, power-bound and per-kind tables (gpurec.model.fitting.kind_errors) of the shipped
     models, with the recorded snapshot of the models before them (benchmarks/unseen_before.json,
     written by `gpurec tools unseen-snapshot`) where it exists."""
     from gpurec.model import load_predictor
@@ -927,7 +927,7 @@ def energy_section(energy: dict[str, Any] | None, manifest: dict[str, Any]) -> l
         L += ["", "The per-operation power model is fitted on "
               + " and ".join(f"{n:,} {short(g)} rows" for g, n in per_gpu.items())
               + f" (on a GPU without host-free rows, eager rows of at least {energy.get('eager_proxy_min_ms')} ms, "
-              "where the GPU dominates the eager time, stand in for host-free ones; `gpurec.model.data`); the "
+              "where the GPU dominates the eager time, stand in for host-free ones; `gpurec.model.fitting.data`); the "
               "network correction on the H100's host-free networks only. Power = energy / time separates the "
               "power model from the time model: where the power column is small and the time column carries the "
               "error, the energy error is the time error (the cross-GPU time model's part).", ""]
@@ -936,7 +936,7 @@ def energy_section(energy: dict[str, Any] | None, manifest: dict[str, Any]) -> l
 
 def host_gpu_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str, Any]) -> dict[str, Any] | None:
     """The host/GPU tables: every measured network predicted with the shipped models for the
-    host profile of the run that measured it (gpurec.model.evaluate.accuracy_tables)."""
+    host profile of the run that measured it (gpurec.model.fitting.evaluate.accuracy_tables)."""
     from gpurec.dataset import load_dataset
     from gpurec.dataset.load import fp32_rows
     from gpurec.model import load_predictor

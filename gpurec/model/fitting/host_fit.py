@@ -16,7 +16,7 @@ def fit_host_model(p: Any, cfg: Any, log: Any) -> tuple[HostDispatch, Any, dict[
     ``host_ms`` rows a booster on top, validated by grouped K-fold (op signatures) against the
     prior. Returns the model, the fitted Routed (None for the prior) and the report entry.
 
-    ``p`` is a gpurec.model.data.Prepared, ``cfg`` a TrainConfig."""
+    ``p`` is a gpurec.model.fitting.data.Prepared, ``cfg`` a TrainConfig."""
     from gpurec.model.fitting.evaluate import grouped_folds, summary
     from gpurec.model.regressors import Routed, XGBModel
 

@@ -77,7 +77,7 @@ def build_manifest(p: Prepared, cfg: TrainConfig, final: dict[str, Routed], corr
         "modes": list(MODES),
         "routes": {t: dict(final[t].route_) for t in final},
         "training_data": {"sha256": report["data_sha256"],
-                          "hash_of": "cleaned operations and networks tables (gpurec.model.data.current_data_hash)",
+                          "hash_of": "cleaned operations and networks tables (gpurec.model.fitting.data.current_data_hash)",
                           "operations": int(len(p.ops)),
                           "networks": int(len(p.nets)), "rows_by_gpu_mode": report["rows"]["by_gpu_mode"]},
         "versions": library_versions(),

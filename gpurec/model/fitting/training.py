@@ -2,7 +2,7 @@
 
 What is learnt, per operation:
 
-* GPU time and GPU power, on host-free targets where the data has them (gpurec.model.data
+* GPU time and GPU power, on host-free targets where the data has them (gpurec.model.fitting.data
   says which; eager targets for data without host-free rows), one booster per mode, on log targets:
   times span five orders of magnitude and what matters is relative error; power is bounded
   between idle and TDP. GPU energy = power x time, so the three never disagree.
@@ -11,9 +11,9 @@ What is learnt, per operation:
 Per network: the whole-network correction of the GPU time and power (fitted on out-of-fold
 sums, kept only where it helps) and the power the GPU draws while it waits for the host.
 
-The run is split by concern: data preparation (gpurec.model.data), tuning
-(gpurec.model.tuning), validation schemes (gpurec.model.validation), the manifest
-(gpurec.model.manifest). Unseen test architectures are never trained on; they are scored at
+The run is split by concern: data preparation (gpurec.model.fitting.data), tuning
+(gpurec.model.fitting.tuning), validation schemes (gpurec.model.fitting.validation), the manifest
+(gpurec.model.fitting.manifest). Unseen test architectures are never trained on; they are scored at
 the end with the final model. ``gpurec train`` (cli.py) calls :func:`train`.
 """
 

@@ -2,7 +2,7 @@
 the unseen test architectures; and the whole-network correction fitted on out-of-fold sums.
 
 None leaks an operation or a network into its own test fold. Network targets are the GPU-side
-targets chosen in gpurec.model.data (host-free time where measured, else eager).
+targets chosen in gpurec.model.fitting.data (host-free time where measured, else eager).
 """
 
 from __future__ import annotations
