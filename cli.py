@@ -655,7 +655,7 @@ def train_crossgpu(
                                   help="also leave each GPU out and write crossgpu_report.json (minutes)"),
 ) -> None:
     """Fit the cross-GPU operation time model (OUT/crossgpu.json) on every GPU with data."""
-    from gpurec.model.crossgpu_fit import fit_and_save
+    from gpurec.model.fitting.crossgpu_fit import fit_and_save
 
     model = _guard(fit_and_save, data, out, str(cache) if cache is not None else None, validate,
                    log=lambda msg: typer.echo(msg, err=True))
@@ -1038,6 +1038,32 @@ def host_bench(
         typer.echo(f"{key:<24}{profile.dispatch_cpu_us[key]:>16.2f}{'' if gpu_us is None else f'{gpu_us:.2f}':>17}")
 
 
+# -- trained models ------------------------------------------------------------------------------
+models_app = typer.Typer(no_args_is_help=True, help="Check the trained models.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("check")
+def models_check(
+    models: Path = typer.Option(None, "--models", help="the trained models (default: $GPUREC_MODELS, else models/)"),
+    data: Path = typer.Option(None, "--data", help="dataset root (default: datasets/)"),
+    fmt: str = typer.Option("table", "--format", help="table or json"),
+) -> None:
+    """Whether the models were trained on the data on disk (hashes the dataset; loading a predictor
+    does not). Exit code 1 when they differ: retrain (`gpurec train`) to use the new rows."""
+    from gpurec.model.fitting.data import check_models
+
+    fmt = _check_format(fmt, ("table", "json"))
+    res = _guard(check_models, models, data)
+    if fmt == "json":
+        _print_json(res)
+    else:
+        typer.echo(f"{res['models']}: trained {res['created']} on data {str(res['model_data_sha256'])[:12]}…; "
+                   f"data on disk {res['data_sha256'][:12]}…: "
+                   + ("the same data" if res["match"] else "DIFFERENT data: retrain (`gpurec train`) to use it"))
+    raise typer.Exit(0 if res["match"] else 1)
+
+
 # -- generated documents and developer tools ----------------------------------------------------
 tools_app = typer.Typer(no_args_is_help=True, help="Developer tools: plan, extraction snapshot, counter features, "
                                                     "validation log.")
@@ -1129,7 +1155,7 @@ def tools_fit_memory(
 ) -> None:
     """Fit the peak-memory terms (workspace floor, scratch space, cuDNN RNN reserve) on the
     training architectures' trusted measured peaks and write MODELS/memory.json (a few minutes)."""
-    from gpurec.model.memory_fit import write_memory_fit
+    from gpurec.model.fitting.memory_fit import write_memory_fit
 
     _print_json(_guard(write_memory_fit, models, data)["terms"])
 
@@ -1143,7 +1169,7 @@ def tools_unseen_snapshot(
     """Record the unseen-architecture errors of a set of models (per-kind in-network time error,
     host-free MAPE per mode), which docs/accuracy.md shows beside the shipped models' (minutes)."""
     from gpurec.dataset.store import atomic_write_json
-    from gpurec.model.kind_errors import snapshot
+    from gpurec.model.fitting.kind_errors import snapshot
 
     snap = _guard(snapshot, models, data)
     atomic_write_json(out, snap)

@@ -16,7 +16,7 @@ unseen), these small networks put many shapes of exactly those kinds into the tr
   built from grouped-conv, dense-concat, shifted-window, squeeze-excite and stochastic-depth
   blocks, measured whole and per operation like the dataset architectures.
 
-Names hold no digit or underscore, so each is its own family (gpurec.model.evaluate.family).
+Names hold no digit or underscore, so each is its own family (gpurec.model.fitting.evaluate.family).
 CPU side: torch only, no torchvision classifier is built here.  gpurec.sets lists the names.
 """
 

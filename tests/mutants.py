@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MEASURE = "gpurec/collect/measure.py"
 WINDOW = "gpurec/device/window.py"
 TIMELINE = "gpurec/model/timeline.py"
+RESULTS = "gpurec/results.py"
 DEFAULT_TESTS = ("tests/test_measure_mutants.py", "tests/test_measure.py", "tests/test_model_host.py")
 
 
@@ -68,8 +69,8 @@ MUTANTS = [
     Mutant("timer started before the energy window opens", MEASURE,
            "    start = monitor.begin_window(busy, extra_timeout_s)\n    times = timed()\n",
            "    times = timed()\n    start = monitor.begin_window(busy, extra_timeout_s)\n"),
-    Mutant("HOST_BOUND_RATIO 1.2 -> 2.0", TIMELINE, "HOST_BOUND_RATIO = 1.2", "HOST_BOUND_RATIO = 2.0"),
-    Mutant("bound_of ratio 1.2 -> 2.0", TIMELINE,
+    Mutant("HOST_BOUND_RATIO 1.2 -> 2.0", RESULTS, "HOST_BOUND_RATIO = 1.2", "HOST_BOUND_RATIO = 2.0"),
+    Mutant("bound_of ratio 1.2 -> 2.0", RESULTS,
            'return "host" if time_ms >= HOST_BOUND_RATIO * gpu_time_ms else "gpu"',
            'return "host" if time_ms >= 2.0 * gpu_time_ms else "gpu"'),
 ]

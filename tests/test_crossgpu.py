@@ -132,7 +132,7 @@ def test_model_file_refuses_parameters_that_break_monotonicity() -> None:
 
 def test_fit_recovers_a_known_model() -> None:
     pytest.importorskip("torch")
-    from gpurec.model.crossgpu_fit import CrossTable, fit, predict_rows
+    from gpurec.model.fitting.crossgpu_fit import CrossTable, fit, predict_rows
 
     truth = _random_model(5)
     truth.theta_ff *= 0.2
@@ -199,7 +199,7 @@ def test_gpu_without_host_free_rows_takes_anchor_times_ratio(predictor) -> None:
 # -- fitting on H200/H100 evidence and reporting the ratio ---------------------------------------
 
 def test_h200_eager_rows_take_the_h100_gpu_share() -> None:
-    from gpurec.model.crossgpu_fit import h200_gpu_time_ms
+    from gpurec.model.fitting.crossgpu_fit import h200_gpu_time_ms
 
     pairs = pd.DataFrame({"time_ms": [1.0, 2.0, 3.0], "h100_gpu_time_ms": [0.9, 1.0, 2.2],
                           "h100_time_ms": [1.0, 1.0, 2.0]})
@@ -209,7 +209,7 @@ def test_h200_eager_rows_take_the_h100_gpu_share() -> None:
 
 def test_network_pairs_pull_the_h200_ratio_towards_the_measured_one() -> None:
     pytest.importorskip("torch")
-    from gpurec.model.crossgpu_fit import H100, H200, CrossTable, NetworkPairs, fit
+    from gpurec.model.fitting.crossgpu_fit import H100, H200, CrossTable, NetworkPairs, fit
 
     truth = _random_model(8)
     for name in ("theta_ff", "theta_tc", "theta_m", "theta_s", "theta_p", "theta_k"):

@@ -11,8 +11,8 @@ from gpurec.reports.accuracy import host_gpu_section
 
 
 def test_comparison_is_written_with_provenance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import gpurec.model.data as data
-    import gpurec.model.evaluate as evaluate
+    import gpurec.model.fitting.data as data
+    import gpurec.model.fitting.evaluate as evaluate
     from gpurec.tools import gpu_time_sources
 
     seen = {}

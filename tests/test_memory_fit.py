@@ -1,4 +1,4 @@
-"""The terms of the peak-memory estimate (gpurec.ops.memory) and their fit (gpurec.model.memory_fit)."""
+"""The terms of the peak-memory estimate (gpurec.ops.memory) and their fit (gpurec.model.fitting.memory_fit)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 from torch import nn
 
-from gpurec.model.memory import MemoryFitError, load_memory_fit, memory_fit_from_dict, memory_fit_to_dict
-from gpurec.model.memory_fit import (
+from gpurec.model.fitting.memory_fit import (
     LEFTOVER_LIMIT_BYTES,
     fit_memory,
     leftover_reason,
     peak_table,
 )
+from gpurec.model.memory import MemoryFitError, load_memory_fit, memory_fit_from_dict, memory_fit_to_dict
 from gpurec.ops import extract_operations
 from gpurec.ops.memory import MemoryFit, MemoryTerms, memory_terms, step_memory
 

@@ -45,7 +45,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def test_family_names() -> None:
-    from gpurec.model.evaluate import family, row_families
+    from gpurec.model.fitting.evaluate import family, row_families
 
     assert family("resnet50") == "resnet"
     assert family("wide_resnet50_2") == "wide"
@@ -55,7 +55,7 @@ def test_family_names() -> None:
 
 
 def test_grouped_folds_never_split_a_group() -> None:
-    from gpurec.model.evaluate import grouped_folds
+    from gpurec.model.fitting.evaluate import grouped_folds
 
     groups = np.array(list("aabbbcdddeeffg"))
     folds = grouped_folds(groups, 3, seed=1)
@@ -350,7 +350,7 @@ def test_optional_extra_columns(tmp_path: Path) -> None:
 
     from gpurec.model import load_predictor, train
     from gpurec.model.features import FeatureConfig
-    from gpurec.model.training import TrainConfig
+    from gpurec.model.fitting.training import TrainConfig
 
     data = tmp_path / "data" / "h100"
     data.mkdir(parents=True)
@@ -418,7 +418,7 @@ def test_host_band_is_kept_per_bound() -> None:
     import numpy as np
 
     from gpurec.model.config import TrainConfig
-    from gpurec.model.training import _host_band
+    from gpurec.model.fitting.training import _host_band
 
     rng = np.random.default_rng(0)
     gpu = 1.0 + rng.normal(0, 0.01, 40)
@@ -437,10 +437,75 @@ def test_reused_tuning_takes_each_gpu_target_with_its_parameters(tmp_path: Path)
     target; a target without them (not tuned) is tuned again."""
     import json
 
-    from gpurec.model.training import _reused_tuning
+    from gpurec.model.fitting.training import _reused_tuning
 
     rep = {"tuning": {"time": {"best_params": {"max_depth": 8}, "rounds": 600, "trials": 20},
                       "power": {"trials": 0}, "host": {"best_params": {"max_depth": 3}, "rounds": 5}}}
     (tmp_path / "report.json").write_text(json.dumps(rep))
     got = _reused_tuning(str(tmp_path / "report.json"))
     assert set(got) == {"time"} and got["time"]["best_params"] == {"max_depth": 8} and got["time"]["rounds"] == 600
+
+
+# The training half of gpurec.model: loading a predictor and predicting must load none of it.
+TRAINING_MODULES = ("gpurec.model.fitting",)
+
+
+def test_load_and_predict_load_no_training_module_and_no_optuna(trained: tuple[Path, dict]) -> None:
+    """The default load does not hash the dataset, and neither it nor a prediction imports the
+    training half or optuna (a fresh interpreter, so other tests' imports cannot hide a leak)."""
+    code = (
+        "import sys, gpurec\n"
+        f"p = gpurec.load_predictor({str(trained[0])!r}, data_root={str(FIXTURE)!r})\n"
+        "p.predict('resnet18', input_shape=(2, 3, 64, 64), mode='training', gpu='H100')\n"
+        "p.predict_many([('alexnet', (1, 3, 224, 224))], gpu='H100')\n"
+        f"bad = sorted(m for m in sys.modules if m.startswith({TRAINING_MODULES!r}) or m.split('.')[0] == 'optuna')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('gpurec.model')))\n"
+        "sys.exit(f'training modules loaded: {bad}' if bad else 0)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).parent.parent)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "'gpurec.model.predictor'" in r.stdout  # the check saw the prediction half load
+
+
+def test_models_check_compares_the_models_with_the_data(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    import cli
+    from gpurec.model.fitting.data import check_models
+    from gpurec.model.persist import write_manifest
+
+    res = check_models(trained[0], FIXTURE)
+    assert res["match"] and res["data_sha256"] == res["model_data_sha256"]
+    out = CliRunner().invoke(cli.app, ["models", "check", "--models", str(trained[0]), "--data", str(FIXTURE)])
+    assert out.exit_code == 0 and "the same data" in out.output
+    d = _copy(trained[0], tmp_path / "other")
+    m = json.loads((d / "manifest.json").read_text())
+    m["training_data"]["sha256"] = "0" * 64
+    write_manifest(d, m)
+    assert not check_models(d, FIXTURE)["match"]
+    out = CliRunner().invoke(cli.app, ["models", "check", "--models", str(d), "--data", str(FIXTURE), "--format", "json"])
+    assert out.exit_code == 1 and json.loads(out.output)["match"] is False
+
+
+def test_regressors_follow_the_sklearn_estimator_contract() -> None:
+    from sklearn.base import clone
+
+    from gpurec.model.regressors import ForestModel, RooflineLinearModel, Routed, XGBModel
+
+    rng = np.random.default_rng(0)
+    X, margin = rng.random((60, 3)), np.zeros(60)
+    y = X @ np.array([1.0, -0.5, 0.2])
+    xgb = XGBModel({"max_depth": 3}, num_rounds=5, seed=1, nthread=1).fit(X, y, margin)
+    c = clone(xgb)
+    assert c is not xgb and c.get_params() == xgb.get_params() and c.booster_ is None  # unfitted copy
+    assert c.params is not xgb.params  # parameters copied, not shared
+    assert c.set_params(num_rounds=7, seed=3) is c and (c.num_rounds, c.seed) == (7, 3)
+    assert c.fit(X, y, margin).predict(X[:2], margin[:2]).shape == (2,)
+    with pytest.raises(ValueError, match="no parameter 'depth'"):
+        c.set_params(depth=3)
+    forest = clone(ForestModel(n_estimators=5, seed=2, n_jobs=1))
+    assert forest.get_params() == {"n_estimators": 5, "seed": 2, "n_jobs": 1}
+    assert clone(RooflineLinearModel()).get_params() == {}
+    routed = clone(Routed(lambda: XGBModel(num_rounds=3), min_rows=10))
+    assert routed.min_rows == 10 and routed.models_ == {}

@@ -151,7 +151,7 @@ def test_host_free_targets_chosen(host_free: tuple[Path, dict]) -> None:
 
 
 def test_isolated_option_ignores_in_network(tmp_path: Path) -> None:
-    from gpurec.model.data import load_tables, with_targets
+    from gpurec.model.fitting.data import load_tables, with_targets
 
     data = _synthetic_data(tmp_path / "data")
     ops, _, info, _ = with_targets(*load_tables(data), "auto", "isolated")
@@ -361,7 +361,7 @@ def test_monotone_constraints_cover_every_gpu_feature_the_time_model_sees() -> N
 
 
 def test_shipped_data_falls_back_to_eager_with_a_note() -> None:
-    from gpurec.model.data import load_tables, with_targets
+    from gpurec.model.fitting.data import load_tables, with_targets
 
     ops, nets, info, _ = with_targets(*load_tables(FIXTURE), "auto", "in_network")
     assert info["operations"] == "eager" and "note" in info
@@ -370,7 +370,7 @@ def test_shipped_data_falls_back_to_eager_with_a_note() -> None:
 
 def test_accuracy_tables_on_synthetic(host_free: tuple[Path, dict]) -> None:
     from gpurec.model import load_predictor
-    from gpurec.model.evaluate import accuracy_tables
+    from gpurec.model.fitting.evaluate import accuracy_tables
 
     base, report = host_free
     p = load_predictor(base / "m", check_data=False)
@@ -410,7 +410,7 @@ def test_eager_band_widened_by_host_side_error(host_free: tuple[Path, dict]) -> 
 def test_network_targets_follow_the_operations(tmp_path: Path) -> None:
     """Host-free operations with eager-only networks: the networks are dropped (and counted), never
     fitted as if eager time were GPU work."""
-    from gpurec.model.data import load_tables, with_targets
+    from gpurec.model.fitting.data import load_tables, with_targets
 
     data = _synthetic_data(tmp_path / "data")
     nets = pd.read_parquet(data / "h100" / "networks.parquet").drop(columns=["gpu_time_ms", "gpu_power_w"])
@@ -421,7 +421,7 @@ def test_network_targets_follow_the_operations(tmp_path: Path) -> None:
 
 
 def test_compare_gpu_time_sources(tmp_path: Path) -> None:
-    from gpurec.model.evaluate import compare_gpu_time_sources
+    from gpurec.model.fitting.evaluate import compare_gpu_time_sources
 
     data = _synthetic_data(tmp_path / "data")
     res = compare_gpu_time_sources(data, tmp_path / "cmp", **{**QUICK, "n_folds": 2})

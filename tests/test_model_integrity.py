@@ -206,7 +206,7 @@ def test_train_checks_the_output_directory_before_training(tmp_path: Path, monke
     from typer.testing import CliRunner
 
     import cli
-    from gpurec.model import training
+    from gpurec.model.fitting import training
 
     def no_training(*a: Any, **kw: Any) -> None:
         raise AssertionError("training started before the output directory was checked")

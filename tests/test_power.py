@@ -127,7 +127,7 @@ def test_kind_power_fit_recovers_per_class_factors() -> None:
 
 
 def test_error_kinds() -> None:
-    from gpurec.model.kind_errors import error_kind
+    from gpurec.model.fitting.kind_errors import error_kind
 
     assert error_kind("Conv2d", 1) == "conv (dense)"
     assert error_kind("Conv2d", 32) == "conv (grouped/depthwise)"
@@ -146,7 +146,7 @@ def test_per_kind_errors_attribute_a_known_error_to_its_kind(shipped, tmp_path: 
 
     import pandas as pd
 
-    from gpurec.model.kind_errors import per_kind_errors
+    from gpurec.model.fitting.kind_errors import per_kind_errors
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -169,7 +169,7 @@ def test_per_kind_errors_attribute_a_known_error_to_its_kind(shipped, tmp_path: 
 def test_gpu_bound_transfer_uses_only_networks_gpu_bound_on_the_host_free_gpu() -> None:
     import pandas as pd
 
-    from gpurec.model.kind_errors import gpu_bound_transfer
+    from gpurec.model.fitting.kind_errors import gpu_bound_transfer
 
     nan = float("nan")
     rec = pd.DataFrame([
@@ -200,7 +200,7 @@ def test_per_kind_errors_at_a_precision_reads_that_precision_s_rows_only(shipped
 
     import pandas as pd
 
-    from gpurec.model.kind_errors import error_kind, per_kind_errors
+    from gpurec.model.fitting.kind_errors import error_kind, per_kind_errors
 
     frames = []
     for precision, slow in (("bf16-mixed", "autocast_cast"), ("fp32", "Conv2d")):

@@ -403,7 +403,7 @@ def test_low_precision_networks_are_estimated_at_their_precision_and_grouped(tmp
     where nothing was measured, and planned test networks not measured are named."""
     import pandas as pd
 
-    from gpurec.model.evaluate import network_records, precision_accuracy
+    from gpurec.model.fitting.evaluate import network_records, precision_accuracy
 
     gpu = "NVIDIA H100 80GB HBM3"
     rows = [  # (set_key, mode, precision, host-free ms)

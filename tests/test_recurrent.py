@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gpurec.model.fitting.recurrent_fit import fit_recurrent
 from gpurec.model.recurrent import PowerFit, RecurrentPower, RecurrentTime, recurrent_shape
-from gpurec.model.recurrent_fit import fit_recurrent
 
 NAMES = ["batch", "seq_len", "embed_dim", "out_features", "num_heads", "element_bytes", "math_mode",
          "mode_training", "flops", "kind=LSTM", "kind=GRU", "kind=conv2d"]
@@ -105,7 +105,7 @@ def test_routed_time_model_applies_its_override() -> None:
 
 
 def test_recurrent_rows_keep_their_elapsed_time_not_the_in_network_kernel_sum() -> None:
-    from gpurec.model.data import with_targets
+    from gpurec.model.fitting.data import with_targets
 
     ops = pd.DataFrame({
         "gpu": "NVIDIA H100 80GB HBM3", "mode": "inference", "op_signature": ["lstm1", "lin1"],
@@ -156,7 +156,7 @@ def test_predictor_scales_a_recurrent_layer_with_its_chain() -> None:
 
 
 def test_power_is_a_share_of_the_tdp_from_batch_and_hidden() -> None:
-    from gpurec.model.recurrent_fit import fit_recurrent_power
+    from gpurec.model.fitting.recurrent_fit import fit_recurrent_power
 
     names = [*NAMES, "hw_tdp_w"]
     X = np.column_stack([_rows(_training_grid()), np.full(40, 700.0)])
@@ -171,8 +171,8 @@ def test_power_is_a_share_of_the_tdp_from_batch_and_hidden() -> None:
 
 
 def test_host_dispatch_grows_with_every_step_of_every_layer_and_direction() -> None:
+    from gpurec.model.fitting.recurrent_fit import fit_recurrent_host
     from gpurec.model.host_model import HostDispatch
-    from gpurec.model.recurrent_fit import fit_recurrent_host
 
     X = _rows(_training_grid())
     s = recurrent_shape(X, NAMES)

@@ -21,7 +21,7 @@ def test_names_are_registered_unique_and_not_torchvision() -> None:
     assert set(names) == set(SYNTH_BUILDERS)
     assert not set(names) & set(classification_models()), "a torchvision classifier would leak into training"
     assert not set(names) & (set(DATASET_ARCHS) | set(TEST_ARCHS))
-    from gpurec.model.evaluate import family
+    from gpurec.model.fitting.evaluate import family
 
     assert len({family(n) for n in names}) == len(names), "each hand-written architecture is its own family"
 

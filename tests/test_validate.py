@@ -48,7 +48,9 @@ def test_validate_compares_and_logs(tmp_path: Path) -> None:
 
 def test_validate_without_xgboost_measures_then_completes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log = tmp_path / "log.jsonl"
-    monkeypatch.setattr(val, "_load_predictor_or_none", lambda: None)
+    import gpurec.validate.run as val_run
+
+    monkeypatch.setattr(val_run, "load_predictor_or_none", lambda: None)
     rec = val.validate("resnet18", 8, 224, "training", log_path=log, measurement=MEAS)
     assert rec["prediction"].startswith("pending") and "predicted_time_ms" not in rec
     assert "pending" in val.render(rec)

@@ -9,17 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpurec.calibrate.errors import (
-    BudgetExhausted,
-    BuildError,
-    CalibrationError,
-    MicrobenchError,
-    NcuError,
-    NcuNotFound,
-    NvccNotFound,
-    ToolNotFound,
-)
-
 __all__ = [
     "run_calibration",
     "memory_energy_features",
@@ -35,7 +24,17 @@ __all__ = [
 ]
 
 
+_ERRORS = {"CalibrationError", "ToolNotFound", "NcuNotFound", "NcuError", "NvccNotFound", "BuildError",
+           "MicrobenchError", "BudgetExhausted"}
+
+
 def __getattr__(name: str) -> Any:
+    # Everything loads on first use: the offline modules (features, fit, summary, plots) are
+    # CPU core and must not pull in the run side (errors, microbench, device) on import.
+    if name in _ERRORS:
+        from gpurec.calibrate import errors
+
+        return getattr(errors, name)
     if name == "run_calibration":
         from gpurec.calibrate import calibrate
 

@@ -8,7 +8,7 @@ calibration kernel, not to the operation):
   shared  shared wavefronts x 4 x eps_shared   (a wavefront moves up to 128 B = 4 sectors;
                                                 eps_shared is per 32-byte sector-equivalent)
   energy_mj = sectors x pJ x 1e-9
-Utilisation (Table 4.1 of the seed; every ratio is over SMSP elapsed cycles):
+Utilisation (the profile's Table 4.1 metrics; every ratio is over SMSP elapsed cycles):
   smsp_active_util = smsp__cycles_active / smsp__cycles_elapsed
   smsp_issue_util  = SMSP issue cycles / smsp__cycles_elapsed
   tc_active_util   = tensor-pipe active cycles / smsp__cycles_elapsed (seed Table 4.1:
@@ -109,7 +109,7 @@ def memory_energy_features(counters: pd.DataFrame, calibration: dict[str, Any]) 
     out["smsp_active_util"] = _ratio(_col(c, SMSP_ACTIVE), elapsed)
     out["smsp_issue_util"] = _ratio(issue, elapsed)
     # Tensor pipe: the SM-level all-tensor counter covers Hopper's GMMA; the SMSP HMMA counter
-    # is the seed's (Ampere).  Both count SMSP cycles (see the module docstring), so both are
+    # is Ampere's.  Both count SMSP cycles (see the module docstring), so both are
     # over SMSP elapsed cycles; take the larger, so neither generation is undercounted.
     tc_sm = _ratio(_col(c, SM_TENSOR_ACTIVE), elapsed)
     tc_smsp = _ratio(_col(c, SMSP_HMMA_ACTIVE), elapsed)

@@ -1,9 +1,9 @@
-"""Linear regression of measurement-loop energy on access count (Eq. 5.4 of the seed).
+"""Linear regression of measurement-loop energy on access count (the memory-energy model's Eq. 5.4).
 
 E_MEM = #accesses x eps + dE: the slope is the energy of one 32-byte sector access
 (``pj_per_sector``), the intercept the per-launch offset (``offset_mj``).  The lower bound for
 a level is the smallest eps over the thread/block configurations whose fit is good enough
-(the seed's saturation plateau).  Pure numpy.
+(the saturation plateau, where more threads stop lowering it).  Pure numpy.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import numpy as np
 
 MJ_TO_PJ = 1e9
 R2_MIN = 0.9
+# The memory levels the microbenchmarks exercise, in the order the fit and plots list them.
+LEVELS: tuple[str, ...] = ("shared", "l1", "l2", "dram")
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ def div_energy(fits: list[dict[str, Any]]) -> dict[str, Any]:
 
     nJ per DIV = (eps_div - eps_load) [pJ/sector] x sectors per warp DIV instruction / 1000.
     Returns per-level values and their median (``div_nj``, per *warp* instruction, i.e. 32
-    thread-level divisions), plus two normalisations for comparing with the seed's "~2 nJ per
+    thread-level divisions), plus two normalisations for comparing with the published "~2 nJ per
     DIV" on A100, whose unit is the calibration's access unit:
     ``div_nj_per_sector`` (the extra energy per 32-byte sector access, one DIV per thread
     load, i.e. 4 thread-level divisions) and ``div_nj_per_thread`` (one thread's division).

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpurec.calibrate.errors import MicrobenchError
+from gpurec.calibrate.fit import LEVELS  # the offline fit owns the level names
 
-LEVELS: tuple[str, ...] = ("shared", "l1", "l2", "dram")
 LEVEL_INDEX = {name: i for i, name in enumerate(LEVELS)}
 
 

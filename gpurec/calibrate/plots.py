@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gpurec.calibrate.microbench import LEVELS
+from gpurec.calibrate.fit import LEVELS
 
 
 def _plt() -> Any:

@@ -41,7 +41,7 @@ T = TypeVar("T")
 
 @dataclass
 class SweepSettings:
-    """Knobs of one sweep; defaults follow the seed's methodology (>= 6 points, >= 3 runs).
+    """Knobs of one sweep; defaults give each fit >= 6 points of >= 3 runs.
 
     ``tick_poll_s``, ``tick_timeout_s`` and ``sample_period_s`` configure the window's
     sampler (counter poll, stall timeout, clock/temperature reading period)."""

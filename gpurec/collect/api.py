@@ -152,11 +152,11 @@ def run(items: list[Any], opts: CollectOptions, shard_name: str, log: Callable[[
     out = Path(opts.out)
     if not opts.sm_clocks:
         return run_worker(items, out, cfg, shard_name=shard_name, device=opts.device, log=log)
-    from gpurec.collect.runner import _match_nvml_index
+    from gpurec.collect.runner import match_nvml_index
     from gpurec.device import open_gpu
     from gpurec.device.clocks import locked_sm_clock
 
-    gpu = open_gpu(_match_nvml_index(0) if opts.device.startswith("cuda") else 0)
+    gpu = open_gpu(match_nvml_index(0) if opts.device.startswith("cuda") else 0)
     summaries = {}
     for mhz in opts.sm_clocks:
         with locked_sm_clock(gpu, mhz, owned=opts.i_own_this_gpu):

@@ -44,9 +44,9 @@ def annotated_step(model: Any, x: Any, grads: list[Any] | None) -> Any:
     from torch.autograd.profiler import record_function
     from torch.utils._pytree import tree_flatten
 
-    from gpurec.ops.extract import _Tracer
+    from gpurec.ops import ModuleTracer
 
-    graph = _Tracer().trace(model)
+    graph = ModuleTracer().trace(model)
     gm = torch.fx.GraphModule(model, graph)
     modules = dict(model.named_modules())
 

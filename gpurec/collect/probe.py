@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpurec.collect.measure import WindowConfig, measure_idle, measure_step, tick_period_s
-from gpurec.collect.runner import _match_nvml_index
+from gpurec.collect.runner import match_nvml_index
 from gpurec.dataset.store import atomic_write_json
 from gpurec.host import host_cpu
 
@@ -46,7 +46,7 @@ def run_probe(out: Path, windows: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0), rep
     from gpurec.device.sampler import Sampler
 
     dev = torch.device("cuda", 0)
-    gpu = open_gpu(_match_nvml_index(0))
+    gpu = open_gpu(match_nvml_index(0))
     result: dict[str, Any] = {"gpu": gpu.info().as_dict(), "host_cpu": host_cpu(), "torch": torch.__version__,
                               "window_sweep": [], "instance_sweep": []}
     with Sampler(gpu) as sampler:

@@ -254,7 +254,7 @@ def _grouped_by_set(items: list[WorkItem]) -> list[WorkItem]:
     return sorted(items, key=lambda w: first[(w.set_key, w.mode, w.precision)])
 
 
-def _match_nvml_index(cuda_index: int) -> int:
+def match_nvml_index(cuda_index: int) -> int:
     """NVML index of the board torch calls ``cuda:cuda_index`` (matched by UUID)."""
     import torch
 
@@ -298,7 +298,7 @@ def run_worker(items: Sequence[WorkItem], out_dir: Path, cfg: CollectConfig, sha
 
             raise NVMLUnavailable("CUDA is not available to torch here: collection needs an NVIDIA GPU.")
         torch.cuda.set_device(dev)
-        gpu = open_gpu(_match_nvml_index(dev.index or 0))
+        gpu = open_gpu(match_nvml_index(dev.index or 0))
     else:
         gpu = open_gpu(0)
     device = dev

@@ -5,7 +5,7 @@ Layout per GPU (``datasets/<tag>/``):
   operations.parquet                        one row per measured (operation, mode)
   networks.parquet                          one row per measured (model-input set, mode)
   in_network.parquet                        per (network row, position): kernel and host time of
-                                            each operation inside the real step (issue 12)
+                                            each operation inside the real step
   peaks.parquet                             per (model-input set, mode): the step's peak device memory
   repeats.parquet                           re-measurements (repeatability)
   idle.parquet                              idle power readings

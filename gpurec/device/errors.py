@@ -17,13 +17,6 @@ class ClockLockNotPermitted(NVMLError):
     """Locking clocks was refused (not root, unsupported GPU, or a GPU we do not own)."""
 
 
-class ToolNotFound(RuntimeError):
-    """A required command-line tool (nvcc, ncu) is not installed or not on PATH."""
-
-
-class NcuError(RuntimeError):
-    """Nsight Compute (ncu) failed: not found, no permission, unknown metric, timeout, no kernel profiled."""
-
-
-class NcuNotFound(ToolNotFound, NcuError):
-    """Nsight Compute's CLI (ncu) was not found."""
+# The tool errors belong to the offline parsers too (a committed ncu CSV without a header);
+# defined there so the CPU core raises them without importing the GPU layer.
+from gpurec.parsers.errors import NcuError, NcuNotFound, ToolNotFound  # noqa: E402,F401

@@ -3,11 +3,12 @@
 Heavy modules (numpy, xgboost, sklearn, optuna, torch) load on first use, so
 ``import gpurec.model`` stays fast.
 
-Layout: features (feature rows), data (targets, training data), tuning, validation,
-manifest, training (``train``, called by ``gpurec train``), host_model (dispatch per
-operation), timeline (the two-queue step), network (whole-network correction, waiting power),
-predictor (``load_predictor``, ``Estimate``), evaluate (metrics and the issue-13 accuracy
-tables), bench (prediction speed), persist (save/load).
+Layout, prediction: features (feature rows), host_model (dispatch per operation), timeline
+(the two-queue step), network (whole-network correction, waiting power), crossgpu, predictor
+(``load_predictor``, ``Estimate``), bench (prediction speed), persist (save/load).  Training,
+in ``gpurec.model.fitting`` (never imported by prediction): data (targets, training data),
+tuning, validation, manifest, training (``train``, called by ``gpurec train``), evaluate
+(metrics and the network accuracy tables).
 
 Hosts: every estimate is for a host profile (gpurec.host). ``host=None`` is the *reference
 host* saved with the models: the per-field median of the ``host_bench`` profiles of the
@@ -38,8 +39,8 @@ _WHERE = {
 
 def train(data_root: Any = None, out_dir: Any = "models", tune_trials: int = 20, seed: int = 0,
           **kwargs: Any) -> dict[str, Any]:
-    """Train, validate and save the predictors; see gpurec.model.training.train."""
-    from gpurec.model.training import train as _train
+    """Train, validate and save the predictors; see gpurec.model.fitting.training.train."""
+    from gpurec.model.fitting.training import train as _train
 
     return _train(data_root, out_dir, tune_trials=tune_trials, seed=seed, **kwargs)
 

@@ -1,4 +1,4 @@
-"""Prediction speed, measured (issue 13 targets; a benchmark, not a timed test):
+"""Prediction speed, measured (against the speed targets of docs/speed.md; a benchmark, not a timed test):
 
 * one ``vit_b_16`` estimate <= 50 ms after the first call;
 * ``predict_many`` >= 50 candidates/s when every candidate is a distinct, never-seen

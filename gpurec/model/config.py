@@ -43,8 +43,8 @@ class TrainConfig:
     nthread: int | None = None  # None: auto_nthread() (idle cores) at the start of a run
     cache_dir: str | None = None
     use_measured: bool = True  # measured operations replace predictions on their GPU (saved with the model)
-    time_target: str = "auto"  # 'auto' | 'host_free' | 'eager' (gpurec.model.data)
-    gpu_time_source: str = "in_network"  # 'in_network' | 'isolated' (gpurec.model.data)
+    time_target: str = "auto"  # 'auto' | 'host_free' | 'eager' (gpurec.model.fitting.data)
+    gpu_time_source: str = "in_network"  # 'in_network' | 'isolated' (gpurec.model.fitting.data)
     host_min_rows: int = 40  # fewer host_ms rows: the host model stays the profile prior
     logo_min_train_share: float = 0.25  # leave-one-GPU-out needs other GPUs' rows >= this share of the held-out
     host_rounds: int = 300

@@ -31,7 +31,7 @@ times non-negative efficiencies), bandwidth, L2 (non-decreasing ``u_m``) and the
 is taken as the best quantisation over any count up to the GPU's, which never increases with
 more SMs; the on-chip term falls with more SMs and a higher clock). So a GPU that is not worse in any of these never gets a longer time.
 
-Prediction is numpy only; fitting lives in gpurec.model.crossgpu_fit (torch autograd).
+Prediction is numpy only; fitting lives in gpurec.model.fitting.crossgpu_fit (torch autograd).
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ class CrossGPUModel:
         if d.get("schema") != CROSSGPU_SCHEMA or d.get("design") != design_names() \
                 or d.get("gpu_columns") != list(GPU_COLUMNS):
             raise CrossGPUModelError("the cross-GPU model was fitted for another feature layout; refit it with "
-                                     "`gpurec train-crossgpu` (gpurec.model.crossgpu_fit.fit_and_save)")
+                                     "`gpurec train-crossgpu` (gpurec.model.fitting.crossgpu_fit.fit_and_save)")
         if min(d["l2_weight"], d["wave_exponent"], d["c0_ms"]) < 0 \
                 or min(d["sm_bytes_per_clock"], d["watts_per_tflops"]) <= 0:
             raise CrossGPUModelError("cross-GPU model parameters break monotonicity (negative L2 weight, wave "

@@ -2,7 +2,7 @@
 
 Why a file: the coefficients of the terms gpurec.ops.memory cannot derive (library workspaces,
 scratch space, cuDNN RNN reserve space) are learnt from measured peaks by
-``gpurec tools fit-memory`` (gpurec.model.memory_fit); prediction only loads and checks them.
+``gpurec tools fit-memory`` (gpurec.model.fitting.memory_fit); prediction only loads and checks them.
 """
 
 from __future__ import annotations

@@ -338,7 +338,7 @@ def check_manifest(manifest: dict[str, Any], model_dir: Path | str, data_root: P
             notes.append(f"{k} {now.get(k)} here, model trained with {then}")
     if check_data:
         try:
-            from gpurec.model.data import current_data_hash
+            from gpurec.model.fitting.data import current_data_hash
 
             # the targets as that training chose them (models from before recurrent layers kept their
             # elapsed time took the in-network kernel sum for them too)

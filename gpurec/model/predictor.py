@@ -69,6 +69,7 @@ from gpurec.model.timeline import bound_of, simulate
 from gpurec.ops.coverage import warn_if_low, warn_unmeasured_precision
 from gpurec.ops.memory import MemoryFit
 from gpurec.ops.precision import resolve_precision
+from gpurec.results import StepCost
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -190,6 +191,11 @@ class Estimate:
     def gpu_power_w(self) -> float:
         """Mean GPU power of the host-free step."""
         return self.gpu_energy_mj / self.gpu_time_ms if self.gpu_time_ms > 0 else 0.0
+
+    @property
+    def cost(self) -> StepCost:
+        """This step's cost as the type measurements and rankings share (gpurec.results)."""
+        return StepCost.of(self)
 
     @property
     def low(self) -> Bound:
@@ -791,7 +797,7 @@ def _check_mode(mode: str) -> str:
     return mode
 
 
-def load_predictor(path: str | Path | None = None, *, check_data: bool | None = None,
+def load_predictor(path: str | Path | None = None, *, check_data: bool = False,
                    data_root: str | Path | None = None, nthread: int | None = 1,
                    use_measured: bool = True) -> Predictor:
     """Load trained predictors from ``path`` (default: $GPUREC_MODELS, else models/ beside the package).
@@ -801,17 +807,13 @@ def load_predictor(path: str | Path | None = None, *, check_data: bool | None = 
     made one vit_b_16 prediction 10-20x slower (24 ms instead of 1.2 ms on 2 loaded cores).
 
     Raises IncompatibleModel when the models cannot be used with this code; warns (ModelWarning)
-    on other library versions, or - when ``check_data`` (default: when the dataset is present) -
-    when the data on disk differs from the training data.
+    on other library versions, or - only when ``check_data`` is asked for - when the data on disk
+    differs from the training data (hashing the dataset takes seconds and loads the training
+    half; ``gpurec models check`` does it on its own).
     """
     model_dir = Path(path) if path is not None else default_model_dir()
     manifest = read_manifest(model_dir)
-    if check_data is None:
-        from gpurec.dataset.load import default_root
-
-        root = Path(data_root) if data_root is not None else default_root()
-        check_data = root.exists() and any(root.glob("*/operations.parquet"))
-    check_manifest(manifest, model_dir, data_root=data_root, check_data=bool(check_data))
+    check_manifest(manifest, model_dir, data_root=data_root, check_data=check_data)
     lookup = None
     if use_measured and manifest.get("measured_lookup"):
         lookup = MeasuredLookup.read_parquet(model_dir / manifest["measured_lookup"])

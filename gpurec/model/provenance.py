@@ -1,7 +1,7 @@
 """Provenance of a training run: library versions, JSON dumping, and the collection hosts.
 
 Kept apart from training and persistence so that ``persist`` and ``training`` need not
-import each other (issue 16 item 7).
+import each other.
 """
 
 from __future__ import annotations
@@ -15,13 +15,22 @@ from gpurec.dataset.store import json_safe
 
 
 def library_versions() -> dict[str, str]:
-    """Versions of the libraries a saved model depends on."""
+    """Versions of the libraries a saved model depends on.
+
+    optuna (training only) is read from its installed metadata unless already imported, so that
+    checking a model on load never imports it."""
+    import sys
+    from importlib import metadata
+
     import gpurec
 
     out = {"gpurec": gpurec.__version__, "python": platform.python_version()}
     for mod in ("xgboost", "sklearn", "torch", "numpy", "pandas", "optuna"):
         try:
-            out[mod] = __import__(mod).__version__
+            if mod == "optuna" and mod not in sys.modules:
+                out[mod] = metadata.version("optuna")
+            else:
+                out[mod] = __import__(mod).__version__
         except Exception:
             out[mod] = "missing"
     return out
@@ -33,7 +42,7 @@ def dumps(obj: Any) -> str:
 
 
 def host_profiles_by_run(data_root: Path | str | None) -> dict[str, list[Any]]:
-    """run_id -> the HostProfiles its provenance carries under ``host_bench`` (issue 12: measured
+    """run_id -> the HostProfiles its provenance carries under ``host_bench`` (measured
     at the start and end of every collection run). Runs without one are absent."""
     from gpurec.dataset.load import default_root
     from gpurec.host import profiles_of

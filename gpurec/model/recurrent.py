@@ -20,7 +20,7 @@ predicted 7x too fast).  Trees on roofline features cannot extrapolate a time th
   log weight bytes of one step's recurrent product (gates x hidden x hidden).
 
 The form (steps and terms) is chosen per mode by leave-one-architecture-out error on the
-training architectures' recurrent rows only (gpurec.model.recurrent_fit), and the coefficients
+training architectures' recurrent rows only (gpurec.model.fitting.recurrent_fit), and the coefficients
 are refitted on all of them.  Everything is read from the time feature matrix, so the same
 code serves training (out-of-fold network sums) and prediction.  Only fp32/TF32 float32
 operations of the kinds the fit saw are replaced; others keep the boosters' prediction.

@@ -35,12 +35,24 @@ DEFAULT_XGB_PARAMS: dict[str, Any] = {
 
 
 class _Params:
-    """scikit-learn's ``get_params``: the constructor arguments, read back from attributes."""
+    """scikit-learn's estimator contract (``get_params``, ``set_params``, so ``sklearn.base.clone``
+    works): the constructor arguments, stored unchanged under their own names; fitted state ends
+    in ``_`` and is never a parameter."""
 
     _param_names: tuple[str, ...] = ()
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self._param_names}
+
+    def set_params(self, **params: Any) -> _Params:
+        """Set constructor parameters by name (unknown names raise ValueError); returns self."""
+        unknown = sorted(set(params) - set(self._param_names))
+        if unknown:
+            raise ValueError(f"{type(self).__name__} has no parameter {', '.join(map(repr, unknown))}; "
+                             f"its parameters: {', '.join(self._param_names) or 'none'}")
+        for k, v in params.items():
+            setattr(self, k, v)
+        return self
 
 
 class XGBModel(_Params):
@@ -53,7 +65,7 @@ class XGBModel(_Params):
 
     def __init__(self, params: dict[str, Any] | None = None, num_rounds: int = 400, seed: int = 0,
                  nthread: int | None = None, monotone: tuple[int, ...] | None = None) -> None:
-        self.params = dict(params or {})
+        self.params = params if params is not None else {}  # stored as given, as clone() expects
         self.num_rounds = int(num_rounds)
         self.seed = seed
         self.nthread = nthread

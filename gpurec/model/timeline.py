@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-HOST_BOUND_RATIO = 1.2  # the step is "host"-bound when the host makes it >= 20% longer than the GPU alone
+from gpurec.results import HOST_BOUND_RATIO, bound_of  # noqa: F401 - the one bound rule, re-exported
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,6 @@ class Timeline:
     @property
     def bound(self) -> np.ndarray:
         return np.where(self.time_ms >= HOST_BOUND_RATIO * self.gpu_time_ms, "host", "gpu")
-
-
-def bound_of(time_ms: float, gpu_time_ms: float) -> str:
-    """``"host"`` when the eager step is >= HOST_BOUND_RATIO x the GPU's own time, else ``"gpu"``."""
-    return "host" if time_ms >= HOST_BOUND_RATIO * gpu_time_ms else "gpu"
 
 
 def simulate(gpu_ms: np.ndarray, host_ms: np.ndarray, offsets: np.ndarray) -> Timeline:

@@ -37,6 +37,8 @@ __all__ = [
     "reference_flops",
     "signature_of",
     "unique_operations",
+    "ModuleTracer",
+    "build_torchvision_meta",
 ]
 
 _WHERE = {
@@ -52,6 +54,11 @@ _WHERE = {
     "signature_of": "gpurec.ops.operation",
     "SetOperations": "gpurec.ops.cache",
 }
+# Public names other packages use for helpers ``gpurec.ops.extract`` keeps private: the
+# module tracer (in-network attribution walks the same graph) and the meta-device build of a
+# torchvision classifier (the coverage sweep times it).
+_PUBLIC_ALIASES = {"ModuleTracer": ("gpurec.ops.extract", "_Tracer"),
+                   "build_torchvision_meta": ("gpurec.ops.extract", "_build_torchvision_meta")}
 
 
 def __getattr__(name: str) -> Any:
@@ -59,4 +66,9 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_WHERE[name]), name)
+    if name in _PUBLIC_ALIASES:
+        import importlib
+
+        module, attr = _PUBLIC_ALIASES[name]
+        return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'gpurec.ops' has no attribute {name!r}")

@@ -22,7 +22,7 @@ That analytic part is what autograd and liveness say.  What they do not say (the
 cuDNN workspaces every step holds, a convolution's or matmul's scratch space, cuDNN's RNN
 reserve space and workspace, the backward pass's gradients alive at once) is a small set of
 terms (:class:`MemoryTerms`) whose coefficients are fitted on measured peaks of the training
-architectures only (:mod:`gpurec.model.memory_fit`, saved as ``models/memory.json``) and
+architectures only (:mod:`gpurec.model.fitting.memory_fit`, saved as ``models/memory.json``) and
 applied by :func:`step_memory` when a :class:`MemoryFit` is given.  Without one the estimate
 is the analytic part alone, a lower bound of ``torch.cuda.max_memory_allocated``.
 """
@@ -211,7 +211,7 @@ def step_memory(ops: Sequence[Any], mode: str | None = None, fit: MemoryFit | No
     """Peak memory of one forward (inference) or forward + backward (training) step of ``ops``.
 
     ``ops`` are gpurec.ops Operations in execution order, as extract_operations returns them.
-    With ``fit`` (gpurec.model.memory_fit.load_memory_fit) the fitted terms are applied;
+    With ``fit`` (gpurec.model.fitting.memory_fit.load_memory_fit) the fitted terms are applied;
     without, the analytic part alone (parameters, gradients, activations).
     """
     t = memory_terms(ops, mode)

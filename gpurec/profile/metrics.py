@@ -39,7 +39,7 @@ import pandas as pd
 
 from gpurec.dataset.store import json_safe
 from gpurec.profile.matching import MatchResult, _dims_key, normalize_kernel_name
-from gpurec.profile.ncu_io import TC_ACTIVE_METRICS, TC_INST_METRICS
+from gpurec.profile.ncu_parse import TC_ACTIVE_METRICS, TC_INST_METRICS
 from gpurec.profile.trace import TraceData, timeline_metrics
 
 COUNTER_COLUMNS = [

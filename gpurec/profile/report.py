@@ -12,7 +12,7 @@ import pandas as pd
 from gpurec.profile.metrics import tc_issue_cdf
 
 if TYPE_CHECKING:
-    from gpurec.profile.api import ProfileResult
+    from gpurec.profile.analysis import ProfileResult
 
 LEVELS = [
     ("GPU", "gpu_kernel_utilization", None),

@@ -25,6 +25,7 @@ from gpurec.recommend.evidence import (
     widen,
 )
 from gpurec.recommend.ties import DifferenceSpreads, combined_spread, is_tie, load_difference_spreads
+from gpurec.results import StepCost
 
 if TYPE_CHECKING:
     from gpurec.model.predictor import Estimate
@@ -132,6 +133,11 @@ class RankedGPU:
     coverage: float  # share of FLOPs in operations the models were trained on
     evidence: str = "specifications only"  # what backs it (gpurec.recommend.evidence.LEVELS)
     gpu_power_w: float = math.nan  # host-free: gpu_energy_mj / gpu_time_ms
+
+    @property
+    def cost(self) -> StepCost:
+        """The predicted step's cost as the type estimates and measurements share (gpurec.results)."""
+        return StepCost.of(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -48,21 +48,91 @@ def short(gpu: str) -> str:
         return gpu
 
 
-def triple_cells(t: dict[str, Any]) -> list[str]:
-    return [str(t.get("n", 0)), pct(t["time"].get("mape")), share(t["time"].get("within10")),
-            pct(t["energy"].get("mape")), share(t["energy"].get("within10")), pct(t["power"].get("mape"))]
-
-
 HEAD = ["rows", "time MAPE", "time ±10%", "energy MAPE", "energy ±10%", "power MAPE"]
 
 
-def breakdown_rows(label: list[str], b: dict[str, Any]) -> list[str]:
-    """Overall, then per GPU+mode lines (each with its own row count)."""
-    out = [row([*label, "all", "all", *triple_cells(b["overall"])])]
+def error_cells(t: dict[str, Any]) -> dict[str, Any]:
+    """One error summary of report.json as a record (MAPEs in percent, within-10% as shares)."""
+    return {"rows": t.get("n", 0), "time_mape_pct": t["time"].get("mape"),
+            "time_within10": t["time"].get("within10"), "energy_mape_pct": t["energy"].get("mape"),
+            "energy_within10": t["energy"].get("within10"), "power_mape_pct": t["power"].get("mape")}
+
+
+def breakdown_table(label: dict[str, str], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """Overall (gpu and mode "all"), then one record per GPU+mode, each with its own row count."""
+    out = [{**label, "gpu": "all", "mode": "all", **error_cells(b["overall"])}]
     for key, t in sorted(b.get("by_gpu_mode", {}).items()):
         gpu, mode = key.split("|")
-        out.append(row([*label, short(gpu), mode, *triple_cells(t)]))
+        out.append({**label, "gpu": gpu, "mode": mode, **error_cells(t)})
     return out
+
+
+def render_error_rows(records: list[dict[str, Any]], label_keys: tuple[str, ...]) -> list[str]:
+    """Table lines for ``breakdown_table`` records: the label columns, GPU, mode, the error cells."""
+    out = []
+    for r in records:
+        if r.get("skipped"):
+            out.append(row([*(r[k] for k in label_keys[:1]), "—", r["skipped"], "", "", "", "", "", "", "", ""]))
+            continue
+        gpu = "all" if r["gpu"] == "all" else short(r["gpu"])
+        out.append(row([*(r[k] for k in label_keys), gpu, r["mode"], str(r["rows"]), pct(r["time_mape_pct"]),
+                        share(r["time_within10"]), pct(r["energy_mape_pct"]), share(r["energy_within10"]),
+                        pct(r["power_mape_pct"])]))
+    return out
+
+
+def error_tables(rep: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The accuracy report's error tables as records, from a trained model's report.json:
+    ``unseen`` (test architectures), ``per_operation`` (grouped k-fold and leave-one-family-out),
+    ``whole_network`` (leave-one-family-out) and ``leave_one_gpu_out``."""
+    ts = rep.get("test_set", {})
+    unseen: list[dict[str, Any]] = []
+    if ts.get("available"):
+        first = ("measured ops looked up + models, corrected" if ts.get("measured_lookup")
+                 else "summed ops + correction")
+        unseen += breakdown_table({"estimate": first}, ts["corrected"])
+        unseen += breakdown_table({"estimate": "same, before the network correction"}, ts["raw"])
+        if "corrected_model_only" in ts:
+            unseen += breakdown_table({"estimate": "models only (no lookup), corrected"}, ts["corrected_model_only"])
+            unseen += breakdown_table({"estimate": "models only, before the network correction"},
+                                      ts["raw_model_only"])
+    per_op: list[dict[str, Any]] = []
+    for m in MODELS:
+        if m in rep["grouped_kfold"]:
+            per_op += breakdown_table({"validation": f"k-fold ({rep['grouped_kfold']['folds']})", "model": LABEL[m]},
+                                      rep["grouped_kfold"][m])
+    for m in MODELS:
+        e = rep["leave_one_family_out"].get(m, {})
+        if "per_op" in e:
+            per_op += breakdown_table({"validation": "leave-one-family-out", "model": LABEL[m]}, e["per_op"])
+    network: list[dict[str, Any]] = []
+    for m in MODELS:
+        e = rep["leave_one_family_out"].get(m, {})
+        if "network_raw" in e:
+            network += breakdown_table({"estimate": "sum of ops", "model": LABEL[m]}, e["network_raw"])
+    lx = rep["leave_one_family_out"].get("xgboost", {})
+    if "network_corrected" in lx:
+        network += breakdown_table({"estimate": "sum + correction", "model": LABEL["xgboost"]},
+                                   lx["network_corrected"])
+    logo: list[dict[str, Any]] = []
+    logo_rep = rep.get("leave_one_gpu_out", {})
+    for g, e in (logo_rep.get("gpus", {}).items() if logo_rep.get("available") else []):
+        held = f"held out {short(g)}"
+        if e.get("skipped"):
+            logo.append({"validation": held, "held_out_gpu": g, "skipped": e["skipped"]})
+            continue
+        for m in MODELS:
+            if "per_op" in e.get(m, {}):
+                logo += breakdown_table({"validation": held, "model": LABEL[m], "level": "per op",
+                                         "held_out_gpu": g}, e[m]["per_op"])
+        for key, level in (("network_train_archs_raw", "networks (training archs), sum"),
+                           ("network_train_archs_corrected", "networks (training archs), corrected"),
+                           ("network_test_archs_raw", "networks (unseen archs), sum"),
+                           ("network_test_archs_corrected", "networks (unseen archs), corrected")):
+            if key in e.get("xgboost", {}):
+                logo += breakdown_table({"validation": held, "model": "XGBoost", "level": level,
+                                         "held_out_gpu": g}, e["xgboost"][key])
+    return {"unseen": unseen, "per_operation": per_op, "whole_network": network, "leave_one_gpu_out": logo}
 
 
 def table(header: list[str], lines: list[str]) -> list[str]:
@@ -169,10 +239,9 @@ def plots(rep: dict[str, Any], img: Path) -> list[str]:
     return made
 
 
-def by_batch_lines(records: list[dict[str, Any]]) -> list[str]:
-    """Unseen-architecture error by batch size: small batches are launch-bound, and a launch-bound
-    network's measured time itself moves between machines (docs/validation.md)."""
-
+def by_batch_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Unseen-architecture error by batch size and mode: small batches are launch-bound, and a
+    launch-bound network's measured time itself moves between machines (docs/validation.md)."""
     groups: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for r in records:
         m = re.search(r":b(\d+):", str(r.get("set_key", "")))
@@ -183,13 +252,20 @@ def by_batch_lines(records: list[dict[str, Any]]) -> list[str]:
             continue
         if m:
             groups.setdefault((int(m.group(1)), str(r.get("mode"))), []).append((t_err, e_err))
-    if not groups:
+    return [{"batch": batch, "mode": mode, "networks": len(errs),
+             "time_mape_pct": sum(e[0] for e in errs) / len(errs),
+             "energy_mape_pct": sum(e[1] for e in errs) / len(errs),
+             "time_within10": sum(e[0] <= 10 for e in errs) / len(errs)}
+            for (batch, mode), errs in sorted(groups.items())]
+
+
+def by_batch_lines(records: list[dict[str, Any]]) -> list[str]:
+    """The ``by_batch_table`` rendered, with its lead-in line (nothing when no record has a batch)."""
+    recs = by_batch_table(records)
+    if not recs:
         return []
-    lines = []
-    for (batch, mode), errs in sorted(groups.items()):
-        lines.append(row([batch, mode, len(errs), pct(sum(e[0] for e in errs) / len(errs)),
-                          pct(sum(e[1] for e in errs) / len(errs)),
-                          share(sum(e[0] <= 10 for e in errs) / len(errs))]))
+    lines = [row([r["batch"], r["mode"], r["networks"], pct(r["time_mape_pct"]), pct(r["energy_mape_pct"]),
+                  share(r["time_within10"])]) for r in recs]
     return ["By batch size (the corrected estimate above, from `report.json`'s per-network records):", "",
             *table(["batch", "mode", "networks", "time MAPE", "energy MAPE", "time ±10%"], lines)]
 
@@ -266,7 +342,7 @@ def _host_side(hd: dict[str, Any]) -> list[str]:
 
 def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any],
                      sources: dict[str, Any] | None = None) -> list[str]:
-    """Issue 13: the GPU's work and the host's work predicted apart, on the unseen test
+    """The GPU's work and the host's work predicted apart, on the unseen test
     architectures, each figure next to the noise floor of the same measurement."""
     L = ["## GPU work and host work apart", ""]
     t = rep.get("targets", {})
@@ -517,6 +593,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
     """Render the report (and its plots next to ``out``); return the Markdown text."""
     img = out.parent / "img"
     made = plots(rep, img)
+    tabs = error_tables(rep)
     gpus = rep.get("gpus_measured", [])
     rows = rep["rows"]
     L: list[str] = ["# Prediction accuracy", ""]
@@ -564,13 +641,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
               f"{o['n']} networks of {len(ts.get('archs', []))} unseen architectures "
               f"({', '.join(ts.get('archs', []))}) — target {'met' if ok_t and ok_e else 'NOT met'}"
               f"{'' if o['n'] >= 10 else ' (too few networks to be conclusive)'}.**", ""]
-        lines = breakdown_rows(["measured ops looked up + models, corrected"
-                                if ts.get("measured_lookup") else "summed ops + correction"], ts["corrected"])
-        lines += breakdown_rows(["same, before the network correction"], ts["raw"])
-        if "corrected_model_only" in ts:
-            lines += breakdown_rows(["models only (no lookup), corrected"], ts["corrected_model_only"])
-            lines += breakdown_rows(["models only, before the network correction"], ts["raw_model_only"])
-        L += table(["estimate", "GPU", "mode", *HEAD], lines)
+        L += table(["estimate", "GPU", "mode", *HEAD], render_error_rows(tabs["unseen"], ("estimate",)))
         L += ["", *by_batch_lines(ts.get("records", []))]
         if ts.get("measured_lookup"):
             L += ["", f"{100 * ts.get('lookup_hit_share_ops', 0):.0f}% of the test networks' operations were "
@@ -619,15 +690,8 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
     L += ["## Per-operation error", "",
           "Grouped K-fold by operation signature (no operation in both train and test folds); "
           "energy = predicted power × predicted time, compared with measured energy per call.", ""]
-    lines = []
-    for m in MODELS:
-        if m in rep["grouped_kfold"]:
-            lines += breakdown_rows([f"k-fold ({rep['grouped_kfold']['folds']})", LABEL[m]], rep["grouped_kfold"][m])
-    for m in MODELS:
-        e = rep["leave_one_family_out"].get(m, {})
-        if "per_op" in e:
-            lines += breakdown_rows(["leave-one-family-out", LABEL[m]], e["per_op"])
-    L += table(["validation", "model", "GPU", "mode", *HEAD], lines)
+    L += table(["validation", "model", "GPU", "mode", *HEAD],
+               render_error_rows(tabs["per_operation"], ("validation", "model")))
     L += ["", "Leave-one-family-out takes every operation that occurs in any model of the held-out family "
           "out of training (families: " + ", ".join(rep["leave_one_family_out"].get("families", [])) + "); "
           "rows shared by several families are tested once per family.", ""]
@@ -635,13 +699,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
     L += ["## Whole-network error (leave-one-family-out)", "",
           "Predicted = sum of per-operation predictions (models trained without the family), then the learned "
           "network correction, itself fitted without the family (second-level leave-one-family-out).", ""]
-    lines = []
-    for m in MODELS:
-        e = rep["leave_one_family_out"].get(m, {})
-        if "network_raw" in e:
-            lines += breakdown_rows(["sum of ops", LABEL[m]], e["network_raw"])
-    if "network_corrected" in lx:
-        lines += breakdown_rows(["sum + correction", LABEL["xgboost"]], lx["network_corrected"])
+    lines = render_error_rows(tabs["whole_network"], ("estimate", "model"))
     L += table(["estimate", "model", "GPU", "mode", *HEAD], lines) if lines else ["No network rows."]
     L += [""]
 
@@ -672,21 +730,8 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
         L += ["Models trained on the other GPUs' operation rows; network correction pooled from the other GPUs' "
               "networks. A GPU measured only as whole networks is the realistic case of a GPU without "
               "operation measurements (every estimate is a cross-GPU extrapolation).", ""]
-        lines = []
-        for g, e in logo["gpus"].items():
-            if e.get("skipped"):
-                lines.append(row([f"held out {short(g)}", "—", e["skipped"], "", "", "", "", "", "", "", ""]))
-                continue
-            for m in MODELS:
-                if "per_op" in e.get(m, {}):
-                    lines += breakdown_rows([f"held out {short(g)}", LABEL[m], "per op"], e[m]["per_op"])
-            for key, label in (("network_train_archs_raw", "networks (training archs), sum"),
-                               ("network_train_archs_corrected", "networks (training archs), corrected"),
-                               ("network_test_archs_raw", "networks (unseen archs), sum"),
-                               ("network_test_archs_corrected", "networks (unseen archs), corrected")):
-                if key in e.get("xgboost", {}):
-                    lines += breakdown_rows([f"held out {short(g)}", "XGBoost", label], e["xgboost"][key])
-        L += table(["validation", "model", "level", "GPU", "mode", *HEAD], lines)
+        L += table(["validation", "model", "level", "GPU", "mode", *HEAD],
+                   render_error_rows(tabs["leave_one_gpu_out"], ("validation", "model", "level")))
     else:
         L += [f"{logo.get('reason', 'not available')}. Predictions for catalogue GPUs without measurements "
               "extrapolate through the hardware features and the roofline margin and are unvalidated; their "
@@ -722,15 +767,15 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
     return text
 
 
-MEMORY_TARGET_PCT = 15.0  # issue 24: the peak-memory estimate within 15% of the measured peak
+MEMORY_TARGET_PCT = 15.0  # target: the peak-memory estimate within 15% of the measured peak
 
 
 def memory_rows(data_root: Path | str | None = None, fit: Any = None,
                 extract: Any = None) -> list[dict[str, Any]]:
     """Estimated against measured peak memory for every row that carries a measured peak
-    (gpurec.model.memory_fit.peak_table: trusted or marked ``leftover_suspect``), with the
+    (gpurec.model.fitting.memory_fit.peak_table: trusted or marked ``leftover_suspect``), with the
     analytic part alone and, given ``fit``, with the fitted terms."""
-    from gpurec.model.memory_fit import peak_table, terms_for
+    from gpurec.model.fitting.memory_fit import peak_table, terms_for
     from gpurec.ops.memory import analytic_memory
 
     try:
@@ -864,11 +909,11 @@ def generate(models_dir: Path | str = "models", out: Path | str = "docs/accuracy
 def precision_tables(models_dir: Path, data_root: Path | str | None,
                      host_gpu: dict[str, Any] | None) -> dict[str, Any] | None:
     """The networks measured at a precision other than fp32, estimated at their precision with the
-    shipped models (gpurec.model.evaluate.precision_accuracy), each beside its fp32 twin."""
+    shipped models (gpurec.model.fitting.evaluate.precision_accuracy), each beside its fp32 twin."""
     from gpurec.dataset.load import default_root
     from gpurec.model import load_predictor
-    from gpurec.model.evaluate import precision_accuracy
-    from gpurec.model.kind_errors import per_kind_errors
+    from gpurec.model.fitting.evaluate import precision_accuracy
+    from gpurec.model.fitting.kind_errors import per_kind_errors
 
     try:
         predictor = load_predictor(models_dir, data_root=data_root, check_data=False)
@@ -1072,11 +1117,11 @@ def precision_section(prec: dict[str, Any] | None) -> list[str]:
 
 def energy_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str, Any],
                   host_gpu: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The energy, power-bound and per-kind tables (gpurec.model.kind_errors) of the shipped
+    """The energy, power-bound and per-kind tables (gpurec.model.fitting.kind_errors) of the shipped
     models, with the recorded snapshot of the models before them (benchmarks/unseen_before.json,
     written by `gpurec tools unseen-snapshot`) where it exists."""
     from gpurec.model import load_predictor
-    from gpurec.model.kind_errors import (
+    from gpurec.model.fitting.kind_errors import (
         POWER_GRID,
         gpu_bound_transfer,
         per_kind_errors,
@@ -1192,7 +1237,7 @@ def energy_section(energy: dict[str, Any] | None, manifest: dict[str, Any]) -> l
         L += ["", "The per-operation power model is fitted on "
               + " and ".join(f"{n:,} {short(g)} rows" for g, n in per_gpu.items())
               + f" (on a GPU without host-free rows, eager rows of at least {energy.get('eager_proxy_min_ms')} ms, "
-              "where the GPU dominates the eager time, stand in for host-free ones; `gpurec.model.data`); the "
+              "where the GPU dominates the eager time, stand in for host-free ones; `gpurec.model.fitting.data`); the "
               "network correction on the H100's host-free networks only. Power = energy / time separates the "
               "power model from the time model: where the power column is small and the time column carries the "
               "error, the energy error is the time error (the cross-GPU time model's part).", ""]
@@ -1200,12 +1245,12 @@ def energy_section(energy: dict[str, Any] | None, manifest: dict[str, Any]) -> l
 
 
 def host_gpu_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str, Any]) -> dict[str, Any] | None:
-    """The issue-13 tables: every measured network predicted with the shipped models for the
-    host profile of the run that measured it (gpurec.model.evaluate.accuracy_tables)."""
+    """The host/GPU tables: every measured network predicted with the shipped models for the
+    host profile of the run that measured it (gpurec.model.fitting.evaluate.accuracy_tables)."""
     from gpurec.dataset import load_dataset
     from gpurec.dataset.load import fp32_rows
     from gpurec.model import load_predictor
-    from gpurec.model.evaluate import accuracy_tables
+    from gpurec.model.fitting.evaluate import accuracy_tables
 
     try:
         predictor = load_predictor(models_dir, data_root=data_root, check_data=False)

@@ -51,15 +51,14 @@ def resolution_of(name: str) -> int:
 
 
 def sweep_one(name: str, batch: int = 1) -> list[dict[str, Any]]:
-    from gpurec.ops import extract_operations, reference_flops
-    from gpurec.ops.extract import _build_torchvision_meta
+    from gpurec.ops import build_torchvision_meta, extract_operations, reference_flops
 
     res = resolution_of(name)
     shape = (batch, 3, res, res)
     t0 = time.perf_counter()
     build_error = None
     try:
-        _build_torchvision_meta(name)
+        build_torchvision_meta(name)
     except Exception as exc:
         build_error = f"{type(exc).__name__}: {exc}"
     build_s = time.perf_counter() - t0

@@ -873,7 +873,7 @@ def validation_table(gpus: list[GpuData], plan: list[dict[str, Any]], extract: C
         if p:
             jobs.append((p[0], p[1], p[2], m))
     ops_of = extract_sets(jobs, extract)
-    from gpurec.validate import sum_operations
+    from gpurec.validate.compare import sum_operations
 
     rows = []
     for g in gpus:
@@ -1151,18 +1151,15 @@ def section_power(gpus: list[GpuData], img: Path, out_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def section_networks_across(gpus: list[GpuData]) -> str:
-    """Whole networks measured on two GPUs: which one is faster / uses less energy."""
+def networks_across_table(gpus: list[GpuData]) -> list[dict[str, Any]]:
+    """Whole networks measured on two GPUs, one record per (GPU pair, mode, architecture group):
+    the median second/first time and energy ratios and how often the second GPU wins."""
     from gpurec.sets import TEST_ARCHS
 
     nets = {g.tag: ok(g.t("networks")) for g in gpus}
     nets = {t: n for t, n in nets.items() if not n.empty and {"set_key", "mode", "time_ms", "energy_mj"} <= set(n.columns)}
     tags = list(nets)
-    if len(tags) < 2:
-        return ""
-    lines = ["## Whole networks on more than one GPU", "",
-             "Same (set, mode) measured on two GPUs; ratio = second / first per set, then the median:", ""]
-    rows = []
+    out: list[dict[str, Any]] = []
     for i in range(len(tags)):
         for j in range(i + 1, len(tags)):
             a, b = tags[i], tags[j]
@@ -1173,11 +1170,23 @@ def section_networks_across(gpus: list[GpuData]) -> str:
             for (mode, test), d in m.groupby(["mode", "test"]):
                 rt = d["time_ms_b"] / d["time_ms_a"]
                 re_ = d["energy_mj_b"] / d["energy_mj_a"]
-                rows.append([f"`{b}` / `{a}`", mode, "test archs" if test else "training archs", len(d),
-                             fnum(rt.median()), fpct((rt < 1).mean(), 0), fnum(re_.median()),
-                             fpct((re_ < 1).mean(), 0)])
-    if not rows:
+                out.append({"first": a, "second": b, "mode": mode, "test_archs": bool(test), "sets": len(d),
+                            "median_time_ratio": float(rt.median()), "second_faster_share": float((rt < 1).mean()),
+                            "median_energy_ratio": float(re_.median()),
+                            "second_less_energy_share": float((re_ < 1).mean())})
+    return out
+
+
+def section_networks_across(gpus: list[GpuData]) -> str:
+    """Whole networks measured on two GPUs: which one is faster / uses less energy."""
+    recs = networks_across_table(gpus)
+    if not recs:
         return ""
+    rows = [[f"`{r['second']}` / `{r['first']}`", r["mode"], "test archs" if r["test_archs"] else "training archs",
+             r["sets"], fnum(r["median_time_ratio"]), fpct(r["second_faster_share"], 0),
+             fnum(r["median_energy_ratio"]), fpct(r["second_less_energy_share"], 0)] for r in recs]
+    lines = ["## Whole networks on more than one GPU", "",
+             "Same (set, mode) measured on two GPUs; ratio = second / first per set, then the median:", ""]
     lines += [table(["ratio", "mode", "architectures", "sets", "median time ratio", "sets where 2nd is faster",
                      "median energy ratio", "sets where 2nd uses less energy"], rows), ""]
     return "\n".join(lines)
@@ -1197,7 +1206,7 @@ class Context:
     min_coverage: float = 0.5
 
 
-# ----------------------------------------------------------------------------- host-free (issue 12)
+# ----------------------------------------------------------------------------- host-free rows
 def _hf(df: pd.DataFrame) -> pd.DataFrame:
     """Successful rows measured host-free (schema 2)."""
     df = ok(df)
@@ -1209,17 +1218,29 @@ def _gm(values: Any) -> float:
     return float(np.exp(np.mean(np.log(v)))) if v else float("nan")
 
 
-def _hf_counts(gpus: list[GpuData], plan: list[dict[str, Any]]) -> list[str]:
+def host_free_counts_table(gpus: list[GpuData], plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per GPU: host-free operation rows against the plan, graph-captured share, host-free
+    network rows, training (set, mode) pairs with in-network attribution, runs with host_bench."""
     planned = sum(1 for w in plan if w.get("item") == "op")
     train_sets = {(w["key"], w["mode"]) for w in plan if w.get("item") == "network"}
-    rows = []
+    out: list[dict[str, Any]] = []
     for g in gpus:
         ops, nets, inn = _hf(g.t("operations")), _hf(g.t("networks")), g.t("in_network")
         covered = {(k, m) for k, m in zip(col(inn, "set_key"), col(inn, "mode"), strict=False)} if len(inn) else set()
-        runs = [p for p in g.prov if p.get("host_bench")]
-        rows.append([g.tag, f"{len(ops):,}", f"{planned:,}", fpct(len(ops) / planned if planned else None, 0),
-                     fpct(col(ops, "captured", False).astype(bool).mean() if len(ops) else None, 1),
-                     f"{len(nets)}", f"{len(covered & train_sets)} / {len(train_sets)}", f"{len(runs)}"])
+        out.append({"gpu": g.tag, "operation_rows": len(ops), "planned_operations": planned,
+                    "planned_share": len(ops) / planned if planned else None,
+                    "captured_share": float(col(ops, "captured", False).astype(bool).mean()) if len(ops) else None,
+                    "network_rows": len(nets), "attributed_training_sets": len(covered & train_sets),
+                    "training_sets": len(train_sets),
+                    "runs_with_host_bench": sum(1 for p in g.prov if p.get("host_bench"))})
+    return out
+
+
+def _hf_counts(gpus: list[GpuData], plan: list[dict[str, Any]]) -> list[str]:
+    rows = [[r["gpu"], f"{r['operation_rows']:,}", f"{r['planned_operations']:,}", fpct(r["planned_share"], 0),
+             fpct(r["captured_share"], 1), f"{r['network_rows']}",
+             f"{r['attributed_training_sets']} / {r['training_sets']}", f"{r['runs_with_host_bench']}"]
+            for r in host_free_counts_table(gpus, plan)]
     return ["| GPU | host-free operation rows | planned | share | captured as a graph | host-free network rows "
             "| training (set, mode) with in-network attribution | runs with host_bench |",
             "|---|---|---|---|---|---|---|---|", *("| " + " | ".join(r) + " |" for r in rows)]
@@ -1249,13 +1270,11 @@ def _hf_repeat_pairs(g: GpuData) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _hf_repeatability(gpus: list[GpuData]) -> list[str]:
-    lines = ["### Repeatability: host-free against eager", "",
-             "Pairs of the same row measured twice in one run, seconds to minutes apart "
-             "(`repeats.parquet`, host-free rows only).  |Δ| is the difference over the pair's mean.", "",
-             "| GPU | operation GPU time | pairs | median \\|Δ\\| host-free time | within 3% | median \\|Δ\\| "
-             "host-free energy | within 3% | median \\|Δ\\| eager time | within 3% | median \\|Δ\\| host time |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+def host_free_repeatability_tables(gpus: list[GpuData]) -> dict[str, list[dict[str, Any]]]:
+    """Repeat pairs of host-free operation rows per GPU and GPU-time bucket (median relative
+    difference and share within 3%), and per GPU the networks' eager time on two machines and
+    host-free time over the in-network kernel sum."""
+    ops_out: list[dict[str, Any]] = []
     for g in gpus:
         p = _hf_repeat_pairs(g)
         if p.empty:
@@ -1265,17 +1284,15 @@ def _hf_repeatability(gpus: list[GpuData]) -> list[str]:
             x = p[p["bucket"] == b]
             if x.empty:
                 continue
-            lines.append(f"| {g.tag} | {b} | {len(x)} | {fpct(x['gpu_time_ms'].median())} | "
-                         f"{fpct(share_true(x['gpu_time_ms'], lambda v: v <= WITHIN), 0)} | "
-                         f"{fpct(x['gpu_energy_mj'].median())} | "
-                         f"{fpct(share_true(x['gpu_energy_mj'], lambda v: v <= WITHIN), 0)} | "
-                         f"{fpct(x['time_ms'].median())} | {fpct(share_true(x['time_ms'], lambda v: v <= WITHIN), 0)} | "
-                         f"{fpct(x['host_ms'].median())} |")
-    lines += ["", "Networks, eager time against the eager time an earlier session measured on another machine "
-              "of the same kind (`v1_time_ms`), and the host-free time against the CUPTI kernel sum of the "
-              "in-network pass on the same machine:", "",
-              "| GPU | network rows | median \\|Δ\\| eager, two machines | max | median host-free / kernel sum "
-              "| 10th-90th percentile |", "|---|---|---|---|---|---|"]
+            ops_out.append({"gpu": g.tag, "bucket": b, "pairs": len(x),
+                            "gpu_time_median": float(x["gpu_time_ms"].median()),
+                            "gpu_time_within": share_true(x["gpu_time_ms"], lambda v: v <= WITHIN),
+                            "gpu_energy_median": float(x["gpu_energy_mj"].median()),
+                            "gpu_energy_within": share_true(x["gpu_energy_mj"], lambda v: v <= WITHIN),
+                            "eager_time_median": float(x["time_ms"].median()),
+                            "eager_time_within": share_true(x["time_ms"], lambda v: v <= WITHIN),
+                            "host_time_median": float(x["host_ms"].median())})
+    nets_out: list[dict[str, Any]] = []
     for g in gpus:
         n = _hf(g.t("networks"))
         if n.empty:
@@ -1283,8 +1300,34 @@ def _hf_repeatability(gpus: list[GpuData]) -> list[str]:
         a, b = num(n, "time_ms"), num(n, "v1_time_ms")
         d = (a - b).abs() / ((a + b) / 2)
         r = num(n, "gpu_time_ms") / num(n, "in_network_kernel_sum_ms")
-        lines.append(f"| {g.tag} | {len(n)} | {fpct(d.median())} | {fpct(d.max())} | {fnum(r.median(), 3)} | "
-                     f"{fnum(q(r, 0.1), 3)}-{fnum(q(r, 0.9), 3)} |")
+        nets_out.append({"gpu": g.tag, "network_rows": len(n), "eager_two_machines_median": float(d.median()),
+                         "eager_two_machines_max": float(d.max()), "host_free_over_kernel_sum_median": float(r.median()),
+                         "host_free_over_kernel_sum_p10": q(r, 0.1), "host_free_over_kernel_sum_p90": q(r, 0.9)})
+    return {"operations": ops_out, "networks": nets_out}
+
+
+def _hf_repeatability(gpus: list[GpuData]) -> list[str]:
+    t = host_free_repeatability_tables(gpus)
+    lines = ["### Repeatability: host-free against eager", "",
+             "Pairs of the same row measured twice in one run, seconds to minutes apart "
+             "(`repeats.parquet`, host-free rows only).  |Δ| is the difference over the pair's mean.", "",
+             "| GPU | operation GPU time | pairs | median \\|Δ\\| host-free time | within 3% | median \\|Δ\\| "
+             "host-free energy | within 3% | median \\|Δ\\| eager time | within 3% | median \\|Δ\\| host time |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in t["operations"]:
+        lines.append(f"| {r['gpu']} | {r['bucket']} | {r['pairs']} | {fpct(r['gpu_time_median'])} | "
+                     f"{fpct(r['gpu_time_within'], 0)} | {fpct(r['gpu_energy_median'])} | "
+                     f"{fpct(r['gpu_energy_within'], 0)} | {fpct(r['eager_time_median'])} | "
+                     f"{fpct(r['eager_time_within'], 0)} | {fpct(r['host_time_median'])} |")
+    lines += ["", "Networks, eager time against the eager time an earlier session measured on another machine "
+              "of the same kind (`v1_time_ms`), and the host-free time against the CUPTI kernel sum of the "
+              "in-network pass on the same machine:", "",
+              "| GPU | network rows | median \\|Δ\\| eager, two machines | max | median host-free / kernel sum "
+              "| 10th-90th percentile |", "|---|---|---|---|---|---|"]
+    for r in t["networks"]:
+        lines.append(f"| {r['gpu']} | {r['network_rows']} | {fpct(r['eager_two_machines_median'])} | "
+                     f"{fpct(r['eager_two_machines_max'])} | {fnum(r['host_free_over_kernel_sum_median'], 3)} | "
+                     f"{fnum(r['host_free_over_kernel_sum_p10'], 3)}-{fnum(r['host_free_over_kernel_sum_p90'], 3)} |")
     return lines
 
 
@@ -1293,15 +1336,12 @@ def _isolated_gpu_time(ops: pd.DataFrame) -> pd.Series:
     return ops.drop_duplicates(["op_signature", "mode"]).set_index(["op_signature", "mode"])["gpu_time_ms"]
 
 
-def _hf_sum_vs_network(gpus: list[GpuData]) -> list[str]:
-    lines = ["### Host-free operation sum against the host-free network", "",
-             "For each network row, the isolated host-free GPU times of its operations (in the order the "
-             "in-network pass lists them) are summed and divided by the network's host-free time.  *Full*: "
-             "every operation of the step has a host-free row.  *≥ 90%*: operations holding at least 90% of "
-             "the step's in-network kernel time have one; the rest enter at their in-network kernel time, so "
-             "this column leans towards 1.", "",
-             "| GPU | mode | batch | networks, full | median sum / network, full | networks, ≥ 90% | "
-             "median, ≥ 90% | 10th-90th percentile, ≥ 90% |", "|---|---|---|---|---|---|---|---|"]
+def sum_vs_network_table(gpus: list[GpuData]) -> list[dict[str, Any]]:
+    """Per GPU, mode and batch: the isolated host-free GPU times of a network's operations summed
+    over the network's host-free time (networks whose operations with a host-free row hold at
+    least 90% of the in-network kernel time; ``full`` ones have every operation).  A GPU with the
+    tables but no such network gets one record with ``networks`` 0 and no mode."""
+    out: list[dict[str, Any]] = []
     for g in gpus:
         ops, nets, inn = _hf(g.t("operations")), _hf(g.t("networks")), g.t("in_network")
         if ops.empty or nets.empty or inn.empty:
@@ -1325,19 +1365,40 @@ def _hf_sum_vs_network(gpus: list[GpuData]) -> list[str]:
         df = pd.DataFrame(recs)
         for (mode, batch), x in (df.groupby(["mode", "batch"]) if len(df) else []):
             f = x[x["full"]]
-            lines.append(f"| {g.tag} | {mode} | {batch} | {len(f)} | {fnum(f['ratio'].median(), 3)} | {len(x)} | "
-                         f"{fnum(x['ratio'].median(), 3)} | {fnum(q(x['ratio'], 0.1), 3)}-{fnum(q(x['ratio'], 0.9), 3)} |")
+            out.append({"gpu": g.tag, "mode": mode, "batch": batch, "full_networks": len(f),
+                        "full_median_ratio": float(f["ratio"].median()) if len(f) else float("nan"),
+                        "networks": len(x), "median_ratio": float(x["ratio"].median()),
+                        "p10_ratio": q(x["ratio"], 0.1), "p90_ratio": q(x["ratio"], 0.9)})
         if df.empty:
-            lines.append(f"| {g.tag} | — | — | 0 | — | 0 | — | — |")
+            out.append({"gpu": g.tag, "mode": None, "batch": None, "full_networks": 0,
+                        "full_median_ratio": float("nan"), "networks": 0, "median_ratio": float("nan"),
+                        "p10_ratio": float("nan"), "p90_ratio": float("nan")})
+    return out
+
+
+def _hf_sum_vs_network(gpus: list[GpuData]) -> list[str]:
+    lines = ["### Host-free operation sum against the host-free network", "",
+             "For each network row, the isolated host-free GPU times of its operations (in the order the "
+             "in-network pass lists them) are summed and divided by the network's host-free time.  *Full*: "
+             "every operation of the step has a host-free row.  *≥ 90%*: operations holding at least 90% of "
+             "the step's in-network kernel time have one; the rest enter at their in-network kernel time, so "
+             "this column leans towards 1.", "",
+             "| GPU | mode | batch | networks, full | median sum / network, full | networks, ≥ 90% | "
+             "median, ≥ 90% | 10th-90th percentile, ≥ 90% |", "|---|---|---|---|---|---|---|---|"]
+    for r in sum_vs_network_table(gpus):
+        if r["mode"] is None:
+            lines.append(f"| {r['gpu']} | — | — | 0 | — | 0 | — | — |")
+            continue
+        lines.append(f"| {r['gpu']} | {r['mode']} | {r['batch']} | {r['full_networks']} | "
+                     f"{fnum(r['full_median_ratio'], 3)} | {r['networks']} | {fnum(r['median_ratio'], 3)} | "
+                     f"{fnum(r['p10_ratio'], 3)}-{fnum(r['p90_ratio'], 3)} |")
     return lines
 
 
-def _hf_in_network_vs_isolated(gpus: list[GpuData]) -> list[str]:
-    lines = ["### In-network kernel time against isolated host-free time, per operation kind", "",
-             "Each operation inside a real network step (CUPTI kernel sum of that operation) over the same "
-             "(operation, mode) measured alone as a CUDA graph.  Isolated runs rotate several weight copies "
-             "so weights come from DRAM; inside a network the previous layer's output may still sit in L2.", "",
-             "| GPU | kind | pairs | median in-network / isolated | 25th-75th percentile |", "|---|---|---|---|---|"]
+def in_network_vs_isolated_table(gpus: list[GpuData]) -> list[dict[str, Any]]:
+    """Per GPU and operation kind (the 15 kinds with most pairs): an operation's in-network
+    kernel time over its isolated host-free GPU time (median and quartiles)."""
+    out: list[dict[str, Any]] = []
     for g in gpus:
         ops, inn = _hf(g.t("operations")), g.t("in_network")
         if ops.empty or inn.empty:
@@ -1346,8 +1407,20 @@ def _hf_in_network_vs_isolated(gpus: list[GpuData]) -> list[str]:
         j = j[(j["gpu_time_ms"] > 0) & (j["kernels"] > 0)]
         j = j.assign(r=j["kernel_ms"] / j["gpu_time_ms"])
         for kind, x in sorted(j.groupby("op_kind"), key=lambda kv: -len(kv[1]))[:15]:
-            lines.append(f"| {g.tag} | {kind} | {len(x)} | {fnum(x['r'].median(), 3)} | "
-                         f"{fnum(q(x['r'], 0.25), 3)}-{fnum(q(x['r'], 0.75), 3)} |")
+            out.append({"gpu": g.tag, "kind": kind, "pairs": len(x), "median_ratio": float(x["r"].median()),
+                        "p25_ratio": q(x["r"], 0.25), "p75_ratio": q(x["r"], 0.75)})
+    return out
+
+
+def _hf_in_network_vs_isolated(gpus: list[GpuData]) -> list[str]:
+    lines = ["### In-network kernel time against isolated host-free time, per operation kind", "",
+             "Each operation inside a real network step (CUPTI kernel sum of that operation) over the same "
+             "(operation, mode) measured alone as a CUDA graph.  Isolated runs rotate several weight copies "
+             "so weights come from DRAM; inside a network the previous layer's output may still sit in L2.", "",
+             "| GPU | kind | pairs | median in-network / isolated | 25th-75th percentile |", "|---|---|---|---|---|"]
+    for r in in_network_vs_isolated_table(gpus):
+        lines.append(f"| {r['gpu']} | {r['kind']} | {r['pairs']} | {fnum(r['median_ratio'], 3)} | "
+                     f"{fnum(r['p25_ratio'], 3)}-{fnum(r['p75_ratio'], 3)} |")
     return lines
 
 

@@ -3,7 +3,7 @@
     gpurec report profile
 
 Inputs (all in the repository): datasets/h100/profile/{profile_results.tar.gz,profile_log.txt}
-(the 12 H100 runs of issue 7: resnet50, vit_b_16, convnext_tiny x batch 8, 64 x inference,
+(the 12 H100 profile runs: resnet50, vit_b_16, convnext_tiny x batch 8, 64 x inference,
 training), datasets/h200/profile/ (the earlier batch-8 H200 runs, a secondary comparison), and the
 full ncu profiles that check the per-config sampling: tests/fixtures/profile/real/ (H200) and
 datasets/h100/profile/full_profile_results.tar.gz (+ full_profile_log.txt).
@@ -27,7 +27,9 @@ from statistics import mean
 from typing import Any
 
 from gpurec.dataset.store import atomic_write_text
-from gpurec.profile import ProfileResult, analyze, ncu_io, save_plots
+from gpurec.profile.analysis import ProfileResult, analyze
+from gpurec.profile.ncu_parse import first_launch_per_config
+from gpurec.profile.report import save_plots
 from gpurec.reports.markdown import table
 
 # Inputs, relative to the repository root given to generate().
@@ -160,7 +162,7 @@ def _per_config_check(label: str, trace: Path, ncu: Path, meta: dict[str, Any], 
     text = gzip.open(ncu, "rt").read() if ncu.suffix == ".gz" else ncu.read_text()
     full = analyze(trace, ncu, meta)
     sampled_csv = tmp / f"per_config_{len(list(tmp.glob('per_config_*')))}.csv"
-    sampled_csv.write_text(ncu_io.first_launch_per_config(text))
+    sampled_csv.write_text(first_launch_per_config(text))
     sampled = analyze(trace, sampled_csv, {**meta, "ncu_sampling": "per-config"})
     rows = {u: (full.iteration[u], sampled.iteration[u]) for u in UTILS}
     return {"label": label, "meta": meta, "full": full, "sampled": sampled, "rows": rows,

@@ -166,7 +166,7 @@ def measure_prediction(models_dir: str | None, gpu: str = "H100", candidates: in
     dt = time.perf_counter() - t0
     result(f"predict_many, same {len(modules)} nn.Modules again (hash + cache)", len(modules) / dt, "cand/s",
            TARGET_CANDIDATES_S)
-    # Issue 13's target as stated: distinct, never-seen MobileNet-sized modules with random widths,
+    # The candidates/s target as stated in docs/speed.md: distinct, never-seen MobileNet-sized modules with random widths,
     # kernels and depths (gpurec.model.bench.random_mobilenet); median of three lists of 50.
     from gpurec.model.bench import random_mobilenet
 

@@ -70,7 +70,7 @@ def _predict(recs: list[dict[str, Any]], models_dir: Path, warn: Callable[[str],
     """The shipped models' estimate for each record, with the measuring host's profile (None
     where the models cannot cover it: the record stays in the tables)."""
     from gpurec.model import load_predictor
-    from gpurec.validate import _host_of
+    from gpurec.validate.compare import host_of
 
     predictor = load_predictor(models_dir, data_root=models_dir.parent / "datasets")
     out = []
@@ -78,7 +78,7 @@ def _predict(recs: list[dict[str, Any]], models_dir: Path, warn: Callable[[str],
         shape = (int(r["batch_size"]), 3, int(r["resolution"]), int(r["resolution"]))
         try:
             out.append(predictor.predict(r["model"], input_shape=shape, mode=r["mode"], gpu=r["gpu"],
-                                         host=_host_of(r)))
+                                         host=host_of(r)))
         except Exception as exc:  # shown as "—", never dropped
             warn(f"{r['model']} b{r['batch_size']} {r['mode']}: {exc}")
             out.append(None)
@@ -177,7 +177,7 @@ def _two_hosts(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
 def _per_op(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
     """Predicted per-operation GPU time against the in-network kernel time of the same position,
     summed by operation kind over every record (positions whose signature differs are counted apart)."""
-    from gpurec.validate import per_op_errors
+    from gpurec.validate.compare import per_op_errors
 
     agg: dict[tuple[str, bool], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     mismatched = total = 0
@@ -237,7 +237,7 @@ def _against_collection(recs: list[dict[str, Any]], root: Path) -> list[str]:
 
 def _op_sums(recs: list[dict[str, Any]], root: Path) -> list[str]:
     """The sum of the isolated host-free operation rows against the network's graph time."""
-    from gpurec.validate import sum_of_measured_ops
+    from gpurec.validate.compare import sum_of_measured_ops
 
     rows, seen = [], set()
     for r in recs:

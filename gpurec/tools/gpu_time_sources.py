@@ -1,4 +1,4 @@
-"""Which GPU-time target to train on (issue 13): in-network kernel time where the in-network
+"""Which GPU-time target to train on: in-network kernel time where the in-network
 pass attributes it (isolated host-free time elsewhere), or isolated host-free time only.
 
 Trains once per source on the same data and writes the errors that decide between them to a
@@ -19,8 +19,8 @@ def write(data_root: Path | str, out: Path | str = DEFAULT_OUT, work_dir: Path |
     import tempfile
 
     from gpurec.dataset.store import atomic_write_json
-    from gpurec.model.data import current_data_hash
-    from gpurec.model.evaluate import compare_gpu_time_sources
+    from gpurec.model.fitting.data import current_data_hash
+    from gpurec.model.fitting.evaluate import compare_gpu_time_sources
     from gpurec.reports.machine import machine_info
 
     with tempfile.TemporaryDirectory(prefix="gpurec_sources_") as tmp:

@@ -52,7 +52,7 @@ class PlanPart:
 
 
 def _issue21_parts() -> list[PlanPart]:
-    """Issue 21's collection: bf16-mixed on every dataset set (operations) and every dataset
+    """The precision round's collection: bf16-mixed on every dataset set (operations) and every dataset
     and test set (networks), both modes; TF32 matrix products of a few sets; and bf16
     (cast) and fp16-mixed operations and networks on a few sets that span convolutions,
     depthwise blocks and transformers."""

@@ -21,8 +21,8 @@ import numpy as np
 def recurrent_rows(data_root: Path | str | None, builder: Any) -> tuple[Any, dict[str, np.ndarray], Any]:
     """The recurrent operation rows usable as training rows (test architectures never), their
     feature matrices per target, and the (reference host, rows by run) for host scales."""
-    from gpurec.model.data import RECURRENT_KINDS, load_tables, reference_host, with_targets
     from gpurec.model.features import SetExtractor, hardware_matrix, masked, operations_of_rows, target_mask
+    from gpurec.model.fitting.data import RECURRENT_KINDS, load_tables, reference_host, with_targets
 
     raw_ops, raw_nets, in_net = load_tables(data_root)
     ops, nets, _, _ = with_targets(raw_ops, raw_nets, in_net, "auto", "in_network")
@@ -39,11 +39,11 @@ def fit_into(model_dir: Path | str, data_root: Path | str | None = None, evaluat
     Returns the fit reports and, with ``evaluate``, the held-out sequence networks' MAPE before
     and after."""
     from gpurec.host import HostProfile
-    from gpurec.model.data import host_scales
-    from gpurec.model.evaluate import arch_of
     from gpurec.model.features import FeatureBuilder, FeatureConfig
+    from gpurec.model.fitting.data import host_scales
+    from gpurec.model.fitting.evaluate import arch_of
+    from gpurec.model.fitting.recurrent_fit import fit_recurrent, fit_recurrent_host, fit_recurrent_power
     from gpurec.model.persist import read_manifest, write_manifest
-    from gpurec.model.recurrent_fit import fit_recurrent, fit_recurrent_host, fit_recurrent_power
 
     manifest = read_manifest(model_dir)
     builder = FeatureBuilder(manifest["kind_categories"], FeatureConfig.from_dict(manifest["feature_config"]),
@@ -81,8 +81,8 @@ def evaluate_held_out(model_dir: Path | str, data_root: Path | str | None = None
 
     from gpurec.dataset.load import default_root
     from gpurec.model import load_predictor
-    from gpurec.model.data import load_tables
-    from gpurec.model.evaluate import arch_of
+    from gpurec.model.fitting.data import load_tables
+    from gpurec.model.fitting.evaluate import arch_of
     from gpurec.sets import SEQ_TEST_ARCHS
 
     _, nets, _ = load_tables(data_root if data_root is not None else default_root())

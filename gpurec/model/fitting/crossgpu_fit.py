@@ -108,8 +108,8 @@ def _own_rows(data_root: Path | str | None, cache_dir: str | None, log: Callable
 
     from gpurec.dataset import load_dataset
     from gpurec.model._sets import test_arch_names
-    from gpurec.model.evaluate import arch_of
     from gpurec.model.features import SetExtractor, operations_of_rows
+    from gpurec.model.fitting.evaluate import arch_of
 
     ops = load_dataset(root=data_root, table="operations")
     ops = ops[~ops["set_key"].map(lambda s: arch_of(s) in test_arch_names())]  # never trained on
@@ -181,8 +181,8 @@ class NetworkPairs:
 def network_pairs(data_root: Path | str | None = None, cache_dir: str | None = None) -> NetworkPairs:
     """The training architectures' H200/H100 network pairs (held-out architectures left out)."""
     from gpurec.model._sets import test_arch_names
-    from gpurec.model.evaluate import arch_of
     from gpurec.model.features import SetExtractor
+    from gpurec.model.fitting.evaluate import arch_of
 
     nets = _gpu_bound_pairs(data_root)
     nets = nets[[arch_of(k) not in set(test_arch_names()) for k in nets["set_key"]]].reset_index(drop=True)
@@ -560,8 +560,8 @@ def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = Non
     GPU-bound: on the H100, host-free / eager >= GPU_DOMINATED_RATIO; on the H200, eager time >=
     GPU_DOMINATED_HOST_FACTOR x the H100's single-step host time (as for operation rows)."""
     from gpurec.model._sets import parse_set, test_arch_names
-    from gpurec.model.evaluate import arch_of
     from gpurec.model.features import SetExtractor
+    from gpurec.model.fitting.evaluate import arch_of
 
     m = _gpu_bound_pairs(data_root)
     extractor = SetExtractor(cache_dir)

@@ -12,8 +12,8 @@ from typing import Any
 
 from gpurec.model._sets import MODES
 from gpurec.model.config import TARGETS, UNMEASURED_BAND_WIDENING, TrainConfig
-from gpurec.model.data import Prepared
 from gpurec.model.features import FEATURE_SCHEMA_VERSION, monotone_constraints, target_mask
+from gpurec.model.fitting.data import Prepared
 from gpurec.model.host_model import NetworkCalibration
 from gpurec.model.network import Correction
 from gpurec.model.provenance import library_versions
@@ -77,7 +77,7 @@ def build_manifest(p: Prepared, cfg: TrainConfig, final: dict[str, Routed], corr
         "modes": list(MODES),
         "routes": {t: dict(final[t].route_) for t in final},
         "training_data": {"sha256": report["data_sha256"],
-                          "hash_of": "cleaned operations and networks tables (gpurec.model.data.current_data_hash)",
+                          "hash_of": "cleaned operations and networks tables (gpurec.model.fitting.data.current_data_hash)",
                           "operations": int(len(p.ops)),
                           "networks": int(len(p.nets)), "rows_by_gpu_mode": report["rows"]["by_gpu_mode"]},
         "versions": library_versions(),

@@ -2,7 +2,7 @@
 the unseen test architectures; and the whole-network correction fitted on out-of-fold sums.
 
 None leaks an operation or a network into its own test fold. Network targets are the GPU-side
-targets chosen in gpurec.model.data (host-free time where measured, else eager).
+targets chosen in gpurec.model.fitting.data (host-free time where measured, else eager).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import numpy as np
 from gpurec.catalog import resolve_gpu
 from gpurec.model._sets import MODES, dataset_arch_names
 from gpurec.model.config import TrainConfig
-from gpurec.model.data import Prepared
-from gpurec.model.evaluate import arch_of, breakdown, family, grouped_folds
 from gpurec.model.features import MeasuredLookup, monotone_constraints
+from gpurec.model.fitting.data import Prepared
+from gpurec.model.fitting.evaluate import arch_of, breakdown, family, grouped_folds
+from gpurec.model.fitting.recurrent_fit import fit_recurrent, fit_recurrent_power
 from gpurec.model.network import (
     POWER_VARIANTS,
     TIME_VARIANTS,
@@ -31,7 +32,6 @@ from gpurec.model.network import (
     power_class,
 )
 from gpurec.model.recurrent import RecurrentPower, RecurrentTime
-from gpurec.model.recurrent_fit import fit_recurrent, fit_recurrent_power
 from gpurec.model.regressors import ForestModel, RooflineLinearModel, Routed, XGBModel
 
 GPU_TARGETS = ("time", "power")
@@ -71,7 +71,7 @@ class Suite:
 
 def fit_recurrent_rows(p: Prepared, rows: np.ndarray) -> tuple[tuple[RecurrentTime | None, dict[str, Any]],
                                                                 tuple[RecurrentPower | None, dict[str, Any]]]:
-    """gpurec.model.recurrent_fit's time and power models on the selected operation rows
+    """gpurec.model.fitting.recurrent_fit's time and power models on the selected operation rows
     (architectures as groups), each with its report."""
     groups = [arch_of(str(k)) for k in p.ops["set_key"].to_numpy()[rows]]
     names = p.builder.feature_names

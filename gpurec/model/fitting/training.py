@@ -1,9 +1,9 @@
 """Train the predictors, validate them without leakage, and persist them.
 
-What is learnt (issue 13), per operation:
+What is learnt, per operation:
 
-* GPU time and GPU power, on host-free targets where the data has them (gpurec.model.data
-  says which; eager targets before issue 12's data), one booster per mode, on log targets:
+* GPU time and GPU power, on host-free targets where the data has them (gpurec.model.fitting.data
+  says which; eager targets for data without host-free rows), one booster per mode, on log targets:
   times span five orders of magnitude and what matters is relative error; power is bounded
   between idle and TDP. GPU energy = power x time, so the three never disagree.
 * Host dispatch on the reference host (gpurec.model.host_model), from ``host_ms`` rows.
@@ -11,9 +11,9 @@ What is learnt (issue 13), per operation:
 Per network: the whole-network correction of the GPU time and power (fitted on out-of-fold
 sums, kept only where it helps) and the power the GPU draws while it waits for the host.
 
-The run is split by concern: data preparation (gpurec.model.data), tuning
-(gpurec.model.tuning), validation schemes (gpurec.model.validation), the manifest
-(gpurec.model.manifest). Unseen test architectures are never trained on; they are scored at
+The run is split by concern: data preparation (gpurec.model.fitting.data), tuning
+(gpurec.model.fitting.tuning), validation schemes (gpurec.model.fitting.validation), the manifest
+(gpurec.model.fitting.manifest). Unseen test architectures are never trained on; they are scored at
 the end with the final model. ``gpurec train`` (cli.py) calls :func:`train`.
 """
 
@@ -30,16 +30,14 @@ import numpy as np
 
 from gpurec.model._sets import MODES
 from gpurec.model.config import TARGETS, TrainConfig
-from gpurec.model.data import current_data_hash, prepare
-from gpurec.model.evaluate import arch_of
 from gpurec.model.features import MeasuredLookup, monotone_constraints
-from gpurec.model.host_model import fit_host_model
-from gpurec.model.manifest import build_manifest
-from gpurec.model.network import fit_waiting_power
-from gpurec.model.provenance import dumps, library_versions
-from gpurec.model.recurrent_fit import fit_recurrent_host
-from gpurec.model.tuning import auto_nthread, tune_xgboost
-from gpurec.model.validation import (
+from gpurec.model.fitting.data import current_data_hash, prepare
+from gpurec.model.fitting.evaluate import arch_of
+from gpurec.model.fitting.host_fit import fit_host_model
+from gpurec.model.fitting.manifest import build_manifest
+from gpurec.model.fitting.recurrent_fit import fit_recurrent_host
+from gpurec.model.fitting.tuning import auto_nthread, tune_xgboost
+from gpurec.model.fitting.validation import (
     GPU_TARGETS,
     Suite,
     fit_host_calibration,
@@ -52,6 +50,8 @@ from gpurec.model.validation import (
     network_host_inputs,
     test_set,
 )
+from gpurec.model.network import fit_waiting_power
+from gpurec.model.provenance import dumps, library_versions
 
 __all__ = ["TARGETS", "TrainConfig", "current_data_hash", "dumps", "library_versions", "train"]
 

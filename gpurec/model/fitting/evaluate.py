@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from gpurec.model.timeline import HOST_BOUND_RATIO
+from gpurec.results import HOST_BOUND_RATIO, bounds_of
 
 _FAMILY = re.compile(r"^[a-z]+")
 
@@ -102,7 +102,7 @@ def breakdown(pred_t: np.ndarray, pred_p: np.ndarray, meas_t: np.ndarray, meas_p
 
 
 # ---------------------------------------------------------------------------------------------
-# Issue 13 accuracy: estimates against measured networks (docs/accuracy.md tables)
+# Network accuracy: estimates against measured networks (docs/accuracy.md tables)
 # ---------------------------------------------------------------------------------------------
 
 BOUND_CLEAR_MARGIN = 0.05  # a measured verdict is "clear" when eager / host-free is outside 1.2 +- this
@@ -169,7 +169,7 @@ def network_records(predictor: Any, nets: Any, host_profiles: dict[str, list[Any
     if len(df):
         ratio = df["measured_time_ms"] / df["measured_gpu_time_ms"]
         df["measured_ratio"] = ratio
-        df["measured_bound"] = np.where(ratio.isna(), "", np.where(ratio >= HOST_BOUND_RATIO, "host", "gpu"))
+        df["measured_bound"] = bounds_of(df["measured_time_ms"], df["measured_gpu_time_ms"])
         df["bound_clear"] = (ratio - HOST_BOUND_RATIO).abs() > BOUND_CLEAR_MARGIN
         df["measured_host_share"] = 1.0 - 1.0 / ratio
         if "pred_time_ms" in df:
@@ -277,7 +277,7 @@ def leave_one_gpu_out_table(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def accuracy_tables(predictor: Any, data_root: Any = None, report: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Every issue-13 table from the data under ``data_root`` and a trained ``predictor`` (and its
+    """Every network-accuracy table from the data under ``data_root`` and a trained ``predictor`` (and its
     training ``report`` for leave-one-GPU-out): what docs/accuracy.md reports."""
     import pandas as pd
 
@@ -393,7 +393,7 @@ def compare_gpu_time_sources(data_root: Any, out_root: Any, log: Any = None, **o
     ``tune_trials=0`` for a quicker comparison)."""
     from pathlib import Path
 
-    from gpurec.model.training import train
+    from gpurec.model.fitting.training import train
 
     out: dict[str, Any] = {}
     for source in ("in_network", "isolated"):

@@ -1,10 +1,10 @@
 """Training data: load, choose targets, clean, and build the feature matrices.
 
-Targets (issue 13). The GPU-side models learn what the GPU does, apart from the host:
+Targets. The GPU-side models learn what the GPU does, apart from the host:
 
 * ``time_target='auto'`` (default): host-free ``gpu_time_ms`` / ``gpu_power_w`` when the data
-  has them (issue 12's CUDA-graph replays), else the eager ``time_ms`` / ``power_w`` (all data
-  collected before issue 12). Host-free and eager rows are never mixed: with host-free data,
+  has them (CUDA-graph replays), else the eager ``time_ms`` / ``power_w`` (all data
+  collected before host-free measurement). Host-free and eager rows are never mixed: with host-free data,
   rows without it (not captured, or older runs) are left out and counted.
 * ``gpu_time_source='in_network'`` (default): where the in-network table attributes kernel
   time to an operation inside a real network (median over its positions and sets), that is
@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from gpurec.model._sets import dataset_arch_names, test_arch_names
-from gpurec.model.evaluate import arch_of, family, row_families
 from gpurec.model.features import (
     FeatureBuilder,
     FeatureConfig,
@@ -41,10 +40,11 @@ from gpurec.model.features import (
     resolve_extra_columns,
     target_mask,
 )
+from gpurec.model.fitting.evaluate import arch_of, family, row_families
 
 TIME_TARGETS = ("auto", "host_free", "eager")
 GPU_TIME_SOURCES = ("in_network", "isolated")
-# With host-free targets, an eager-only row (a GPU measured before issue 12, e.g. the H200)
+# With host-free targets, an eager-only row (a GPU measured before host-free measurement, e.g. the H200)
 # stands in for a host-free one when its eager time is at least this long: on the H100, rows
 # measured both ways had host-free / eager time 0.986 (10th-90th percentile 0.93-1.00) and
 # power 0.98 at >= 1 ms, against 0.25 between 0.1 and 0.3 ms (datasets/h100, 2026-11-26).
@@ -192,11 +192,29 @@ def current_data_hash(data_root: Path | str | None = None, time_target: str = "a
     return data_hash(ops, nets)
 
 
+def check_models(model_dir: Path | str | None = None, data_root: Path | str | None = None) -> dict[str, Any]:
+    """Whether the models in ``model_dir`` were trained on the data now under ``data_root``.
+
+    Loading a predictor never hashes the dataset (seconds of work, and this training module);
+    this is the explicit check (``gpurec models check``).  Returns ``match``, both hashes,
+    and the model's creation date and training row counts."""
+    from gpurec.model.persist import default_model_dir, read_manifest
+
+    model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
+    manifest = read_manifest(model_dir)
+    trained = manifest.get("training_data", {})
+    digest = current_data_hash(data_root)
+    return {"models": str(model_dir), "match": digest == trained.get("sha256"),
+            "model_data_sha256": trained.get("sha256"), "data_sha256": digest,
+            "created": manifest.get("created"),
+            "training_rows": {k: v for k, v in trained.items() if k != "sha256"}}
+
+
 def reference_host(data_root: Path | str | None, ops: Any, nets: Any) -> tuple[Any, str, dict[str, list[Any]]]:
     """The reference host profile, where it comes from, and the profiles by run.
 
     Reference = per-field median of the host profiles of the collection runs whose rows are
-    trained on. Until the data carries ``host_bench`` (issue 12), the fallback is this training
+    trained on. Until the data carries ``host_bench``, the fallback is this training
     machine's CPU-side profile (``run_host_bench(use_gpu=False)``), said so in its name."""
     from gpurec.host import reference_profile, run_host_bench
     from gpurec.model.provenance import host_profiles_by_run

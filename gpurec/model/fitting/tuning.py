@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from gpurec.model.evaluate import grouped_folds
+from gpurec.model.fitting.evaluate import grouped_folds
 from gpurec.model.regressors import DEFAULT_XGB_PARAMS, XGBModel
 
 

@@ -109,7 +109,7 @@ def per_kind_errors(predictor: Any, data_root: Any = None, archs: Sequence[str] 
 def gpu_bound_transfer(records: Any, min_gpu_share: float = 0.9) -> dict[str, Any]:
     """Predicted against measured eager energy and time on each GPU without host-free network rows,
     over its networks that are GPU-bound by the rule above (``records``:
-    gpurec.model.evaluate.network_records).  Per GPU and mode: n, MAPE and mean signed error of
+    gpurec.model.fitting.evaluate.network_records).  Per GPU and mode: n, MAPE and mean signed error of
     eager energy, time and power (energy / time, which separates the power model from the time one)."""
     import pandas as pd
 

@@ -1,0 +1,93 @@
+"""The run side of validation (GPU layer): measure a whole network on the GPU at hand the three
+ways collection measures (eager, host-free, in-network), predict it with this host's profile and
+log the comparison (``gpurec.validate.compare``)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from gpurec.validate.compare import (
+    DEFAULT_LOG,
+    host_of,
+    load_predictor_or_none,
+    measured_fields,
+    prediction_fields,
+    sum_of_measured_ops,
+)
+
+
+def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_index: int = 0,
+                    min_window_s: float = 1.0, in_network: bool = True) -> dict[str, Any]:
+    """Whole-network figures on local GPU ``gpu_index``, measured the three ways collection
+    measures them (eager, host-free as one CUDA graph, in-network attribution), plus this
+    host's ``host-bench`` profile."""
+    import torch
+
+    from gpurec.collect.measure import WindowConfig, measure_idle
+    from gpurec.collect.measure import measure_network as measure_three_ways
+    from gpurec.collect.runner import NetworkUnit, OperationSource, in_network_fields, match_nvml_index
+    from gpurec.device import NVMLUnavailable, open_gpu
+    from gpurec.device.graphs import CudaBackend
+    from gpurec.device.sampler import Sampler
+    from gpurec.device.window import EnergyMonitor
+    from gpurec.host import host_cpu, run_host_bench
+
+    if not torch.cuda.is_available():
+        raise NVMLUnavailable("No CUDA GPU is visible to torch: `gpurec validate` measures on the GPU at hand. "
+                              "Use `gpurec predict` or `gpurec recommend` on machines without one.")
+    torch.cuda.set_device(gpu_index)
+    device = torch.device("cuda", gpu_index)
+    gpu = open_gpu(match_nvml_index(gpu_index))
+    info = gpu.info()
+    host = run_host_bench(use_gpu=True)
+    unit = NetworkUnit(model, input_shape, mode, device)
+    inference = mode == "inference"
+    with Sampler(gpu) as sampler:
+        idle = measure_idle(sampler, 1.0)
+        row = measure_three_ways(unit.step, EnergyMonitor(sampler), WindowConfig(min_window_s=min_window_s),
+                                 CudaBackend(), inference, idle["idle_power_w"], info.power_limit_w)
+    if in_network:
+        row.update(in_network_fields(unit, OperationSource(), f"{model}:b{input_shape[0]}:r{input_shape[-1]}", mode))
+    row.update({"gpu": info.name, "driver": info.driver_version, "torch": torch.__version__,
+                "host_cpu": host_cpu(), "host_bench": host.to_dict()})
+    return row
+
+
+def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "inference", gpu_index: int = 0,
+             log_path: Path | str | None = DEFAULT_LOG, predictor: Any = None,
+             measurement: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Measure (eager, host-free, in-network), predict with this host's profile, compare field
+    by field; append the record to ``log_path`` (JSON lines)."""
+    from gpurec.dataset.store import JsonlShard
+
+    shape = (int(batch_size), 3, int(resolution), int(resolution))
+    meas = measurement if measurement is not None else measure_network(model, shape, mode, gpu_index)
+    if predictor is None:
+        predictor = load_predictor_or_none()
+    record: dict[str, Any] = {
+        "t_unix": time.time(), "model": model, "batch_size": batch_size, "resolution": resolution, "mode": mode,
+        "gpu": meas["gpu"], "measured_time_ms": meas["time_ms"], "measured_energy_mj": meas["energy_mj"],
+        "measured_power_w": meas["power_w"], "sm_clock_mhz": meas.get("sm_clock_mhz"),
+        "provenance": {k: meas.get(k) for k in ("driver", "torch", "host_cpu")},
+        **measured_fields(meas),
+    }
+    if meas.get("host_bench"):
+        record["host_bench"] = meas["host_bench"]
+    if meas.get("in_network"):
+        record["in_network"] = meas["in_network"]
+    if predictor is not None:
+        est = predictor.predict(model, input_shape=shape, mode=mode, gpu=meas["gpu"], host=host_of(record))
+        record.update(prediction_fields(est, meas["time_ms"], meas["energy_mj"], record))
+    else:
+        record["prediction"] = "pending: the predictors need xgboost, which is not installed here"
+    sums = sum_of_measured_ops(model, shape, mode, meas["gpu"])
+    record.update({f"opsum_{k}": v for k, v in sums.items()})
+    for f in ("time_ms", "energy_mj", "gpu_time_ms", "gpu_energy_mj"):
+        if f"sum_{f}" in sums and meas.get(f):
+            record[f"opsum_{f.rsplit('_', 1)[0]}_error_pct"] = (sums[f"sum_{f}"] / meas[f] - 1.0) * 100.0
+    if log_path is not None:
+        with JsonlShard(log_path) as log:
+            log.append(record)
+    return record
