@@ -815,7 +815,8 @@ def memory_section(data_root: Path | str | None = None, fit: Any = None, extract
          "coefficients are fitted on the training architectures' trusted peaks only (`gpurec tools fit-memory`, "
          "`models/memory.json`). Network rows record the allocator's peak over one step after warm-up "
          "(`peak_memory_bytes`, `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`). "
-         f"Target: within {MEMORY_TARGET_PCT:g}% of the measured peak.", ""]
+         f"Target: within {MEMORY_TARGET_PCT:g}% of the measured peak. Family torchvision includes the "
+         "hand-written CNNs of `gpurec.sets.SYNTH_ARCHS` (training architectures).", ""]
     rows = memory_rows(data_root, fit, extract)
     if not rows:
         return L + ["No measured peaks yet: no collected network row carries `peak_memory_bytes` (collection "
