@@ -284,7 +284,7 @@ def _swapped_to_meta(root: nn.Module) -> Any:
     shape, dtype and requires_grad, and put the originals back on exit (also on errors).
 
     Why: extraction only needs shapes, and deep-copying a fresh module took about a third of
-    its extraction time (issue 5's NAS loops pass fresh modules).  Tied tensors stay tied.
+    its extraction time (neural-architecture-search loops pass fresh modules).  Tied tensors stay tied.
     Tensors that a module keeps as plain attributes are not swapped (as in _meta_copy).  The
     caller's module is changed while this is active: not for a module another thread is using.
     """
