@@ -135,16 +135,36 @@ def log_time_ms(s: RecurrentShape, fit: ModeFit) -> np.ndarray:
     return np.log(steps) + step_terms(s, fit.terms) @ np.asarray(fit.coef)
 
 
-class RecurrentTime:
+
+def _kind_columns(kinds_fitted: set[str], feature_names: list[str]) -> tuple[tuple[str, ...], list[int]]:
+    """The recurrent kinds the fits saw (in GATES order) and their one-hot feature columns."""
+    kinds = tuple(k for k in GATES if k in kinds_fitted)
+    return kinds, [feature_names.index(f"kind={k}") for k in kinds if f"kind={k}" in feature_names]
+
+
+class _RecurrentRows:
+    """Finds the recurrent layers among feature rows, for the time, power and host models alike."""
+
+    feature_names: list[str]
+    _kinds: tuple[str, ...]
+    _kind_cols: list[int]
+
+    def _recurrent_rows(self, X: np.ndarray) -> tuple[np.ndarray, RecurrentShape] | None:
+        """Indices of the rows of ``X`` that are recurrent layers and their shapes; None where none is
+        (the cheap one-hot test first: most rows are not recurrent)."""
+        rows = np.flatnonzero(X[:, self._kind_cols].max(axis=1) > 0.5)
+        if not len(rows):
+            return None
+        return rows, recurrent_shape(X[rows], self.feature_names, self._kinds)
+
+class RecurrentTime(_RecurrentRows):
     """Fitted per-mode recurrent time models over a frozen feature-name list."""
 
     def __init__(self, fits: dict[str, ModeFit], feature_names: Sequence[str]) -> None:
         self.fits = dict(fits)
         self.feature_names = list(feature_names)
-        kinds = {k for f in self.fits.values() for k in f.kinds}
-        self._kinds = tuple(k for k in GATES if k in kinds)
-        self._kind_cols = [self.feature_names.index(f"kind={k}") for k in self._kinds
-                           if f"kind={k}" in self.feature_names]
+        self._kinds, self._kind_cols = _kind_columns({k for f in self.fits.values() for k in f.kinds},
+                                                     self.feature_names)
 
     def as_dict(self) -> dict[str, Any]:
         return {"model": "steps x exp(per-step terms)", "by_mode": {m: f.as_dict() for m, f in self.fits.items()}}
@@ -160,11 +180,10 @@ class RecurrentTime:
         """``log_t`` (log ms per row of ``X``) with the recurrent rows replaced by this model."""
         if not self._kind_cols or not len(X):
             return log_t
-        candidate = X[:, self._kind_cols].max(axis=1) > 0.5  # the cheap test first: most rows are not recurrent
-        if not candidate.any():
+        found = self._recurrent_rows(X)
+        if found is None:
             return log_t
-        rows = np.flatnonzero(candidate)
-        s = recurrent_shape(X[rows], self.feature_names, self._kinds)
+        rows, s = found
         out = np.array(log_t, dtype=np.float64, copy=True)
         mode_of = np.full(len(rows), modes, dtype=object) if isinstance(modes, str) else np.asarray(modes)[rows]
         for mode, fit in self.fits.items():
@@ -198,7 +217,7 @@ class PowerFit:
                    tuple(d["kinds"]))
 
 
-class RecurrentPower:
+class RecurrentPower(_RecurrentRows):
     """Board power of a cuDNN recurrent layer as a share of the GPU's TDP, from its batch and
     hidden size.  Why: a latency-bound chain keeps most SMs idle (170-300 W on an H100 below
     batch 32, 300-580 W at 128), which the power booster, fitted mostly on throughput-bound
@@ -207,10 +226,8 @@ class RecurrentPower:
     def __init__(self, fits: dict[str, PowerFit], feature_names: Sequence[str]) -> None:
         self.fits = dict(fits)
         self.feature_names = list(feature_names)
-        kinds = {k for f in self.fits.values() for k in f.kinds}
-        self._kinds = tuple(k for k in GATES if k in kinds)
-        self._kind_cols = [self.feature_names.index(f"kind={k}") for k in self._kinds
-                           if f"kind={k}" in self.feature_names]
+        self._kinds, self._kind_cols = _kind_columns({k for f in self.fits.values() for k in f.kinds},
+                                                     self.feature_names)
         self._tdp_col = self.feature_names.index("hw_tdp_w") if "hw_tdp_w" in self.feature_names else -1
 
     def as_dict(self) -> dict[str, Any]:
@@ -227,11 +244,10 @@ class RecurrentPower:
         """``log_w`` (log W per row of the power feature matrix ``X``) with recurrent rows replaced."""
         if not self._kind_cols or self._tdp_col < 0 or not len(X):
             return log_w
-        candidate = X[:, self._kind_cols].max(axis=1) > 0.5
-        if not candidate.any():
+        found = self._recurrent_rows(X)
+        if found is None:
             return log_w
-        rows = np.flatnonzero(candidate)
-        s = recurrent_shape(X[rows], self.feature_names, self._kinds)
+        rows, s = found
         tdp = X[rows, self._tdp_col].astype(np.float64)
         out = np.array(log_w, dtype=np.float64, copy=True)
         mode_of = np.full(len(rows), modes, dtype=object) if isinstance(modes, str) else np.asarray(modes)[rows]
@@ -242,7 +258,7 @@ class RecurrentPower:
         return out
 
 
-class RecurrentHost:
+class RecurrentHost(_RecurrentRows):
     """Host dispatch of a cuDNN recurrent layer on the reference host: ``a_ms + b_ms x steps``
     with steps = seq_len x layers x directions.  Why: cuDNN enqueues a few kernels for every
     step of every layer and direction from the host (15-45 us per step in inference, 45-120 us
@@ -252,10 +268,8 @@ class RecurrentHost:
     def __init__(self, fits: dict[str, dict[str, Any]], feature_names: Sequence[str]) -> None:
         self.fits = {m: dict(f) for m, f in fits.items()}
         self.feature_names = list(feature_names)
-        kinds = {k for f in self.fits.values() for k in f["kinds"]}
-        self._kinds = tuple(k for k in GATES if k in kinds)
-        self._kind_cols = [self.feature_names.index(f"kind={k}") for k in self._kinds
-                           if f"kind={k}" in self.feature_names]
+        self._kinds, self._kind_cols = _kind_columns({k for f in self.fits.values() for k in f["kinds"]},
+                                                     self.feature_names)
 
     def as_dict(self) -> dict[str, Any]:
         return {"model": "a_ms + b_ms x seq_len x layers x directions", "by_mode": self.fits}
@@ -272,11 +286,10 @@ class RecurrentHost:
         fit = self.fits.get(mode)
         if fit is None or not self._kind_cols or not len(X):
             return ms
-        candidate = X[:, self._kind_cols].max(axis=1) > 0.5
-        if not candidate.any():
+        found = self._recurrent_rows(X)
+        if found is None:
             return ms
-        rows = np.flatnonzero(candidate)
-        s = recurrent_shape(X[rows], self.feature_names, self._kinds)
+        rows, s = found
         out = np.array(ms, dtype=np.float64, copy=True)
         steps = chain_steps(s, 1.0, 1.0)
         out[rows[s.mask]] = float(fit["a_ms"]) + float(fit["b_ms"]) * steps[s.mask]
