@@ -446,6 +446,18 @@ def test_done_ids_skips_failed_rows_only_when_retrying(tmp_path: Path) -> None:
     assert done_ids(tmp_path, retry_failed=True) == {"op:a:inference"}
 
 
+def test_done_ids_count_gzip_seeds_and_skip_temporary_files(tmp_path: Path) -> None:
+    """A collection seeded with datasets/<gpu>/raw (closed shards are gzip) must not measure them again."""
+    import gzip
+
+    with gzip.open(tmp_path / "seed-rows-r2c-0of2.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write(json.dumps({"id": "op:a:inference", "status": "ok", "schema": 2}) + "\n")
+    with JsonlShard(tmp_path / "rows-0of1.jsonl") as shard:
+        shard.append({"id": "op:b:inference", "status": "ok", "schema": 2})
+    (tmp_path / ".rows-0of1.jsonl.tmp123").write_text(json.dumps({"id": "op:c:inference"}) + "\n")
+    assert done_ids(tmp_path, min_schema=2) == {"op:a:inference", "op:b:inference"}
+
+
 def test_peak_items_are_measured_resumed_and_built_into_their_own_table(tmp_path: Path, fast_worker: FakeNVML) -> None:
     from gpurec.collect.plan import peak_items
     from gpurec.dataset.build import build_gpu_dataset

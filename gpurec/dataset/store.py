@@ -257,8 +257,10 @@ def orphaned_temp_files(raw_dir: Path | str) -> dict[str, int]:
 
 
 def is_shard_name(name: str) -> bool:
-    """A rows shard (``rows-*.jsonl``, or a ``seed-rows-*.jsonl`` copy), never a hidden temporary file."""
-    return not name.startswith(".") and name.endswith(".jsonl") and "rows-" in name
+    """A rows shard (``rows-*.jsonl``, a closed ``rows-*.jsonl.gz``, or a ``seed-rows-*`` copy of
+    either), never a hidden temporary file.  (Before the gzip shards counted, a collection seeded
+    with ``datasets/<gpu>/raw`` re-measured every row already there.)"""
+    return not name.startswith(".") and name.endswith((".jsonl", ".jsonl.gz")) and "rows-" in name
 
 
 def read_many(paths: Iterable[Path | str]) -> list[dict[str, Any]]:
