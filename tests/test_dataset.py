@@ -320,3 +320,35 @@ def test_compressed_raw_shards_read_build_and_merge_like_plain_ones(tmp_path: Pa
     merged = tmp_path / "merged" / "h100" / "raw"
     assert sorted(p.name for p in merged.iterdir() if p.name.startswith("rows-")) == ["rows-a.jsonl", "rows-b.jsonl"]
     assert (merged / "rows-b.jsonl").read_text().count("\n") == 2 and result["tables"]["operations"] == 3
+
+
+def test_board_repeats_pair_one_identity_across_two_boards_only(tmp_path: Path) -> None:
+    """Rows of one identity on two boards pair up (earliest board first); a second row on the same
+    board, failed rows, within-run repeats and other precisions do not."""
+    from gpurec.dataset.load import board_repeats
+    from gpurec.model.fitting.evaluate import board_noise
+
+    raw = tmp_path / "h100" / "raw"
+    raw.mkdir(parents=True)
+    base = {"gpu": "NVIDIA H100 80GB HBM3", "item": "network", "mode": "inference", "status": "ok", "schema": 2}
+    rows = [
+        {**base, "id": "network:a:inference", "gpu_uuid": "GPU-1", "t_unix": 1.0, "gpu_time_ms": 10.0},
+        {**base, "id": "network:a:inference", "gpu_uuid": "GPU-1", "t_unix": 2.0, "gpu_time_ms": 10.5},
+        {**base, "id": "network:a:inference", "gpu_uuid": "GPU-2", "t_unix": 3.0, "gpu_time_ms": 11.0},
+        {**base, "id": "network:a:inference", "gpu_uuid": "GPU-3", "t_unix": 4.0, "gpu_time_ms": 9.0, "repeat": True},
+        {**base, "id": "network:b:inference", "gpu_uuid": "GPU-1", "t_unix": 1.0, "gpu_time_ms": 5.0},
+        {**base, "id": "network:b:inference", "gpu_uuid": "GPU-2", "t_unix": 2.0, "status": "failed"},
+        {**base, "id": "network:c:inference", "gpu_uuid": "GPU-1", "t_unix": 1.0, "gpu_time_ms": 4.0},
+        {**base, "id": "network:c:inference", "gpu_uuid": "GPU-1", "t_unix": 3.0, "gpu_time_ms": 4.4},
+        {**base, "id": "network:c:inference", "gpu_uuid": "GPU-2", "t_unix": 2.0, "gpu_time_ms": 4.0,
+         "precision": "bf16-mixed"},
+    ]
+    with gzip.open(raw / "rows-x-0of1.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    pairs = board_repeats(tmp_path)
+    assert len(pairs) == 1
+    rec = pairs.iloc[0]
+    assert (rec["id"], rec["first_gpu_uuid"], rec["second_gpu_uuid"]) == ("network:a:inference", "GPU-1", "GPU-2")
+    assert (rec["first_gpu_time_ms"], rec["second_gpu_time_ms"]) == (10.0, 11.0)
+    [noise] = [r for r in board_noise(pairs) if r["column"] == "gpu_time_ms"]
+    assert noise["n"] == 1 and noise["mean_pct"] == pytest.approx(10.0)

@@ -80,3 +80,43 @@ def load_dataset(gpu: str | None = None, root: Path | str | None = None, table: 
     if status is not None and "status" in df:
         df = df[df["status"] == status].reset_index(drop=True)
     return df
+
+
+BOARD_REPEAT_COLUMNS = ("gpu_time_ms", "gpu_energy_mj", "gpu_power_w", "time_ms", "peak_memory_bytes")
+
+
+def board_repeats(root: Path | str | None = None, columns: tuple[str, ...] = BOARD_REPEAT_COLUMNS) -> Any:
+    """The same row identity (GPU kind, precision, id) measured successfully on two boards of one
+    GPU kind (different ``gpu_uuid``), by the same method (schema 2): one record per identity,
+    the earliest and the latest board's figures side by side (``first_<col>``, ``second_<col>``).
+
+    The tables keep only the latest measurement of an identity; the raw shards keep both, and
+    their spread is the floor no model of one GPU kind can beat (boards, hosts, days differ)."""
+    import pandas as pd
+
+    from gpurec.dataset.store import raw_row_files, read_jsonl
+
+    root = Path(root) if root is not None else default_root()
+    by_identity: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for gpu_dir in sorted(p for p in root.iterdir() if (p / "raw").is_dir()):
+        for path in raw_row_files(gpu_dir / "raw"):
+            for r in read_jsonl(path):
+                if (r.get("repeat") or r.get("item") == "idle" or r.get("status") != "ok"
+                        or int(r.get("schema", 1)) < 2 or not r.get("gpu_uuid")):
+                    continue
+                key = (r.get("gpu", ""), r.get("precision") or "fp32", r["id"])
+                by_identity.setdefault(key, []).append(r)
+    records = []
+    for (gpu, precision, row_id), rows in by_identity.items():
+        rows = sorted(rows, key=lambda r: r.get("t_unix", 0.0))
+        first = rows[0]
+        second = next((r for r in reversed(rows) if r["gpu_uuid"] != first["gpu_uuid"]), None)
+        if second is None:
+            continue
+        rec = {"gpu": gpu, "precision": precision, "id": row_id, "item": first["item"], "mode": first.get("mode"),
+               "first_gpu_uuid": first["gpu_uuid"], "second_gpu_uuid": second["gpu_uuid"]}
+        for c in columns:
+            rec[f"first_{c}"] = first.get(c)
+            rec[f"second_{c}"] = second.get(c)
+        records.append(rec)
+    return pd.DataFrame.from_records(records)

@@ -420,6 +420,14 @@ def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any],
             d = (np.abs(rec["measured_time_ms"] / eag - 1) * 100).dropna()
             L += [f"* Eager network time, the same (set, mode) on two H100 machines: mean |Δ| {_f(d.mean())} "
                   f"({len(d)} rows)."]
+    boards = tables.get("board_noise") or []
+    if boards:
+        L += ["* The same row (identity, method) measured on two boards of one GPU kind, on different machines and "
+              "days (the tables keep the later one; the raw shards keep both): |second / first - 1|.", "",
+              "| GPU | item | figure | rows | mean | median | 90th percentile |", "|---|---|---|---|---|---|---|"]
+        L += [f"| {short(r['gpu'])} | {r['item']} | {r['column']} | {r['n']} | {_f(r['mean_pct'])} | "
+              f"{_f(r['median_pct'])} | {_f(r['p90_pct'])} |" for r in boards]
+        L += [""]
     L += ["* Host-free operation time repeated within a run, and host-free network time against the CUPTI kernel "
           "sum of the same step: `datasets/README.md`, section *The GPU apart from the host*.", ""]
     for r in tables["noise_floor"]:

@@ -259,6 +259,29 @@ def noise_floor(rows: Any, columns: tuple[str, ...] = ("gpu_time_ms", "gpu_energ
     return out
 
 
+def board_noise(pairs: Any, columns: tuple[str, ...] = ("gpu_time_ms", "gpu_energy_mj", "gpu_power_w", "time_ms")
+                ) -> list[dict[str, Any]]:
+    """How far the same row moves between two boards of one GPU kind (``gpurec.dataset.load.
+    board_repeats``): mean, median and 90th percentile of |second / first - 1| (%), per GPU kind,
+    item and column."""
+    out: list[dict[str, Any]] = []
+    if not len(pairs):
+        return out
+    for (gpu, item), part in pairs.groupby(["gpu", "item"]):
+        for c in columns:
+            if f"first_{c}" not in part or f"second_{c}" not in part:
+                continue
+            a = part[f"first_{c}"].astype(float).to_numpy()
+            b = part[f"second_{c}"].astype(float).to_numpy()
+            ok = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0)
+            if not ok.any():
+                continue
+            d = np.abs(b[ok] / a[ok] - 1.0) * 100
+            out.append({"gpu": gpu, "item": item, "column": c, "n": int(ok.sum()), "mean_pct": float(d.mean()),
+                        "median_pct": float(np.median(d)), "p90_pct": float(np.percentile(d, 90))})
+    return out
+
+
 def leave_one_gpu_out_table(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Leave-one-GPU-out network errors from a training report (models trained without the GPU;
     host-free targets once the data has them, see report['targets'])."""
@@ -282,7 +305,7 @@ def accuracy_tables(predictor: Any, data_root: Any = None, report: dict[str, Any
     import pandas as pd
 
     from gpurec.dataset import load_dataset
-    from gpurec.dataset.load import fp32_rows
+    from gpurec.dataset.load import board_repeats, fp32_rows
     from gpurec.model.provenance import host_profiles_by_run
 
     nets = fp32_rows(load_dataset(root=data_root, table="networks"))
@@ -295,7 +318,8 @@ def accuracy_tables(predictor: Any, data_root: Any = None, report: dict[str, Any
     both = pd.concat([nets, repeats], ignore_index=True)
     return {"host_free": host_free_accuracy(records), "eager": eager_accuracy(records),
             "bound": bound_accuracy(records), "host_share": host_share_accuracy(records),
-            "noise_floor": noise_floor(both), "leave_one_gpu_out": leave_one_gpu_out_table(report or {}),
+            "noise_floor": noise_floor(both), "board_noise": board_noise(board_repeats(data_root)),
+            "leave_one_gpu_out": leave_one_gpu_out_table(report or {}),
             "records": records}
 
 
