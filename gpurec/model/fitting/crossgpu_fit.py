@@ -382,6 +382,7 @@ def fit_and_save(data_root: Path | str | None = None, out_dir: Path | str = "mod
     model.memory_energy_pj_per_byte = fit_memory_energy(model, predictor, data_root, log)
     model.info["memory_energy"] = ("DRAM pJ/byte fitted on the training architectures' GPU-bound H200/H100 "
                                    "networks' eager energy ratio (fit_memory_energy)")
+    model.info["memory_energy_pj_per_byte"] = model.memory_energy_pj_per_byte
     atomic_write_text(out / CROSSGPU_FILE, json.dumps(model.to_dict(), indent=1, sort_keys=True) + "\n")
     if validate:
         report = evaluate(table, data_root, cache_dir, log, model=model, networks=networks, predictor=predictor)
