@@ -332,3 +332,29 @@ def test_ratio_section_reports_all_and_held_out_networks_in_time_and_energy() ->
     text = "\n".join(crossgpu_section(cross))
     assert "| held-out architectures only | 1 | 5.0 | -5.0 | **not met** | 6.0 | **not met** |" in text
     assert "off by 10.0 pp" in text
+
+
+def test_energy_noise_floor_counts_only_networks_that_ran_the_same_way(monkeypatch) -> None:
+    H200 = "NVIDIA H200"
+    import gpurec.reports.dataset as ds
+    from gpurec.reports.accuracy import crossgpu_section, network_energy_repeatability
+
+    class Gpu:
+        name = H200
+
+    pairs = pd.DataFrame({
+        "item": ["network", "network", "network", "op"],
+        "time_ms_orig": [10.0, 10.0, 10.0, 1.0], "time_ms_rep": [10.1, 10.0, 13.0, 1.0],
+        "energy_mj_orig": [100.0, 100.0, 100.0, 10.0], "energy_mj_rep": [104.0, 98.0, 150.0, 20.0]})
+    monkeypatch.setattr(ds, "load_all", lambda root: [Gpu()])
+    monkeypatch.setattr(ds, "repeat_pairs", lambda g: pairs)
+    (r,) = network_energy_repeatability(Path("unused"))
+    # the third network ran 30% slower (another way) and the operation row is no network
+    assert (r["gpu"], r["pairs"]) == (H200, 2) and r["mean_pct"] == pytest.approx(3.0)
+    cross = {"h200_networks": [{"set_key": "resnet50:b8:r224", "mode": "inference", "held_out_arch": False,
+                                "measured_ratio": 0.9, "pred_ratio": 0.9, "ratio_error_pp": 0.0, "h200_time_ms": 1.0,
+                                "pred_h200_ms": 1.0, "ape": 0.0, "direct_ape": 0.1}],
+             "model_info": {"memory_energy_pj_per_byte": 42.0}}
+    text = "\n".join(crossgpu_section(cross, [r]))
+    assert "42.0 pJ/byte" in text
+    assert "differs in energy by 3.0% on average (3.0% median, 2 pairs) on the H200" in text
