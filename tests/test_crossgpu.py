@@ -19,7 +19,9 @@ from gpurec.model.crossgpu import (
     CrossGPUModelError,
     design_names,
     op_table,
+    same_compute_die,
     spec_row,
+    transfer_power_w,
     wave_factor,
 )
 from gpurec.model.features import KIND_GROUPS
@@ -130,6 +132,34 @@ def test_model_file_refuses_parameters_that_break_monotonicity() -> None:
         CrossGPUModel.from_dict({**d, "design": d["design"][:-1]})
 
 
+def test_model_file_keeps_and_checks_the_memory_energy() -> None:
+    d = _random_model(0).to_dict()
+    assert CrossGPUModel.from_dict({k: v for k, v in d.items() if k != "memory_energy_pj_per_byte"}
+                                   ).memory_energy_pj_per_byte is None  # files from before it load as before
+    assert CrossGPUModel.from_dict({**d, "memory_energy_pj_per_byte": 30.0}).memory_energy_pj_per_byte == 30.0
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(CrossGPUModelError):
+            CrossGPUModel.from_dict({**d, "memory_energy_pj_per_byte": bad})
+
+
+def test_same_compute_die_differs_only_in_memory() -> None:
+    assert same_compute_die(spec_row("H100"), spec_row("H200"))
+    assert not same_compute_die(spec_row("H100"), spec_row("NVIDIA H100 PCIe"))
+    assert not same_compute_die(spec_row("A100-SXM4-80GB"), spec_row("H100"))
+
+
+def test_carried_power_adds_dram_power_of_the_faster_gpu_and_stays_in_bounds() -> None:
+    anchor_w, t_a = np.array([500.0, 500.0, 690.0]), np.array([10.0, 10.0, 10.0])
+    moved = np.array([0.0, 2e10, 2e10])  # bytes: none, 2 TB/s on the anchor, the same
+    t = np.array([8.0, 8.0, 8.0])
+    w = transfer_power_w(anchor_w, 120.0, 125.0, 700.0, moved, t_a, t, 50.0)
+    assert w[0] == pytest.approx(505.0)  # no bytes: the anchor's dynamic power over the GPU's own idle
+    # 50 pJ/B x 2e10 B over 8 ms instead of 10 ms: 125 W instead of 100 W of DRAM power
+    assert w[1] == pytest.approx(505.0 + 25.0)
+    assert w[2] == 700.0  # never above the limit
+    assert transfer_power_w(np.array([100.0]), 120.0, 125.0, 700.0, np.array([0.0]), t_a[:1], t[:1], 50.0)[0] == 125.0
+
+
 def test_fit_recovers_a_known_model() -> None:
     pytest.importorskip("torch")
     from gpurec.model.fitting.crossgpu_fit import CrossTable, fit, predict_rows
@@ -194,6 +224,35 @@ def test_gpu_without_host_free_rows_takes_anchor_times_ratio(predictor) -> None:
     h100 = predictor.predict("resnet50", (32, 3, 224, 224), "inference", gpu="H100")
     assert "cross-GPU" not in h100.correction
     assert est.gpu_time_ms > 3 * h100.gpu_time_ms  # a T4 is far behind an H100 on a ResNet-50
+
+
+def test_h200_power_is_carried_from_the_h100_with_dram_energy(predictor) -> None:
+    cross = predictor.crossgpu
+    saved = cross.memory_energy_pj_per_byte
+    cands = [("resnet50", (128, 3, 224, 224))]
+    energy = {}
+    try:
+        for value in (None, 0.0, 60.0):
+            cross.memory_energy_pj_per_byte = value
+            predictor.clear_cache()
+            a = predictor.predict_many(cands, mode="inference", gpu="H100")[0]
+            b = predictor.predict_many(cands, mode="inference", gpu="H200")[0]
+            t4 = predictor.predict_many(cands, mode="inference", gpu="T4")[0]
+            energy[value] = (a.gpu_energy_mj, b.gpu_energy_mj, t4.gpu_energy_mj, a, b)
+    finally:
+        cross.memory_energy_pj_per_byte = saved
+        predictor.clear_cache()
+    (a0, b0, t0, a, b), (_, b_zero, t_zero, _, bz), (a60, b60, t60, _, b_dram) = (energy[v] for v in (None, 0.0, 60.0))
+    assert a0 == a60  # the anchor's own prediction does not depend on it
+    assert t0 == t60 == t_zero  # nor does a GPU of another die
+    idle_a, _ = predictor._power_bounds("H100")
+    idle_b, _ = predictor._power_bounds("H200")
+    # with no DRAM energy, the H200 draws the H100's power over idle on its own idle floor
+    assert bz.gpu_energy_mj / bz.gpu_time_ms == pytest.approx(a.gpu_energy_mj / a.gpu_time_ms - idle_a + idle_b)
+    # the same bytes in less time: more power on the H200 with DRAM energy than without
+    assert b_dram.gpu_time_ms < a.gpu_time_ms
+    assert b60 > b_zero
+    assert b_dram.gpu_energy_mj / b_dram.gpu_time_ms <= predictor._power_bounds("H200")[1]
 
 
 # -- fitting on H200/H100 evidence and reporting the ratio ---------------------------------------
@@ -273,3 +332,29 @@ def test_ratio_section_reports_all_and_held_out_networks_in_time_and_energy() ->
     text = "\n".join(crossgpu_section(cross))
     assert "| held-out architectures only | 1 | 5.0 | -5.0 | **not met** | 6.0 | **not met** |" in text
     assert "off by 10.0 pp" in text
+
+
+def test_energy_noise_floor_counts_only_networks_that_ran_the_same_way(monkeypatch) -> None:
+    H200 = "NVIDIA H200"
+    import gpurec.reports.dataset as ds
+    from gpurec.reports.accuracy import crossgpu_section, network_energy_repeatability
+
+    class Gpu:
+        name = H200
+
+    pairs = pd.DataFrame({
+        "item": ["network", "network", "network", "op"],
+        "time_ms_orig": [10.0, 10.0, 10.0, 1.0], "time_ms_rep": [10.1, 10.0, 13.0, 1.0],
+        "energy_mj_orig": [100.0, 100.0, 100.0, 10.0], "energy_mj_rep": [104.0, 98.0, 150.0, 20.0]})
+    monkeypatch.setattr(ds, "load_all", lambda root: [Gpu()])
+    monkeypatch.setattr(ds, "repeat_pairs", lambda g: pairs)
+    (r,) = network_energy_repeatability(Path("unused"))
+    # the third network ran 30% slower (another way) and the operation row is no network
+    assert (r["gpu"], r["pairs"]) == (H200, 2) and r["mean_pct"] == pytest.approx(3.0)
+    cross = {"h200_networks": [{"set_key": "resnet50:b8:r224", "mode": "inference", "held_out_arch": False,
+                                "measured_ratio": 0.9, "pred_ratio": 0.9, "ratio_error_pp": 0.0, "h200_time_ms": 1.0,
+                                "pred_h200_ms": 1.0, "ape": 0.0, "direct_ape": 0.1}],
+             "model_info": {"memory_energy_pj_per_byte": 42.0}}
+    text = "\n".join(crossgpu_section(cross, [r]))
+    assert "42.0 pJ/byte" in text
+    assert "differs in energy by 3.0% on average (3.0% median, 2 pairs) on the H200" in text

@@ -189,6 +189,9 @@ class CrossGPUModel:
     wave_exponent: float  # >= 0
     c0_ms: float  # >= 0, shortest kernel
     info: dict[str, Any]
+    # DRAM energy per byte moved (pJ), for power carried between GPUs of one compute die
+    # (transfer_power_w); None: not fitted, each GPU keeps its own power model's power.
+    memory_energy_pj_per_byte: float | None = None
 
     def predict_ms(self, ops: OpTable, gpu: str | GPUSpec | np.ndarray) -> np.ndarray:
         """GPU time (ms) of each operation on one GPU (a name, a spec, or its spec_row)."""
@@ -229,7 +232,7 @@ class CrossGPUModel:
                 "theta_s": self.theta_s.tolist(), "sm_bytes_per_clock": self.sm_bytes_per_clock,
                 "theta_p": self.theta_p.tolist(), "watts_per_tflops": self.watts_per_tflops,
                 "theta_k": self.theta_k.tolist(), "l2_weight": self.l2_weight, "wave_exponent": self.wave_exponent, "c0_ms": self.c0_ms,
-                "info": self.info}
+                "memory_energy_pj_per_byte": self.memory_energy_pj_per_byte, "info": self.info}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CrossGPUModel:
@@ -241,12 +244,39 @@ class CrossGPUModel:
                 or min(d["sm_bytes_per_clock"], d["watts_per_tflops"]) <= 0:
             raise CrossGPUModelError("cross-GPU model parameters break monotonicity (negative L2 weight, wave "
                                      "exponent or floor); refit it")
+        energy = d.get("memory_energy_pj_per_byte")
+        if energy is not None and not (np.isfinite(energy) and energy >= 0):
+            raise CrossGPUModelError("the cross-GPU model's memory energy per byte is negative or not finite; refit it "
+                                     "with `gpurec train-crossgpu`")
         return cls(np.asarray(d["theta_ff"], dtype=np.float64), np.asarray(d["theta_tc"], dtype=np.float64),
                    np.asarray(d["theta_m"], dtype=np.float64), np.asarray(d["theta_s"], dtype=np.float64),
                    np.asarray(d["theta_p"], dtype=np.float64), np.asarray(d["theta_k"], dtype=np.float64),
                    float(d["sm_bytes_per_clock"]), float(d["watts_per_tflops"]),
                    float(d["l2_weight"]),
-                   float(d["wave_exponent"]), float(d["c0_ms"]), dict(d.get("info", {})))
+                   float(d["wave_exponent"]), float(d["c0_ms"]), dict(d.get("info", {})),
+                   None if energy is None else float(energy))
+
+
+# Spec columns that make the compute die: GPUs equal in all of them differ only in memory.
+_DIE_COLUMNS = tuple(c for c in GPU_COLUMNS if c not in ("memory_bandwidth_gbs", "l2_cache_mb"))
+
+
+def same_compute_die(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two spec rows share SM count, clock, every peak and board power (e.g. an H100 SXM
+    and an H200): the same SMs at the same clock draw the same dynamic power for the same work."""
+    return all(float(a[GPU_COLUMNS.index(c)]) == float(b[GPU_COLUMNS.index(c)]) for c in _DIE_COLUMNS)
+
+
+def transfer_power_w(anchor_w: np.ndarray, anchor_idle_w: float, idle_w: float, limit_w: float, bytes_moved: np.ndarray,
+                     anchor_time_ms: np.ndarray, time_ms: np.ndarray, energy_pj_per_byte: float) -> np.ndarray:
+    """Average power of work carried from an anchor GPU to a GPU of the same compute die.
+
+    The SMs' dynamic power over idle is the anchor's; DRAM draws ``energy_pj_per_byte`` per byte
+    moved, so the same bytes in a shorter time (more bandwidth) draw more power; the idle floor is
+    the GPU's own.  Held in [idle, limit]."""
+    memory_w = lambda t: energy_pj_per_byte * 1e-9 * bytes_moved / np.maximum(t, 1e-12)  # noqa: E731  pJ/ms -> W
+    w = idle_w + (np.asarray(anchor_w, dtype=np.float64) - anchor_idle_w) + memory_w(time_ms) - memory_w(anchor_time_ms)
+    return np.minimum(np.maximum(w, idle_w), limit_w)
 
 
 K_MIN = 0.5  # smallest roofline exponent: below 1 the terms add up more than linearly

@@ -41,7 +41,9 @@ from gpurec.model.crossgpu import (
     CrossGPUModelError,
     load_crossgpu,
     op_table_from_block,
+    same_compute_die,
     spec_row,
+    transfer_power_w,
 )
 from gpurec.model.features import (
     FeatureBuilder,
@@ -686,7 +688,35 @@ class Predictor:
         _, w_net, _ = self.correction.apply(sums, nvml, mode)
         # the anchor's network correction, carried over as a factor on the transferred operations
         t_net = t_net_a / np.maximum(sums_a.sum_time_ms, 1e-12) * sums.sum_time_ms
+        energy_pj = cross.memory_energy_pj_per_byte
+        if energy_pj is not None and power is not None and same_compute_die(spec_row(nvml), spec_row(a_nvml)):
+            w_net = self._carried_power_w(feats_a, spread, block, offsets, mode, a_nvml, t_a, hit_a, power[0],
+                                          table, t_net_a, t_net, nvml, energy_pj)
         return t, t_net, w_net, f"{key_a} x cross-GPU ratio to {anchor}", sums
+
+    def _carried_power_w(self, feats_a: Any, spread: Any, block: OpBlock, offsets: np.ndarray, mode: str, a_nvml: str,
+                         t_a: np.ndarray, hit_a: np.ndarray, classes: np.ndarray, table: Any, t_net_a: np.ndarray,
+                         t_net: np.ndarray, nvml: str, energy_pj: float) -> np.ndarray:
+        """Network power on a GPU of the anchor's compute die: the anchor's own network power (as
+        predicted on the anchor, its measured operations included) with this GPU's idle floor and
+        DRAM power for the same bytes over this GPU's time (gpurec.model.crossgpu.transfer_power_w).
+        Its own power model has few rows and no bandwidth to tell the two apart; the anchor's has many."""
+        Xa = masked(feats_a.X, self._masks["power"])
+        log_w = self._boosters["power"][mode].predict(Xa, feats_a.margin_power)
+        if self.recurrent_power is not None:
+            log_w = self.recurrent_power.apply(log_w, Xa, mode)
+        w_a = spread(np.exp(log_w))
+        t_lookup = t_a
+        if self.lookup is not None:
+            t_lookup, w_a, _ = self.lookup.apply(t_a, w_a, block.signatures, a_nvml, mode)
+        idle_a, limit_a = self._power_bounds(a_nvml)
+        w_a = bounded_power(w_a, idle_a, limit_a)
+        sums_a = aggregate(t_lookup, w_a, offsets, self.small_op_ms, hit_a, classes, idle_a, limit_a)
+        _, w_net_a, _ = self.correction.apply(sums_a, a_nvml, mode)
+        moved = np.concatenate([[0.0], np.cumsum(spread(table.raw[:, 1]))])
+        idle, limit = self._power_bounds(nvml)
+        return transfer_power_w(w_net_a, idle_a, idle, limit, moved[offsets[1:]] - moved[offsets[:-1]], t_net_a, t_net,
+                                energy_pj)
 
     def clear_cache(self) -> None:
         """Forget extracted operations and remembered booster predictions."""

@@ -487,7 +487,38 @@ def crossgpu_tables(cross: dict[str, Any]) -> dict[str, Any]:
             "ratio_bias_pp": sum(r["ratio_error_pp"] for r in nets) / len(nets) if nets else None}
 
 
-def crossgpu_section(cross: dict[str, Any] | None) -> list[str]:
+def _energy_per_byte(cross: dict[str, Any]) -> str:
+    """The fitted DRAM energy per byte, as words."""
+    v = cross.get("model_info", {}).get("memory_energy_pj_per_byte")
+    return ("not fitted, so the H200 keeps its own power model's power" if v is None else
+            f"{v:.1f} pJ/byte, fitted on the training architectures' networks below")
+
+
+def network_energy_repeatability(data_root: Path | None = None, time_agreement: float = 0.02) -> list[dict[str, Any]]:
+    """Per GPU, how far the eager energy of a network re-measured on the same GPU lies from its first
+    measurement (mean |relative difference|), over re-measurements whose time agrees within
+    ``time_agreement`` (the step ran the same way): the noise floor of a measured energy ratio."""
+    import numpy as np
+
+    from gpurec.dataset.load import default_root
+    from gpurec.reports.dataset import load_all, repeat_pairs
+
+    out = []
+    for g in load_all(data_root or default_root()):
+        pairs = repeat_pairs(g)
+        if pairs.empty:
+            continue
+        nets = pairs[(pairs["item"] == "network")].dropna(subset=["time_ms_orig", "energy_mj_orig", "energy_mj_rep"])
+        nets = nets[np.abs(nets["time_ms_rep"] / nets["time_ms_orig"] - 1) <= time_agreement]
+        if nets.empty:
+            continue
+        d = np.abs(nets["energy_mj_rep"] / nets["energy_mj_orig"] - 1)
+        out.append({"gpu": g.name, "pairs": int(len(nets)), "mean_pct": float(100 * d.mean()),
+                    "median_pct": float(100 * d.median())})
+    return out
+
+
+def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, Any]] | None = None) -> list[str]:
     """docs/accuracy.md's cross-GPU section from models/crossgpu_report.json."""
     L = ["## Across GPUs: the cross-GPU operation model", ""]
     if not cross:
@@ -553,7 +584,10 @@ def crossgpu_section(cross: dict[str, Any] | None) -> list[str]:
           "cross-GPU model's summed operation times, the model fitted with the H200's rows and network pairs of "
           "the training architectures, so networks of the held-out test architectures (`gpurec.sets.TEST_ARCHS`, "
           "marked 'yes') are the honest check. Predicted energy ratio: the predictor's GPU energy on each GPU "
-          "(its power model times its times, with this cross-GPU model). Predicted H200 time: the H100's "
+          "(its times, with this cross-GPU model, times its power; the H200 shares the H100's compute die, so "
+          "its network power is the H100's predicted power over idle on the H200's own idle floor, plus DRAM "
+          f"energy per byte × the network's bytes over its shorter time: "
+          f"{_energy_per_byte(cross)}). Predicted H200 time: the H100's "
           "host-free network time × the time ratio, against the H200's eager time (GPU-bound, so about its GPU "
           "time).", ""]
     if t["h200_networks"]:
@@ -574,6 +608,13 @@ def crossgpu_section(cross: dict[str, Any] | None) -> list[str]:
                  f"{'met' if r['energy_met'] else '**not met**'} |" for r in t["h200_summary"]]
         L += table(["networks", "count", "mean |time ratio error| pp", "bias pp", "≤ 3 pp?",
                     "mean |energy ratio error| pp", "≤ 3 pp?"], lines) + [""]
+        if energy_noise:
+            L += ["Noise floor of a measured energy ratio: a network re-measured on the same GPU (eager, "
+                  "`repeats.parquet`, time within 2% of the first measurement) differs in energy by "
+                  + "; ".join(f"{r['mean_pct']:.1f}% on average ({r['median_pct']:.1f}% median, {r['pairs']} pairs) "
+                              f"on the {short(r['gpu'])}" for r in energy_noise)
+                  + ". A measured H200/H100 ratio holds one such measurement of each GPU, so a perfect prediction "
+                    "would still be off by about that much.", ""]
         product = [r for r in t["h200_summary"] if r["product_pp"] is not None]
         if product:
             L += ["What the predictor itself answers (the H100's per-operation times, measured ones included, "
@@ -745,7 +786,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
               "extrapolate through the hardware features and the roofline margin and are unvalidated; their "
               "uncertainty band is widened."]
     L += [""]
-    L += crossgpu_section(cross)
+    L += crossgpu_section(cross, network_energy_repeatability(data_root))
     unc = manifest.get("uncertainty", {})
     if unc:
         b = unc.get("measured_gpu", {})

@@ -378,9 +378,14 @@ def fit_and_save(data_root: Path | str | None = None, out_dir: Path | str = "mod
     atomic_write_text(out / CROSSGPU_FILE, json.dumps(model.to_dict(), indent=1, sort_keys=True) + "\n")
     log(f"cross-GPU model: weighted log MSE {model.info['weighted_log_mse']:.4f} on {model.info['rows']} rows, "
         f"saved to {out / CROSSGPU_FILE} ({time.perf_counter() - t0:.0f} s)")
+    predictor = load_energy_predictor(out, log)
+    model.memory_energy_pj_per_byte = fit_memory_energy(model, predictor, data_root, log)
+    model.info["memory_energy"] = ("DRAM pJ/byte fitted on the training architectures' GPU-bound H200/H100 "
+                                   "networks' eager energy ratio (fit_memory_energy)")
+    model.info["memory_energy_pj_per_byte"] = model.memory_energy_pj_per_byte
+    atomic_write_text(out / CROSSGPU_FILE, json.dumps(model.to_dict(), indent=1, sort_keys=True) + "\n")
     if validate:
-        report = evaluate(table, data_root, cache_dir, log, model=model, networks=networks,
-                          predictor=load_energy_predictor(out, log))
+        report = evaluate(table, data_root, cache_dir, log, model=model, networks=networks, predictor=predictor)
         report["model_info"] = model.info
         report["seconds"] = time.perf_counter() - t0
         atomic_write_text(out / CROSSGPU_REPORT_FILE, json.dumps(_json_ready(report), indent=1, sort_keys=True)
@@ -609,6 +614,53 @@ def _product_ratios(predictor: Any, model: CrossGPUModel, nets: Any, parse_set: 
         predictor.crossgpu = saved
         predictor.clear_cache()
     return {"product_ratio": t_ratio, "pred_energy_ratio": e_ratio}
+
+
+MEMORY_ENERGY_MAX_PJ_PER_BYTE = 200.0  # search bound: HBM is a few pJ per bit, GDDR about twice that
+
+
+def fit_memory_energy(model: CrossGPUModel, predictor: Any, data_root: Path | str | None = None,
+                      log: Callable[[str], None] = print) -> float | None:
+    """DRAM energy per byte (pJ) that best explains the measured H200/H100 eager energy ratio of the
+    training architectures' GPU-bound networks (squared log error), the H200's power carried from
+    the H100's (gpurec.model.crossgpu.transfer_power_w).  Held-out architectures are left out.
+    None when there is no predictor or no such network."""
+    from scipy.optimize import minimize_scalar
+
+    from gpurec.model._sets import parse_set, test_arch_names
+    from gpurec.model.fitting.evaluate import arch_of
+
+    if predictor is None:
+        return None
+    nets = _gpu_bound_pairs(data_root)
+    nets = nets[[arch_of(k) not in set(test_arch_names()) for k in nets["set_key"]]].reset_index(drop=True)
+    if nets.empty:
+        return None
+    measured = np.log((nets["h200_energy_mj"] / nets["h100_energy_mj"]).to_numpy(dtype=np.float64))
+    saved_model, saved_energy = predictor.crossgpu, model.memory_energy_pj_per_byte
+    predictor.crossgpu = model
+    predictor.clear_cache()
+    try:
+        # the H100 side does not depend on the energy per byte: predicted once
+        h100 = np.array([predictor.predict_many([(parse_set(k).arch, parse_set(k).input_shape)], mode=m, gpu=H100)[0]
+                         .gpu_energy_mj for k, m in zip(nets["set_key"], nets["mode"], strict=True)])
+
+        def loss(energy_pj: float) -> float:
+            model.memory_energy_pj_per_byte = float(energy_pj)
+            h200 = np.array([predictor.predict_many([(parse_set(k).arch, parse_set(k).input_shape)], mode=m,
+                                                    gpu=H200)[0].gpu_energy_mj
+                             for k, m in zip(nets["set_key"], nets["mode"], strict=True)])
+            return float(np.mean((np.log(h200 / h100) - measured) ** 2))
+
+        best = minimize_scalar(loss, bounds=(0.0, MEMORY_ENERGY_MAX_PJ_PER_BYTE), method="bounded",
+                               options={"xatol": 0.25})
+    finally:
+        predictor.crossgpu = saved_model
+        model.memory_energy_pj_per_byte = saved_energy
+        predictor.clear_cache()
+    log(f"cross-GPU: DRAM energy {best.x:.1f} pJ/byte from {len(nets)} H200/H100 network pairs "
+        f"(rms log energy ratio error {np.sqrt(best.fun):.4f})")
+    return float(best.x)
 
 
 def evaluate(table: CrossTable, data_root: Path | str | None = None, cache_dir: str | None = None,
