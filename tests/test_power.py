@@ -102,6 +102,13 @@ def test_power_classes() -> None:
     groups = np.array([1, 32, 0, 0, 0, 0, 0], dtype=float)
     got = [POWER_CLASSES[i] for i in power_class(g, groups)]
     assert got == ["conv", "grouped_conv", "matmul", "matmul", "norm", "memory", "memory"]
+    # a whole LSTM/GRU layer (kind group "other") is its own class, not the memory-bound rest
+    from gpurec.model.network import is_recurrent
+
+    kinds = np.array(["LSTM", "GRU", "RNN", "Linear", "log_softmax", "Embedding"], dtype=object)
+    g = np.array([KIND_GROUPS.index("other")] * 3 + [KIND_GROUPS.index(k) for k in ("matmul", "activation", "other")])
+    got = [POWER_CLASSES[i] for i in power_class(g, np.zeros(6), is_recurrent(kinds))]
+    assert got == ["recurrent", "recurrent", "recurrent", "matmul", "memory", "memory"]
 
 
 def test_kind_power_fit_recovers_per_class_factors() -> None:
@@ -118,11 +125,14 @@ def test_kind_power_fit_recovers_per_class_factors() -> None:
     idle = 120.0
     sums = aggregate(t, w, offsets, 0.02, power_classes=classes, idle_w=idle, limit_w=700.0)
     assert sums.dyn_energy_mj.sum(axis=1) == pytest.approx(sums.sum_energy_mj - idle * sums.sum_time_ms)
-    factors = np.array([1.15, 1.3, 0.85, 1.0, 1.1])
+    # the recurrent class is never fitted (its power model is fitted on whole layers): factor 1
+    factors = np.array([1.15, 1.3, 0.85, 1.0, 1.1, 1.0])
+    assert POWER_CLASSES[-1] == "recurrent"
     true_w = idle + (sums.dyn_energy_mj @ factors) / sums.sum_time_ms
     coef = fit_power(sums, true_w, "kinds", ridge=1e-8)
     got = np.array([coef[f"dyn_{c}"] for c in POWER_CLASSES]) + 1.0
     assert got == pytest.approx(factors, abs=1e-3)
+    assert coef["dyn_recurrent"] == 0.0
     assert apply_power(sums, coef) == pytest.approx(true_w, rel=1e-4)
 
 
