@@ -165,9 +165,54 @@ def test_power_is_a_share_of_the_tdp_from_batch_and_hidden() -> None:
     model, report = fit_recurrent_power(X, np.log(700.0 * share), np.full(40, "inference"),
                                         [str(i % 5) for i in range(40)], names)
     assert model is not None and report["chosen"]["inference"]["loao_mape"] < 1e-4
+    assert model.fits["inference"].terms == ("log_batch", "log_hidden")  # a tie keeps the simpler set
     other = X.copy()
     other[:, -1] = 350.0  # another board: the same share of its own TDP
     assert np.exp(model.apply(np.zeros(40), other, "inference")) == pytest.approx(350.0 * share, rel=1e-4)
+
+
+def test_power_that_bends_with_the_batch_takes_the_squared_term() -> None:
+    """Chains draw little more at batch 8 than at 1 but much more at 128 (per-step kernels fill
+    the GPU): a law in (log batch)^2 is found by the leave-one-architecture-out choice and predicts
+    an unseen architecture's power."""
+    from gpurec.model.fitting.recurrent_fit import fit_recurrent_power
+
+    names = [*NAMES, "hw_tdp_w"]
+    X = np.column_stack([_rows(_training_grid()), np.full(40, 700.0)])
+    groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in _training_grid()]
+
+    def share(X: np.ndarray) -> np.ndarray:
+        s = recurrent_shape(X, names)
+        lb = np.log(s.batch)
+        return 0.25 * np.exp(-0.05 * lb + 0.03 * lb * lb) * (s.hidden / 256) ** 0.2
+
+    model, report = fit_recurrent_power(X, np.log(700.0 * share(X)), np.full(40, "inference"), groups, names)
+    assert model is not None
+    assert model.fits["inference"].terms == ("log_batch", "log_batch_sq", "log_hidden")
+    c = report["candidates"]["inference"]
+    assert c["log_batch+log_batch_sq+log_hidden"] < 1e-4 < c["log_batch+log_hidden"]
+    unseen = np.column_stack([_rows([("LSTM", 64, 384, 768, 3, 1)]), [700.0]])
+    assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(700.0 * share(unseen), rel=1e-4)
+
+
+def test_step_time_whose_hidden_slope_depends_on_the_batch_takes_the_interaction() -> None:
+    """Latency-bound small batches barely feel the hidden size, compute-bound large ones do: the
+    batch x hidden term is chosen and extrapolates to a deeper, wider unseen layer."""
+    specs = _training_grid()
+    X = _rows(specs)
+    groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in specs]
+
+    def true_ms(X: np.ndarray) -> np.ndarray:
+        s = recurrent_shape(X, NAMES)
+        steps = s.seq_len * (1 + np.where(s.directions > 1, 1.0, 0.5) * (s.layers - 1))
+        lb, lh = np.log(s.batch), np.log(s.hidden / 256)
+        return steps * 2e-3 * np.exp(0.05 * lb + 0.1 * lh + 0.08 * lb * lh)
+
+    model, _ = fit_recurrent(X, np.log(true_ms(X)), np.full(len(X), "inference"), groups, NAMES)
+    assert model is not None
+    assert model.fits["inference"].terms == ("log_batch", "log_hidden", "log_batch_hidden")
+    unseen = _rows([("LSTM", 64, 384, 768, 3, 1)])
+    assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(true_ms(unseen), rel=1e-4)
 
 
 def test_host_dispatch_grows_with_every_step_of_every_layer_and_direction() -> None:

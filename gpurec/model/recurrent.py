@@ -16,8 +16,10 @@ predicted 7x too fast).  Trees on roofline features cannot extrapolate a time th
   the whole sequence of the layer below), so there a = 1.  ``b`` (direction share) is 1 when
   the two directions run one after the other, 0 when they run at once on two streams.
 * ``term_k``: how one step's time grows with its work: log batch, log hidden size, (log batch)^2
-  (cuDNN switches from persistent to per-step kernels as the batch grows), or log FLOPs and
-  log weight bytes of one step's recurrent product (gates x hidden x hidden).
+  (cuDNN switches from persistent to per-step kernels as the batch grows), log batch x log
+  hidden (a step is latency-bound at small batches, where the hidden size matters little, and
+  compute-bound at large ones, where it costs batch x hidden^2), or log FLOPs and log weight
+  bytes of one step's recurrent product (gates x hidden x hidden).
 
 The form (steps and terms) is chosen per mode by leave-one-architecture-out error on the
 training architectures' recurrent rows only (gpurec.model.fitting.recurrent_fit), and the coefficients
@@ -36,7 +38,8 @@ import numpy as np
 
 GATES: dict[str, float] = {"LSTM": 4.0, "GRU": 3.0, "RNN": 1.0}
 SHARES: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # the layer and direction shares tried
-TERMS: tuple[str, ...] = ("log_batch", "log_batch_sq", "log_hidden", "log_step_flops", "log_step_weight_bytes")
+TERMS: tuple[str, ...] = ("log_batch", "log_batch_sq", "log_hidden", "log_batch_hidden", "log_step_flops",
+                          "log_step_weight_bytes")
 _COLUMNS = ("batch", "seq_len", "embed_dim", "out_features", "num_heads", "element_bytes", "math_mode",
             "mode_training")
 
@@ -120,6 +123,7 @@ def step_terms(s: RecurrentShape, terms: Sequence[str]) -> np.ndarray:
         "log_batch": b,
         "log_batch_sq": b * b,
         "log_hidden": h,
+        "log_batch_hidden": b * h,
         "log_step_flops": np.log(np.maximum(2.0 * s.batch * s.gates * s.hidden * s.hidden, 1.0)),
         "log_step_weight_bytes": np.log(np.maximum(s.element_bytes * s.gates * s.hidden * s.hidden, 1.0)),
     }

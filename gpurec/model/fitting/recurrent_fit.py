@@ -33,6 +33,8 @@ TERM_SETS: tuple[tuple[str, ...], ...] = (
     ("log_batch", "log_hidden"),
     ("log_step_flops", "log_step_weight_bytes"),
     ("log_batch", "log_batch_sq", "log_hidden"),
+    ("log_batch", "log_hidden", "log_batch_hidden"),
+    ("log_batch", "log_batch_sq", "log_hidden", "log_batch_hidden"),
 )
 MIN_ROWS = 12
 MIN_GROUPS = 3
