@@ -155,6 +155,40 @@ def test_predictor_scales_a_recurrent_layer_with_its_chain() -> None:
     assert per_op[0].loc[per_op[0]["kind"] == "LSTM", "power_w"].to_numpy() == pytest.approx([0.3 * tdp])
 
 
+def test_coverage_of_a_recurrent_layer_is_judged_by_its_chain_model_inputs() -> None:
+    """A layer the chain model predicts counts as covered when its batch and hidden size are
+    within the fitted rows' (x tolerance), however long its sequence: FLOPs grow with the
+    sequence, which the chain length extrapolates (a 3-layer bidirectional GRU at batch 128 x 512
+    tokens read as 0% covered).  A batch far outside the fitted ones still warns."""
+    import torch
+
+    from gpurec import LowCoverageWarning
+    from gpurec.model import load_predictor
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = load_predictor(check_data=False)
+    names = p.builder.feature_names
+    specs = [(b, s) for b in (8, 64, 128) for s in (32, 128)]
+    rows = np.zeros((len(specs), len(names)))
+    for i, (b, s) in enumerate(specs):
+        for k, v in {"batch": b, "seq_len": s, "embed_dim": 512, "out_features": 1024, "num_heads": 6,
+                     "element_bytes": 4, "kind=GRU": 1}.items():
+            rows[i, names.index(k)] = v
+    model, _ = fit_recurrent(np.vstack([rows] * 3), np.log(np.tile([1e-3 * b * s for b, s in specs], 3)),
+                             np.full(3 * len(specs), "inference"), [str(i // len(specs)) for i in range(3 * len(specs))],
+                             names)
+    assert model is not None and model.fits["inference"].ranges == (8.0, 128.0, 512.0, 512.0)
+    p.recurrent = model
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LowCoverageWarning)
+        est = p.predict("gru_cls_bi_3x512", (128, 2048), gpu="H100", dtype=torch.long)
+    assert est.coverage > 0.99 and "GRU" not in set(est.uncovered["kind"])
+    with pytest.warns(LowCoverageWarning):
+        est = p.predict("gru_cls_bi_3x512", (1024, 128), gpu="H100", dtype=torch.long)
+    assert "GRU" in set(est.uncovered["kind"])
+
+
 def test_power_is_a_share_of_the_tdp_from_batch_and_hidden() -> None:
     from gpurec.model.fitting.recurrent_fit import fit_recurrent_power
 

@@ -44,6 +44,7 @@ from gpurec.model.crossgpu import (
     spec_row,
 )
 from gpurec.model.features import (
+    FEATURE_NAMES,
     FeatureBuilder,
     FeatureConfig,
     MeasuredLookup,
@@ -508,6 +509,9 @@ class Predictor:
             if bad:
                 covered[i] = False
                 reason[i] = f"{', '.join(bad)} outside training range x{tol:g}"
+        if self.recurrent is not None and not covered.all() and is_recurrent(block.kinds[~covered]).any():
+            chain = self.recurrent.covers(block.values, FEATURE_NAMES, block.kinds, mode, tol)
+            covered[chain], reason[chain] = True, ""
         return _OpsEntry(label=label, block=block, flops=block.column("flops_total").copy(), covered=covered,
                          reason=reason)
 

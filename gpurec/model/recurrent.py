@@ -56,15 +56,22 @@ class ModeFit:
     loao_mape: float  # leave-one-architecture-out MAPE of the chosen form on the training rows
     rows: int
     kinds: tuple[str, ...]
+    # (batch min, batch max, hidden min, hidden max) of the rows fitted: the per-step terms'
+    # inputs.  Sequence length, layers and directions enter through the chain length, which
+    # extrapolates by construction.  None in models fitted before it was recorded.
+    ranges: tuple[float, float, float, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"layer_share": self.layer_share, "direction_share": self.direction_share, "terms": list(self.terms), "coef": list(self.coef),
-                "loao_mape": self.loao_mape, "rows": self.rows, "kinds": list(self.kinds)}
+        d = {"layer_share": self.layer_share, "direction_share": self.direction_share, "terms": list(self.terms),
+             "coef": list(self.coef), "loao_mape": self.loao_mape, "rows": self.rows, "kinds": list(self.kinds)}
+        return d | ({"ranges": list(self.ranges)} if self.ranges is not None else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModeFit:
-        return cls(float(d["layer_share"]), float(d["direction_share"]), tuple(d["terms"]), tuple(float(c) for c in d["coef"]), float(d["loao_mape"]),
-                   int(d["rows"]), tuple(d["kinds"]))
+        r = d.get("ranges")
+        return cls(float(d["layer_share"]), float(d["direction_share"]), tuple(d["terms"]),
+                   tuple(float(c) for c in d["coef"]), float(d["loao_mape"]), int(d["rows"]), tuple(d["kinds"]),
+                   None if r is None else (float(r[0]), float(r[1]), float(r[2]), float(r[3])))
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,10 @@ def recurrent_shape(X: np.ndarray, feature_names: Sequence[str], kinds: Sequence
         cols = {c: np.ones(n) for c in _COLUMNS}
     else:
         cols = {c: X[:, names.index(c)].astype(np.float64) for c in _COLUMNS}
+    return _shape(cols, gates)
+
+
+def _shape(cols: dict[str, np.ndarray], gates: np.ndarray) -> RecurrentShape:
     hidden = cols["embed_dim"]
     with np.errstate(divide="ignore", invalid="ignore"):
         directions = np.where(hidden > 0, np.rint(cols["out_features"] / hidden), 0.0)
@@ -179,6 +190,31 @@ class RecurrentTime(_RecurrentRows):
         if not d or not d.get("by_mode"):
             return None
         return cls({m: ModeFit.from_dict(f) for m, f in d["by_mode"].items()}, feature_names)
+
+    def covers(self, values: np.ndarray, feature_names: Sequence[str], kinds: np.ndarray, mode: str,
+               tolerance: float) -> np.ndarray:
+        """Per operation (rows of ``values`` over ``feature_names``, gpurec.model.features.OpBlock):
+        a recurrent layer this model predicts in ``mode`` whose batch and hidden size lie within
+        the fitted rows' ranges x ``tolerance``.  Its FLOPs grow with sequence length x layers,
+        which the chain length extrapolates, so a FLOP range says nothing about it."""
+        out = np.zeros(len(kinds), dtype=bool)
+        fit = self.fits.get(mode)
+        if fit is None or fit.ranges is None or not len(kinds):
+            return out
+        rows = np.flatnonzero(np.isin(np.asarray(kinds, dtype=object), fit.kinds))
+        if not len(rows):
+            return out
+        names = list(feature_names)
+        cols = {c: (values[rows, names.index(c)].astype(np.float64) if c in names else np.zeros(len(rows)))
+                for c in _COLUMNS}
+        cols["mode_training"] = np.full(len(rows), float(mode == "training"))
+        gates = np.array([GATES[str(k)] for k in np.asarray(kinds, dtype=object)[rows]])
+        s = _shape(cols, gates)
+        b_lo, b_hi, h_lo, h_hi = fit.ranges
+        inside = ((s.batch >= b_lo / tolerance) & (s.batch <= b_hi * tolerance)
+                  & (s.hidden >= h_lo / tolerance) & (s.hidden <= h_hi * tolerance))
+        out[rows] = s.mask & inside
+        return out
 
     def apply(self, log_t: np.ndarray, X: np.ndarray, modes: str | np.ndarray) -> np.ndarray:
         """``log_t`` (log ms per row of ``X``) with the recurrent rows replaced by this model."""

@@ -90,7 +90,8 @@ def fit_recurrent(X: np.ndarray, log_t: np.ndarray, modes: np.ndarray, groups: S
         assert best is not None
         mape, shares, terms = best
         coef = tuple(float(c) for c in _solve(s, y, shares, terms))
-        fits[mode] = ModeFit(*shares, terms, coef, mape, n, kinds)
+        fits[mode] = ModeFit(*shares, terms, coef, mape, n, kinds,
+                             (float(s.batch.min()), float(s.batch.max()), float(s.hidden.min()), float(s.hidden.max())))
         report["candidates"][mode] = scores
         report["chosen"][mode] = fits[mode].as_dict()
     return (RecurrentTime(fits, feature_names) if fits else None), report
