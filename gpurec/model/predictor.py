@@ -596,7 +596,7 @@ class Predictor:
         offsets = np.cumsum([0, *(len(e.block) for e, _ in entries)])
         idle_w, limit_w = self._power_bounds(nvml)
         groups = self.builder.group_index(distinct.kinds)
-        classes = power_class(spread(groups), block.column("groups"), is_recurrent(block.kinds))
+        classes = power_class(spread(groups), block.column("groups"), spread(is_recurrent(distinct.kinds)))
         anchor = self.cross_anchor(nvml)
         if anchor is None:
             t = spread(np.exp(self._time_log_ms(feats, mode)))
