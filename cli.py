@@ -1160,6 +1160,22 @@ def tools_fit_memory(
     _print_json(_guard(write_memory_fit, models, data)["terms"])
 
 
+@tools_app.command("error-sources")
+def tools_error_sources(
+    models: Path = typer.Option(Path("models"), "--models", help="the trained models to judge"),
+    data: Path = typer.Option(None, "--data", help="dataset root (default: datasets/)"),
+    archs: str = typer.Option("", "--archs", help="comma-separated architectures (default: the unseen test ones)"),
+    top: int = typer.Option(3, "--top", help="operations listed per network"),
+) -> None:
+    """Per measured network, worst first: predicted against in-network kernel time and the
+    operations that carry the miss (a minute or two)."""
+    from gpurec.model import load_predictor
+    from gpurec.model.fitting.kind_errors import network_error_sources
+
+    predictor = _guard(load_predictor, models, data_root=data, check_data=False)
+    _print_json(_guard(network_error_sources, predictor, data, [a for a in archs.split(",") if a] or None, top))
+
+
 @tools_app.command("unseen-snapshot")
 def tools_unseen_snapshot(
     models: Path = typer.Option(Path("models"), "--models", help="the trained models to describe"),

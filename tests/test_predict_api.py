@@ -152,6 +152,29 @@ def test_kernel_free_operations_get_no_gpu_time_with_models_trained_so() -> None
     assert got.tolist() == [1.0, 0.0, 3.0] and free_kernel_free(t, None, None) is t
 
 
+def test_views_that_split_their_input_launch_backward_kernels_in_training() -> None:
+    """chunk/split/unbind are views, but in training their backward assembles the pieces'
+    gradients (a kernel every step, in-network): kernel-free in inference only.  A plain view
+    stays kernel-free in both modes."""
+    from torch import nn
+
+    from gpurec.ops import extract_operations
+
+    class Gated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 16)
+
+        def forward(self, x):  # noqa: ANN001, ANN201
+            a, b = self.lin(x).view(4, 16).chunk(2, dim=-1)
+            return a * b
+
+    free = {mode: {op.kind: op.kernel_free for op in extract_operations(Gated(), (4, 8), mode=mode)}
+            for mode in ("inference", "training")}
+    assert free["inference"]["chunk"] and not free["training"]["chunk"]
+    assert free["inference"]["view"] and free["training"]["view"]
+
+
 def test_set_extractor_keeps_the_kernel_free_flags_in_its_disk_cache(tmp_path) -> None:  # noqa: ANN001
     from gpurec.model.features import SetExtractor
 

@@ -155,6 +155,40 @@ def test_predictor_scales_a_recurrent_layer_with_its_chain() -> None:
     assert per_op[0].loc[per_op[0]["kind"] == "LSTM", "power_w"].to_numpy() == pytest.approx([0.3 * tdp])
 
 
+def test_coverage_of_a_recurrent_layer_is_judged_by_its_chain_model_inputs() -> None:
+    """A layer the chain model predicts counts as covered when its batch and hidden size are
+    within the fitted rows' (x tolerance), however long its sequence: FLOPs grow with the
+    sequence, which the chain length extrapolates (a 3-layer bidirectional GRU at batch 128 x 512
+    tokens read as 0% covered).  A batch far outside the fitted ones still warns."""
+    import torch
+
+    from gpurec import LowCoverageWarning
+    from gpurec.model import load_predictor
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = load_predictor(check_data=False)
+    names = p.builder.feature_names
+    specs = [(b, s) for b in (8, 64, 128) for s in (32, 128)]
+    rows = np.zeros((len(specs), len(names)))
+    for i, (b, s) in enumerate(specs):
+        for k, v in {"batch": b, "seq_len": s, "embed_dim": 512, "out_features": 1024, "num_heads": 6,
+                     "element_bytes": 4, "kind=GRU": 1}.items():
+            rows[i, names.index(k)] = v
+    model, _ = fit_recurrent(np.vstack([rows] * 3), np.log(np.tile([1e-3 * b * s for b, s in specs], 3)),
+                             np.full(3 * len(specs), "inference"), [str(i // len(specs)) for i in range(3 * len(specs))],
+                             names)
+    assert model is not None and model.fits["inference"].ranges == (8.0, 128.0, 512.0, 512.0)
+    p.recurrent = model
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LowCoverageWarning)
+        est = p.predict("gru_cls_bi_3x512", (128, 2048), gpu="H100", dtype=torch.long)
+    assert est.coverage > 0.99 and "GRU" not in set(est.uncovered["kind"])
+    with pytest.warns(LowCoverageWarning):
+        est = p.predict("gru_cls_bi_3x512", (1024, 128), gpu="H100", dtype=torch.long)
+    assert "GRU" in set(est.uncovered["kind"])
+
+
 def test_power_is_a_share_of_the_tdp_from_batch_and_hidden() -> None:
     from gpurec.model.fitting.recurrent_fit import fit_recurrent_power
 
@@ -165,9 +199,54 @@ def test_power_is_a_share_of_the_tdp_from_batch_and_hidden() -> None:
     model, report = fit_recurrent_power(X, np.log(700.0 * share), np.full(40, "inference"),
                                         [str(i % 5) for i in range(40)], names)
     assert model is not None and report["chosen"]["inference"]["loao_mape"] < 1e-4
+    assert model.fits["inference"].terms == ("log_batch", "log_hidden")  # a tie keeps the simpler set
     other = X.copy()
     other[:, -1] = 350.0  # another board: the same share of its own TDP
     assert np.exp(model.apply(np.zeros(40), other, "inference")) == pytest.approx(350.0 * share, rel=1e-4)
+
+
+def test_power_that_bends_with_the_batch_takes_the_squared_term() -> None:
+    """Chains draw little more at batch 8 than at 1 but much more at 128 (per-step kernels fill
+    the GPU): a law in (log batch)^2 is found by the leave-one-architecture-out choice and predicts
+    an unseen architecture's power."""
+    from gpurec.model.fitting.recurrent_fit import fit_recurrent_power
+
+    names = [*NAMES, "hw_tdp_w"]
+    X = np.column_stack([_rows(_training_grid()), np.full(40, 700.0)])
+    groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in _training_grid()]
+
+    def share(X: np.ndarray) -> np.ndarray:
+        s = recurrent_shape(X, names)
+        lb = np.log(s.batch)
+        return 0.25 * np.exp(-0.05 * lb + 0.03 * lb * lb) * (s.hidden / 256) ** 0.2
+
+    model, report = fit_recurrent_power(X, np.log(700.0 * share(X)), np.full(40, "inference"), groups, names)
+    assert model is not None
+    assert model.fits["inference"].terms == ("log_batch", "log_batch_sq", "log_hidden")
+    c = report["candidates"]["inference"]
+    assert c["log_batch+log_batch_sq+log_hidden"] < 1e-4 < c["log_batch+log_hidden"]
+    unseen = np.column_stack([_rows([("LSTM", 64, 384, 768, 3, 1)]), [700.0]])
+    assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(700.0 * share(unseen), rel=1e-4)
+
+
+def test_step_time_whose_hidden_slope_depends_on_the_batch_takes_the_interaction() -> None:
+    """Latency-bound small batches barely feel the hidden size, compute-bound large ones do: the
+    batch x hidden term is chosen and extrapolates to a deeper, wider unseen layer."""
+    specs = _training_grid()
+    X = _rows(specs)
+    groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in specs]
+
+    def true_ms(X: np.ndarray) -> np.ndarray:
+        s = recurrent_shape(X, NAMES)
+        steps = s.seq_len * (1 + np.where(s.directions > 1, 1.0, 0.5) * (s.layers - 1))
+        lb, lh = np.log(s.batch), np.log(s.hidden / 256)
+        return steps * 2e-3 * np.exp(0.05 * lb + 0.1 * lh + 0.08 * lb * lh)
+
+    model, _ = fit_recurrent(X, np.log(true_ms(X)), np.full(len(X), "inference"), groups, NAMES)
+    assert model is not None
+    assert model.fits["inference"].terms == ("log_batch", "log_hidden", "log_batch_hidden")
+    unseen = _rows([("LSTM", 64, 384, 768, 3, 1)])
+    assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(true_ms(unseen), rel=1e-4)
 
 
 def test_host_dispatch_grows_with_every_step_of_every_layer_and_direction() -> None:

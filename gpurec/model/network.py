@@ -47,8 +47,13 @@ TIME_VARIANTS: dict[str, tuple[str, ...]] = {
     "full": TIME_TERMS,
 }
 # Power classes of operations (their dynamic energy gets one factor each); see power_class().
-POWER_CLASSES: tuple[str, ...] = ("conv", "grouped_conv", "matmul", "norm", "memory")
+# "recurrent" (whole cuDNN LSTM/GRU/RNN layers) is a class of its own that no variant fits: its
+# power model (gpurec.model.recurrent.RecurrentPower) is fitted on whole layers already, and in
+# the memory-bound rest the memory class's factor (about 0.5-0.65 of the dynamic energy, fitted
+# on CNNs' elementwise operations) took a quarter off every LSTM network's power.
+POWER_CLASSES: tuple[str, ...] = ("conv", "grouped_conv", "matmul", "norm", "memory", "recurrent")
 _DYN_TERMS: tuple[str, ...] = tuple(f"dyn_{c}" for c in POWER_CLASSES)
+_FITTED_DYN_TERMS: tuple[str, ...] = tuple(t for t in _DYN_TERMS if t != "dyn_recurrent")
 POWER_TERMS: tuple[str, ...] = ("scale", "small_time_fraction", "log_time", *_DYN_TERMS)
 POWER_IDENTITY = {"scale": 1.0, "small_time_fraction": 0.0, "log_time": 0.0, **{t: 0.0 for t in _DYN_TERMS}}
 POWER_VARIANTS: dict[str, tuple[str, ...]] = {
@@ -56,15 +61,24 @@ POWER_VARIANTS: dict[str, tuple[str, ...]] = {
     "scale": ("scale",),
     "scale+small_fraction": ("scale", "small_time_fraction"),
     "full": ("scale", "small_time_fraction", "log_time"),
-    "kinds": _DYN_TERMS,
-    "kinds+log_time": ("log_time", *_DYN_TERMS),
-    "kinds+full": POWER_TERMS,
+    "kinds": _FITTED_DYN_TERMS,
+    "kinds+log_time": ("log_time", *_FITTED_DYN_TERMS),
+    "kinds+full": ("scale", "small_time_fraction", "log_time", *_FITTED_DYN_TERMS),
 }
 
 
-def power_class(kind_group: np.ndarray, conv_groups: np.ndarray) -> np.ndarray:
+RECURRENT_KINDS: tuple[str, ...] = ("LSTM", "GRU", "RNN")  # whole cuDNN recurrent layers (gpurec.ops.extract)
+
+
+def is_recurrent(kinds: np.ndarray) -> np.ndarray:
+    """Per operation kind: a whole cuDNN recurrent layer (the "recurrent" power class)."""
+    return np.isin(np.asarray(kinds, dtype=object), RECURRENT_KINDS)
+
+
+def power_class(kind_group: np.ndarray, conv_groups: np.ndarray, recurrent: np.ndarray | None = None) -> np.ndarray:
     """Power class index (into POWER_CLASSES) per operation, from its kind group index (into
-    gpurec.model.features.KIND_GROUPS) and its convolution ``groups`` (>1: grouped/depthwise)."""
+    gpurec.model.features.KIND_GROUPS), its convolution ``groups`` (>1: grouped/depthwise) and
+    whether it is a whole recurrent layer (``recurrent``, a boolean per operation)."""
     from gpurec.model.features import KIND_GROUPS
 
     kind_group = np.asarray(kind_group, dtype=np.int64)
@@ -75,6 +89,8 @@ def power_class(kind_group: np.ndarray, conv_groups: np.ndarray) -> np.ndarray:
     out = table[kind_group]
     grouped = (out == POWER_CLASSES.index("conv")) & (np.nan_to_num(np.asarray(conv_groups, dtype=np.float64)) > 1)
     out[grouped] = POWER_CLASSES.index("grouped_conv")
+    if recurrent is not None:
+        out[np.asarray(recurrent, dtype=bool)] = POWER_CLASSES.index("recurrent")
     return out
 
 

@@ -46,6 +46,7 @@ from gpurec.model.crossgpu import (
     transfer_power_w,
 )
 from gpurec.model.features import (
+    FEATURE_NAMES,
     FeatureBuilder,
     FeatureConfig,
     MeasuredLookup,
@@ -61,6 +62,7 @@ from gpurec.model.network import (
     aggregate,
     bounded_power,
     free_kernel_free,
+    is_recurrent,
     power_class,
     waiting_power_w,
 )
@@ -509,6 +511,9 @@ class Predictor:
             if bad:
                 covered[i] = False
                 reason[i] = f"{', '.join(bad)} outside training range x{tol:g}"
+        if self.recurrent is not None and not covered.all() and is_recurrent(block.kinds[~covered]).any():
+            chain = self.recurrent.covers(block.values, FEATURE_NAMES, block.kinds, mode, tol)
+            covered[chain], reason[chain] = True, ""
         return _OpsEntry(label=label, block=block, flops=block.column("flops_total").copy(), covered=covered,
                          reason=reason)
 
@@ -593,7 +598,7 @@ class Predictor:
         offsets = np.cumsum([0, *(len(e.block) for e, _ in entries)])
         idle_w, limit_w = self._power_bounds(nvml)
         groups = self.builder.group_index(distinct.kinds)
-        classes = power_class(spread(groups), block.column("groups"))
+        classes = power_class(spread(groups), block.column("groups"), spread(is_recurrent(distinct.kinds)))
         anchor = self.cross_anchor(nvml)
         if anchor is None:
             t = spread(np.exp(self._time_log_ms(feats, mode)))

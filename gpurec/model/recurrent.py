@@ -16,8 +16,10 @@ predicted 7x too fast).  Trees on roofline features cannot extrapolate a time th
   the whole sequence of the layer below), so there a = 1.  ``b`` (direction share) is 1 when
   the two directions run one after the other, 0 when they run at once on two streams.
 * ``term_k``: how one step's time grows with its work: log batch, log hidden size, (log batch)^2
-  (cuDNN switches from persistent to per-step kernels as the batch grows), or log FLOPs and
-  log weight bytes of one step's recurrent product (gates x hidden x hidden).
+  (cuDNN switches from persistent to per-step kernels as the batch grows), log batch x log
+  hidden (a step is latency-bound at small batches, where the hidden size matters little, and
+  compute-bound at large ones, where it costs batch x hidden^2), or log FLOPs and log weight
+  bytes of one step's recurrent product (gates x hidden x hidden).
 
 The form (steps and terms) is chosen per mode by leave-one-architecture-out error on the
 training architectures' recurrent rows only (gpurec.model.fitting.recurrent_fit), and the coefficients
@@ -36,7 +38,8 @@ import numpy as np
 
 GATES: dict[str, float] = {"LSTM": 4.0, "GRU": 3.0, "RNN": 1.0}
 SHARES: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # the layer and direction shares tried
-TERMS: tuple[str, ...] = ("log_batch", "log_batch_sq", "log_hidden", "log_step_flops", "log_step_weight_bytes")
+TERMS: tuple[str, ...] = ("log_batch", "log_batch_sq", "log_hidden", "log_batch_hidden", "log_step_flops",
+                          "log_step_weight_bytes")
 _COLUMNS = ("batch", "seq_len", "embed_dim", "out_features", "num_heads", "element_bytes", "math_mode",
             "mode_training")
 
@@ -53,15 +56,22 @@ class ModeFit:
     loao_mape: float  # leave-one-architecture-out MAPE of the chosen form on the training rows
     rows: int
     kinds: tuple[str, ...]
+    # (batch min, batch max, hidden min, hidden max) of the rows fitted: the per-step terms'
+    # inputs.  Sequence length, layers and directions enter through the chain length, which
+    # extrapolates by construction.  None in models fitted before it was recorded.
+    ranges: tuple[float, float, float, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"layer_share": self.layer_share, "direction_share": self.direction_share, "terms": list(self.terms), "coef": list(self.coef),
-                "loao_mape": self.loao_mape, "rows": self.rows, "kinds": list(self.kinds)}
+        d = {"layer_share": self.layer_share, "direction_share": self.direction_share, "terms": list(self.terms),
+             "coef": list(self.coef), "loao_mape": self.loao_mape, "rows": self.rows, "kinds": list(self.kinds)}
+        return d | ({"ranges": list(self.ranges)} if self.ranges is not None else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModeFit:
-        return cls(float(d["layer_share"]), float(d["direction_share"]), tuple(d["terms"]), tuple(float(c) for c in d["coef"]), float(d["loao_mape"]),
-                   int(d["rows"]), tuple(d["kinds"]))
+        r = d.get("ranges")
+        return cls(float(d["layer_share"]), float(d["direction_share"]), tuple(d["terms"]),
+                   tuple(float(c) for c in d["coef"]), float(d["loao_mape"]), int(d["rows"]), tuple(d["kinds"]),
+                   None if r is None else (float(r[0]), float(r[1]), float(r[2]), float(r[3])))
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,10 @@ def recurrent_shape(X: np.ndarray, feature_names: Sequence[str], kinds: Sequence
         cols = {c: np.ones(n) for c in _COLUMNS}
     else:
         cols = {c: X[:, names.index(c)].astype(np.float64) for c in _COLUMNS}
+    return _shape(cols, gates)
+
+
+def _shape(cols: dict[str, np.ndarray], gates: np.ndarray) -> RecurrentShape:
     hidden = cols["embed_dim"]
     with np.errstate(divide="ignore", invalid="ignore"):
         directions = np.where(hidden > 0, np.rint(cols["out_features"] / hidden), 0.0)
@@ -120,6 +134,7 @@ def step_terms(s: RecurrentShape, terms: Sequence[str]) -> np.ndarray:
         "log_batch": b,
         "log_batch_sq": b * b,
         "log_hidden": h,
+        "log_batch_hidden": b * h,
         "log_step_flops": np.log(np.maximum(2.0 * s.batch * s.gates * s.hidden * s.hidden, 1.0)),
         "log_step_weight_bytes": np.log(np.maximum(s.element_bytes * s.gates * s.hidden * s.hidden, 1.0)),
     }
@@ -175,6 +190,31 @@ class RecurrentTime(_RecurrentRows):
         if not d or not d.get("by_mode"):
             return None
         return cls({m: ModeFit.from_dict(f) for m, f in d["by_mode"].items()}, feature_names)
+
+    def covers(self, values: np.ndarray, feature_names: Sequence[str], kinds: np.ndarray, mode: str,
+               tolerance: float) -> np.ndarray:
+        """Per operation (rows of ``values`` over ``feature_names``, gpurec.model.features.OpBlock):
+        a recurrent layer this model predicts in ``mode`` whose batch and hidden size lie within
+        the fitted rows' ranges x ``tolerance``.  Its FLOPs grow with sequence length x layers,
+        which the chain length extrapolates, so a FLOP range says nothing about it."""
+        out = np.zeros(len(kinds), dtype=bool)
+        fit = self.fits.get(mode)
+        if fit is None or fit.ranges is None or not len(kinds):
+            return out
+        rows = np.flatnonzero(np.isin(np.asarray(kinds, dtype=object), fit.kinds))
+        if not len(rows):
+            return out
+        names = list(feature_names)
+        cols = {c: (values[rows, names.index(c)].astype(np.float64) if c in names else np.zeros(len(rows)))
+                for c in _COLUMNS}
+        cols["mode_training"] = np.full(len(rows), float(mode == "training"))
+        gates = np.array([GATES[str(k)] for k in np.asarray(kinds, dtype=object)[rows]])
+        s = _shape(cols, gates)
+        b_lo, b_hi, h_lo, h_hi = fit.ranges
+        inside = ((s.batch >= b_lo / tolerance) & (s.batch <= b_hi * tolerance)
+                  & (s.hidden >= h_lo / tolerance) & (s.hidden <= h_hi * tolerance))
+        out[rows] = s.mask & inside
+        return out
 
     def apply(self, log_t: np.ndarray, X: np.ndarray, modes: str | np.ndarray) -> np.ndarray:
         """``log_t`` (log ms per row of ``X``) with the recurrent rows replaced by this model."""

@@ -64,6 +64,10 @@ _DROPOUT_FUNCTIONS: dict[Any, tuple[int, str, bool]] = {
 }
 
 
+# Views whose backward assembles the gradients of their pieces (kernels in training).
+_GRAD_ASSEMBLING_VIEWS = frozenset({"chunk", "split", "split_with_sizes", "tensor_split", "unbind"})
+
+
 def _is_disabled_dropout(target: Any, args: Any, kwargs: Any) -> bool:
     """A functional dropout called with training=False (e.g. ``F.dropout(x, p, self.training)`` in eval)."""
     spec = _DROPOUT_FUNCTIONS.get(target) if callable(target) else None
@@ -1136,7 +1140,11 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         )
         if any(d != dtype_name for d in in_dtypes):
             op.input_dtypes = in_dtypes
-        op.kernel_free = aliased and not op.in_place and "out" not in kwargs
+        # A view launches no kernel, but in training the backward of one that splits its input
+        # into pieces assembles their gradients into one tensor (a copy into zeros or a cat):
+        # in-network, chunk, split and unbind launched backward kernels in every training step.
+        op.kernel_free = (aliased and not op.in_place and "out" not in kwargs
+                          and not (training and any(requires_grad) and kind in _GRAD_ASSEMBLING_VIEWS))
         if kind == "scaled_dot_product_attention":
             op.backend = _sdpa_backend_of(args, kwargs, training)
         if keep_sources:

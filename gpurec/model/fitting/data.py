@@ -279,6 +279,7 @@ class Prepared:
     reference_source: str
     targets: dict[str, Any]
     report: dict[str, Any]
+    net_kinds: np.ndarray | None = None  # per network operation: its kind (the recurrent power class)
 
 
 def prepare(data_root: Path | str | None, feature: FeatureConfig, time_target: str, gpu_time_source: str,
@@ -356,6 +357,7 @@ def prepare(data_root: Path | str | None, feature: FeatureConfig, time_target: s
         net_modes_ops=np.repeat(nets["mode"].to_numpy().astype(str), counts) if len(nets) else np.zeros(0, str),
         net_groups=builder.group_index(block.kinds), net_offsets=offsets, net_signatures=block.signatures,
         net_kernel_free=block.kernel_free,
+        net_kinds=block.kinds,
         net_host_scale=net_scales, reference=reference, reference_source=ref_source, targets=targets,
         report=report,
     )

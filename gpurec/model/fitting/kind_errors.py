@@ -9,6 +9,7 @@
   (set, mode) measured on a GPU with host-free rows spends at least ``min_gpu_share`` of its eager
   time on the GPU (host-free time / eager time), so the host adds little on the faster board too.
 * power_bound_violations: estimates above the power limit or below idle over a grid.
+* network_error_sources: per network, the operations that carry its in-network time error.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 ERROR_KINDS: tuple[str, ...] = ("conv (dense)", "conv (grouped/depthwise)", "channel concat", "window attention",
                                 "squeeze-excite gate", "stochastic depth", "batch norm", "linear / attention",
-                                "autocast cast", "other")
+                                "autocast cast", "recurrent layer", "other")
 _WINDOW = frozenset({"shifted_window_attention", "roll", "pad", "_patch_merging_pad", "_get_relative_position_bias",
                      "window_partition", "window_reverse"})
 _SE = frozenset({"Sigmoid", "sigmoid", "Hardsigmoid", "hardsigmoid", "mul", "AdaptiveAvgPool2d"})
@@ -43,9 +44,53 @@ def error_kind(kind: str, groups: float) -> str:
         return "batch norm"
     if kind == "autocast_cast":
         return "autocast cast"
+    if kind in ("LSTM", "GRU", "RNN"):
+        # predicted as the layer's elapsed time; its in-network kernel sum counts the layers'
+        # and directions' concurrent streams one after another, so its "bias" here is not an error
+        return "recurrent layer"
     if kind in ("Linear", "MultiheadAttention", "matmul", "bmm", "linear") or "attention" in kind.lower():
         return "linear / attention"
     return "other"
+
+
+def _in_network_rows(data_root: Any, archs: set[str], precision: str) -> Any:
+    """The in-network positions of ``archs`` measured at ``precision``."""
+    from gpurec.dataset import load_dataset
+
+    inn = load_dataset(root=data_root, table="in_network")
+    inn = inn[inn["set_key"].map(lambda k: str(k).split(":", 1)[0] in archs)]
+    if "precision" in inn:
+        inn = inn[inn["precision"].map(lambda v: v if isinstance(v, str) and v else "fp32") == precision]
+    elif "network_id" in inn:  # positions of fp32 networks only (another precision's id ends in it)
+        inn = inn[inn["network_id"].map(lambda i: str(i).count(":") <= 4)] if precision == "fp32" else inn.iloc[:0]
+    return inn
+
+
+def _aligned_networks(predictor: Any, data_root: Any, archs: Sequence[str] | None, precision: str) -> Iterable[
+        tuple[str, str, str, Any, list[tuple[int, float]], int]]:
+    """Per measured (gpu, set_key, mode): the estimate at ``precision``, the (position, in-network
+    kernel ms) of every position whose signature matches the extracted operation, and how many
+    did not match (counted apart, never matched)."""
+    import warnings
+
+    from gpurec.model._sets import parse_set, test_arch_names
+
+    inn = _in_network_rows(data_root, set(archs if archs is not None else test_arch_names()), precision)
+    for (gpu, set_key, mode), rows in inn.groupby(["gpu", "set_key", "mode"], sort=True):
+        s = parse_set(set_key)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = predictor.predict(s.arch, s.input_shape, mode=mode, gpu=gpu, precision=precision)
+        block = est._ops.entry.block
+        rows = rows.sort_values("position")
+        aligned, misaligned = [], 0
+        for pos, sig, kernel_ms in zip(rows["position"], rows["op_signature"], rows["kernel_ms"], strict=True):
+            pos = int(pos)
+            if pos >= len(block) or block.signatures[pos] != sig:
+                misaligned += 1
+                continue
+            aligned.append((pos, float(kernel_ms)))
+        yield str(gpu), str(set_key), str(mode), est, aligned, misaligned
 
 
 def per_kind_errors(predictor: Any, data_root: Any = None, archs: Sequence[str] | None = None,
@@ -56,41 +101,22 @@ def per_kind_errors(predictor: Any, data_root: Any = None, archs: Sequence[str] 
     |predicted - measured| / sum measured, %) and this kind's share of the absolute error of those
     networks.  Positions whose signature differs from the extracted operation are counted apart
     (``misaligned``), never matched."""
-    import warnings
-
-    from gpurec.dataset import load_dataset
-    from gpurec.model._sets import parse_set, test_arch_names
-
-    archs = set(archs if archs is not None else test_arch_names())
-    inn = load_dataset(root=data_root, table="in_network")
-    inn = inn[inn["set_key"].map(lambda k: str(k).split(":", 1)[0] in archs)]
-    if "precision" in inn:
-        inn = inn[inn["precision"].map(lambda v: v if isinstance(v, str) and v else "fp32") == precision]
-    elif "network_id" in inn:  # positions of fp32 networks only (another precision's id ends in it)
-        inn = inn[inn["network_id"].map(lambda i: str(i).count(":") <= 4)] if precision == "fp32" else inn.iloc[:0]
     acc: dict[tuple[str, str, str], dict[str, float]] = {}
     misaligned: dict[tuple[str, str], int] = {}
-    for (gpu, set_key, mode), rows in inn.groupby(["gpu", "set_key", "mode"], sort=True):
-        s = parse_set(set_key)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            est = predictor.predict(s.arch, s.input_shape, mode=mode, gpu=gpu, precision=precision)
+    for gpu, _, mode, est, aligned, n_bad in _aligned_networks(predictor, data_root, archs, precision):
+        if n_bad:
+            misaligned[(gpu, mode)] = misaligned.get((gpu, mode), 0) + n_bad
         ops = est._ops
         block = ops.entry.block
         groups = block.column("groups")
-        rows = rows.sort_values("position")
-        for pos, sig, kernel_ms in zip(rows["position"], rows["op_signature"], rows["kernel_ms"], strict=True):
-            pos = int(pos)
-            if pos >= len(block) or block.signatures[pos] != sig:
-                misaligned[(gpu, mode)] = misaligned.get((gpu, mode), 0) + 1
-                continue
+        for pos, kernel_ms in aligned:
             k = error_kind(str(block.kinds[pos]), float(groups[pos]))
             a = acc.setdefault((gpu, mode, k), {"n": 0, "measured_ms": 0.0, "predicted_ms": 0.0, "abs_ms": 0.0})
             pred = float(ops.gpu_time_ms[pos])
             a["n"] += 1
-            a["measured_ms"] += float(kernel_ms)
+            a["measured_ms"] += kernel_ms
             a["predicted_ms"] += pred
-            a["abs_ms"] += abs(pred - float(kernel_ms))
+            a["abs_ms"] += abs(pred - kernel_ms)
     total_abs: dict[tuple[str, str], float] = {}
     for (gpu, mode, _), a in acc.items():
         total_abs[(gpu, mode)] = total_abs.get((gpu, mode), 0.0) + a["abs_ms"]
@@ -104,6 +130,36 @@ def per_kind_errors(predictor: Any, data_root: Any = None, archs: Sequence[str] 
                     "share_of_error": a["abs_ms"] / total_abs[(gpu, mode)] if total_abs[(gpu, mode)] > 0 else 0.0,
                     "misaligned": misaligned.get((gpu, mode), 0)})
     return out
+
+
+def network_error_sources(predictor: Any, data_root: Any = None, archs: Sequence[str] | None = None,
+                          top: int = 3, precision: str = "fp32") -> list[dict[str, Any]]:
+    """Why each network is missed: per measured (gpu, set_key, mode) of ``archs`` (default: the
+    unseen test architectures), the predicted and in-network kernel time summed over its matched
+    operations, and the ``top`` operations with the largest |predicted - measured| kernel time,
+    each with its kind, error kind, conv groups and share of the network's
+    absolute error.  Networks come worst first (by |summed bias|).  Why: a network's MAPE says how
+    much it is missed, not whether one pathological operation (a cuDNN algorithm 3x slower at
+    batch 8 than at 64) or a whole kind carries it, which decides the fix."""
+    out = []
+    for gpu, set_key, mode, est, aligned, n_bad in _aligned_networks(predictor, data_root, archs, precision):
+        ops = est._ops
+        block = ops.entry.block
+        groups = block.column("groups")
+        err = [(pos, float(ops.gpu_time_ms[pos]) - kernel_ms, kernel_ms) for pos, kernel_ms in aligned]
+        measured = sum(k for _, _, k in err)
+        predicted = sum(float(ops.gpu_time_ms[pos]) for pos, _ in aligned)
+        total_abs = sum(abs(e) for _, e, _ in err)
+        worst = sorted(err, key=lambda x: -abs(x[1]))[:top]
+        out.append({
+            "gpu": gpu, "set_key": set_key, "mode": mode, "n_ops": len(aligned), "misaligned": n_bad,
+            "measured_kernel_ms": measured, "predicted_ms": predicted,
+            "bias_pct": (predicted / measured - 1.0) * 100.0 if measured > 0 else float("nan"),
+            "top": [{"position": pos, "name": block.names[pos] if block.names else "", "kind": str(block.kinds[pos]),
+                     "error_kind": error_kind(str(block.kinds[pos]), float(groups[pos])),
+                     "groups": float(groups[pos]), "measured_ms": k, "predicted_ms": k + e,
+                     "share_of_error": abs(e) / total_abs if total_abs > 0 else 0.0} for pos, e, k in worst]})
+    return sorted(out, key=lambda r: -abs(r["bias_pct"]) if r["bias_pct"] == r["bias_pct"] else 0.0)
 
 
 def gpu_bound_transfer(records: Any, min_gpu_share: float = 0.9) -> dict[str, Any]:

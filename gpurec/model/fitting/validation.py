@@ -29,6 +29,7 @@ from gpurec.model.network import (
     correction_cv,
     fit_correction,
     free_kernel_free,
+    is_recurrent,
     power_class,
 )
 from gpurec.model.recurrent import RecurrentPower, RecurrentTime
@@ -114,7 +115,9 @@ def predict_networks(models: dict[str, Routed], p: Prepared, net_rows: np.ndarra
     w = bounded_power(w, np.repeat(idle, counts), np.repeat(limit, counts))
     names = p.builder.feature_names
     conv_groups = p.net_X["power"][idx, names.index("groups")] if "groups" in names else np.zeros(len(idx))
-    return aggregate(t, w, offsets, small_op_ms, hit, power_class(p.net_groups[idx], conv_groups), idle, limit)
+    recurrent = is_recurrent(p.net_kinds[idx]) if p.net_kinds is not None else None
+    return aggregate(t, w, offsets, small_op_ms, hit, power_class(p.net_groups[idx], conv_groups, recurrent), idle,
+                     limit)
 
 
 def net_measured(p: Prepared, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
