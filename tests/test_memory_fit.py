@@ -181,3 +181,14 @@ def test_memory_json_is_checked_when_loaded(tmp_path: Path) -> None:
     (tmp_path / "memory.json").write_text("{")
     with pytest.raises(MemoryFitError, match="not JSON"):
         load_memory_fit(tmp_path)
+
+
+def test_suspect_peaks_are_summarised_by_reason_not_listed_by_amount() -> None:
+    """Hundreds of distinct amounts still allocated read as one reason with its range."""
+    from gpurec.reports.accuracy import _suspect_reasons
+
+    suspect = [{"leftover_suspect": f"{mib} MiB allocated before the step"} for mib in (300, 1665, 260)]
+    suspect.append({"leftover_suspect": "network row measured after earlier rows, without a collection first"})
+    assert _suspect_reasons(suspect) == [
+        "1: network row measured after earlier rows, without a collection first",
+        "3: 260–1665 MiB still allocated before the step, after a garbage collection"]

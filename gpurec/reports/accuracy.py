@@ -848,6 +848,26 @@ def _within(rows: list[dict[str, Any]], key: str = "error_pct") -> int:
     return sum(abs(r[key]) <= MEMORY_TARGET_PCT for r in rows)
 
 
+def _suspect_reasons(suspect: list[dict[str, Any]]) -> list[str]:
+    """Why peaks are suspect, one line per reason; the many amounts still allocated after a
+    collection are one reason with their range."""
+    import re
+
+    reasons: dict[str, int] = {}
+    before_mib: list[float] = []
+    for r in suspect:
+        m = re.fullmatch(r"(\d+(?:\.\d+)?) MiB allocated before the step", r["leftover_suspect"])
+        if m:
+            before_mib.append(float(m.group(1)))
+        else:
+            reasons[r["leftover_suspect"]] = reasons.get(r["leftover_suspect"], 0) + 1
+    out = [f"{n}: {why}" for why, n in sorted(reasons.items())]
+    if before_mib:
+        out.append(f"{len(before_mib)}: {min(before_mib):.0f}–{max(before_mib):.0f} MiB still allocated before the "
+                   "step, after a garbage collection")
+    return out
+
+
 def memory_section(data_root: Path | str | None = None, fit: Any = None, extract: Any = None) -> list[str]:
     """Peak memory: the estimate (gpurec.ops.memory with the fitted terms of models/memory.json)
     against the measured peaks, trusted peaks and leftover-suspect ones apart, by split
@@ -889,12 +909,9 @@ def memory_section(data_root: Path | str | None = None, fit: Any = None, extract
               ""]
     trusted = [r for r in rows if not r["leftover_suspect"]]
     suspect = [r for r in rows if r["leftover_suspect"]]
-    reasons: dict[str, int] = {}
-    for r in suspect:
-        reasons[r["leftover_suspect"]] = reasons.get(r["leftover_suspect"], 0) + 1
     L += [f"{len(rows)} rows with a measured peak: {len(trusted)} trusted, {len(suspect)} that may include memory "
           "left allocated by earlier rows of the same process"
-          + (" (" + "; ".join(f"{n}: {why}" for why, n in sorted(reasons.items())) + ")" if reasons else "")
+          + (" (" + "; ".join(_suspect_reasons(suspect)) + ")" if suspect else "")
           + ". Leftover-suspect rows are never fitted on and are judged apart; collection now starts every network "
             "and peak row after a garbage collection and records `memory_allocated_before_bytes`.", ""]
 
