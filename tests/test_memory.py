@@ -53,3 +53,26 @@ def test_attention_scores_grow_with_the_square_of_the_sequence() -> None:
     for seq in (16, 32):
         # input, output, 4 outputs' worth of projections, 2 x (batch x heads x L x L) scores
         assert act(seq) == 6 * out * seq + 2 * 2 * 4 * seq * seq * 4
+
+
+def test_math_attention_keeps_the_softmax_output_not_every_stage_of_its_scores() -> None:
+    """Training keeps what autograd saves: q (both matmuls' input), the probabilities (softmax's
+    output, the second matmul's input) and the mask, not the raw, scaled or masked scores."""
+    from gpurec.ops.memory import memory_terms
+
+    batch, seq, dim = 2, 64, 32
+
+    class MathAttention(nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            scores = torch.matmul(q, q.transpose(-2, -1)) / 8.0
+            mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=q.device), 1)
+            probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+            return torch.matmul(probs, q)
+
+    ops = extract_operations(MathAttention(), (batch, seq, dim), mode="training", keep_sources=False)
+    by_kind = {op.kind: op for op in ops}
+    assert {"matmul", "truediv", "softmax", "masked_fill", "triu"} <= set(by_kind) or \
+        {"matmul", "div", "softmax", "masked_fill", "triu"} <= set(by_kind)
+    q = batch * seq * dim * 4
+    expected = q + by_kind["softmax"].bytes_written + by_kind["triu"].bytes_written
+    assert memory_terms(ops, "training").activations_bytes == expected

@@ -43,6 +43,7 @@ VIEW_KINDS = frozenset({
 NO_SAVE_KINDS = VIEW_KINDS | frozenset({
     "add", "sub", "cat", "stack", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d", "mean", "sum", "Identity", "contiguous",
     "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "dropout", "StochasticDepth", "clone", "to", "float",
+    "triu", "tril",
 })
 # Operations whose backward needs their output (activations computed from the result).
 SAVES_OUTPUT_KINDS = frozenset({"ReLU", "relu", "ReLU6", "Sigmoid", "sigmoid", "Tanh", "tanh", "Softmax", "softmax",
@@ -51,6 +52,12 @@ SAVES_OUTPUT_KINDS = frozenset({"ReLU", "relu", "ReLU6", "Sigmoid", "sigmoid", "
 # other in-place operation whose backward reads its input keeps a copy of it.
 INPLACE_RESULT_KINDS = frozenset({"ReLU", "relu", "relu_", "LeakyReLU", "leaky_relu", "ELU", "elu", "Sigmoid",
                                   "sigmoid", "Tanh", "tanh", "Dropout", "dropout"})
+# Operations whose backward needs their output but none of their inputs.
+OUTPUT_ONLY_KINDS = frozenset({"Softmax", "softmax", "LogSoftmax", "log_softmax"})
+# Operations that save only their tensor arguments after the first (masked_fill keeps the mask).
+SAVES_LATER_INPUTS_KINDS = frozenset({"masked_fill", "masked_fill_"})
+# Arithmetic with one tensor and a Python number saves nothing (the number is a constant).
+SCALAR_ARITH_KINDS = frozenset({"mul", "div", "truediv", "floordiv"})
 # Kinds that run on cuDNN's RNN kernels: gates per cell, for the reserve space and workspace.
 RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1, "RNN": 1}
 # Kinds whose library call takes a scratch workspace (cuDNN convolution, cuBLAS matmul).
@@ -195,6 +202,21 @@ def _attention_buffers(op: Any) -> int:
     return 4 * out_bytes + 2 * scores
 
 
+def _saved_inputs(op: Any) -> Sequence[str]:
+    """The input nodes that autograd saves for ``op``'s backward (and so keeps alive in training).
+
+    Without these rules a math-path attention kept every stage of its scores (the scaled scores,
+    the masked ones and the softmax's input as well as its output): 30-66% above the measured
+    peaks of the BERT- and GPT-like training sets."""
+    if op.kind in NO_SAVE_KINDS or op.kind in OUTPUT_ONLY_KINDS:
+        return ()
+    if op.kind in SAVES_LATER_INPUTS_KINDS:
+        return op.input_nodes[1:]
+    if op.kind in SCALAR_ARITH_KINDS and len(op.input_nodes) == 1:
+        return ()
+    return op.input_nodes
+
+
 def _param_element_bytes(op: Any) -> int:
     """Bytes per stored parameter: autocast keeps float32 weights (the bf16/fp16 copies are the
     cast operations' outputs); a cast module stores them in its dtype."""
@@ -261,8 +283,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             size_of[op.node] = _block(int(op.bytes_written))
             born[op.node] = i
             last_use[op.node] = max(last_use.get(op.node, i), i)
-        if op.kind not in NO_SAVE_KINDS:
-            kept_roots.update(storage_of[src] for src in op.input_nodes)
+        kept_roots.update(storage_of[src] for src in _saved_inputs(op))
         if op.in_place and op.input_nodes and op.kind not in INPLACE_RESULT_KINDS and op.kind not in NO_SAVE_KINDS:
             clone_bytes += _block(int(op.bytes_written))  # autograd's copy of the input it overwrites
         conv_io = max(conv_io, _io_bytes(op)) if op.kind in CONV_KINDS else conv_io
