@@ -485,6 +485,44 @@ def test_an_autocast_region_of_forward_is_low_precision_and_the_rest_fp32() -> N
         assert op.precision == "fp32" and op.signature == fp32[kind].signature
 
 
+class _AutocastPartUntraceable(_AutocastPart):
+    """_AutocastPart with a branch on a shape that torch.fx cannot trace: extracted by the capture
+    fallback (gpurec.ops.capture) instead."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 64:  # a shape used as a number: fx fails, the capture runs forward for real
+            x = x[:64]
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_the_capture_fallback_follows_autocast_in_forward_as_fx_does(mode: str) -> None:
+    """The same autocast regions, precisions and casts whether forward is traced by fx or captured."""
+    from gpurec.ops.capture import record
+    from gpurec.ops.extract import _AUTOCAST_MARKERS, _trace, _TraceFailed
+
+    with pytest.raises(_TraceFailed):
+        _trace(_AutocastPartUntraceable())
+    graph = record(_AutocastPartUntraceable(), [torch.empty(2, 3, 8, 8, device="meta")])
+    assert graph.autocast == (("cuda", torch.float16, True),)
+    assert sum(n.op == "call_function" and n.target in _AUTOCAST_MARKERS for n in graph.graph.nodes) == 2
+    for traced, captured in ((_AutocastPart(), _AutocastPartUntraceable()), (_AutocastInside(), _AutocastInsideUntraceable())):
+        via_fx = extract_operations(traced, (2, 3, 8, 8), mode=mode, keep_sources=False)
+        via_capture = extract_operations(captured, (2, 3, 8, 8), mode=mode, keep_sources=False)
+        assert any(op.kind == "autocast_cast" for op in via_capture)
+        assert [(op.kind, op.signature, op.precision, op.node) for op in via_capture] == \
+            [(op.kind, op.signature, op.precision, op.node) for op in via_fx]
+    assert not torch.is_autocast_enabled("cuda")
+    assert torch.amp.autocast_mode.autocast.__enter__.__qualname__ == "autocast.__enter__"
+
+
+class _AutocastInsideUntraceable(_AutocastInside):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 64:
+            x = x[:64]
+        return super().forward(x)
+
+
 class _LM(nn.Module):
     def __init__(self, layer: type[nn.Module]) -> None:
         super().__init__()

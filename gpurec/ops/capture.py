@@ -30,6 +30,7 @@ from gpurec.ops.extract import (
     _RECURRENT,
     ExtractionError,
     _analytic_recurrent,
+    _recording_autocast,
     _swapped_to_meta,
     _Traced,
     _Tracer,
@@ -205,8 +206,11 @@ def record(root: nn.Module, inputs: list[torch.Tensor]) -> _Traced:
         nn.Module.__call__ = call  # type: ignore[method-assign]
         own_attrs = set(torch.Tensor.__dict__)
         saved = _patch_operators(rec)
+        requests: list[tuple[str, torch.dtype, bool]] = []
         try:
-            with rec:
+            # a torch.autocast that forward enters becomes the same marker nodes torch.fx's trace holds
+            with _recording_autocast(lambda target, args: rec.graph.call_function(target, args), requests,
+                                     lambda: not rec.in_leaf), rec:
                 out = root(*inputs)
         except ExtractionError:
             raise
@@ -225,7 +229,7 @@ def record(root: nn.Module, inputs: list[torch.Tensor]) -> _Traced:
                 else:  # inherited from the C base class: remove the patch, do not shadow it
                     delattr(torch.Tensor, attr)
         rec.graph.output(_map_out(rec, out))
-    return _Traced(root, rec.graph)
+    return _Traced(root, rec.graph, tuple(requests))
 
 
 def _patch_operators(rec: _Recorder) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import numbers
 import operator
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -416,7 +416,8 @@ def _trace(root: nn.Module, n_inputs: int = 1) -> _Traced:
     tracer = _Tracer()
     requests: list[tuple[str, torch.dtype, bool]] = []
     try:
-        with _recording_autocast(tracer, requests):
+        with _recording_autocast(lambda target, args: tracer.create_proxy("call_function", target, args, {}),
+                                 requests):
             graph = tracer.trace(root)
     except Exception as exc:
         hint = ""
@@ -440,19 +441,24 @@ _AUTOCAST_MARKERS = frozenset({_autocast_enter, _autocast_exit})
 
 
 @contextlib.contextmanager
-def _recording_autocast(tracer: torch.fx.Tracer, requests: list[tuple[str, torch.dtype, bool]]) -> Any:
-    """While ``tracer`` traces on this thread, a ``torch.autocast`` entered or left inside forward
-    becomes a marker node (and its request is appended to ``requests``) instead of switching
-    autocast at trace time, which fx would do and then forget: the graph would hold no trace of
-    it.  The request is taken as written, before torch.autocast disables a CUDA autocast on a
-    machine without CUDA.  Other threads see torch.autocast unchanged; restored on exit."""
+def _recording_autocast(emit: Callable[[Any, tuple[Any, ...]], Any], requests: list[tuple[str, torch.dtype, bool]],
+                        recording: Callable[[], bool] = lambda: True) -> Any:
+    """While forward is traced (``emit(target, args)`` adds a call_function node: torch.fx's
+    tracer, or gpurec.ops.capture's recorder) on this thread, a ``torch.autocast`` entered or
+    left inside forward becomes a marker node (and its request is appended to ``requests``)
+    instead of switching autocast at trace time, which fx would do and then forget: the graph
+    would hold no trace of it.  The request is taken as written, before torch.autocast disables
+    a CUDA autocast on a machine without CUDA.  An autocast made while ``recording()`` is false
+    (inside a leaf module the recorder runs) and other threads see torch.autocast unchanged;
+    restored on exit."""
     cls = torch.amp.autocast_mode.autocast
     init, enter, leave = cls.__init__, cls.__enter__, cls.__exit__
     me = threading.get_ident()
 
     def rec_init(self: Any, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
                  cache_enabled: bool | None = None) -> None:
-        if threading.get_ident() != me:
+        self._gpurec_marker = threading.get_ident() == me and recording()
+        if not self._gpurec_marker:
             return init(self, device_type, dtype, enabled, cache_enabled)
         self.device = device_type
         self.fast_dtype = torch.get_autocast_dtype(device_type) if dtype is None else dtype
@@ -460,18 +466,22 @@ def _recording_autocast(tracer: torch.fx.Tracer, requests: list[tuple[str, torch
         self._cache_enabled = cache_enabled
         return None
 
+    def marker(self: Any) -> bool:  # made before the patch: decided where it is entered
+        made = getattr(self, "_gpurec_marker", None)
+        return threading.get_ident() == me and recording() if made is None else made
+
     def rec_enter(self: Any) -> Any:
-        if threading.get_ident() != me:
+        if not marker(self):
             return enter(self)
         request = (str(self.device), self.fast_dtype, bool(self._enabled))
         requests.append(request)
-        tracer.create_proxy("call_function", _autocast_enter, request, {})
+        emit(_autocast_enter, request)
         return self
 
     def rec_exit(self: Any, *exc: Any) -> Any:
-        if threading.get_ident() != me:
+        if not marker(self):
             return leave(self, *exc)
-        tracer.create_proxy("call_function", _autocast_exit, (), {})
+        emit(_autocast_exit, ())
         return False
 
     cls.__init__, cls.__enter__, cls.__exit__ = rec_init, rec_enter, rec_exit
