@@ -405,3 +405,57 @@ def test_row_memo_matches_its_model_row_by_row_and_forgets_when_full() -> None:
     other = memo.predict(X, margin + 1.0)  # the same rows with another margin are other predictions
     assert np.array_equal(other, Model().predict(X, margin + 1.0)) and len(memo) == 50  # 100 > 60: forgotten first
     assert memo.predict(X[:0], margin[:0]).shape == (0,)
+
+
+class _Wired(nn.Module):
+    """Leaf calls that share type, settings and input shapes but not their record: the same
+    bilinear layer on (x, x) and on (x, y); the same convolution frozen and training; a
+    convolution first on the network's input (no gradient) and then on an activation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bil = nn.Bilinear(8, 8, 8)
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.twin = nn.Conv2d(8, 8, 3, padding=1)
+        self.frozen = nn.Conv2d(8, 8, 3, padding=1)
+        self.frozen.requires_grad_(False)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.act(self.conv(x))
+        c = self.act(self.twin(c)) + self.frozen(c)
+        v = torch.flatten(c.mean(dim=(2, 3)), 1)
+        return self.bil(v, v) + self.bil(v, v * 2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("make, shape", [
+    (_Wired, (2, 8, 6, 6)),
+    (lambda: random_mobilenet(2), (2, 3, 64, 64)),
+    (lambda: random_mobilenet(2), (2, 3, 64, 64)),  # everything recorded above: all copies
+    (lambda: __import__("torchvision").models.get_model("resnet18"), (2, 3, 64, 64)),
+    (lambda: nn.Sequential(nn.Linear(16, 32), nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2)), (2, 5, 16)),
+])
+def test_shared_records_are_the_records_of_the_long_way(make, shape, mode: str) -> None:
+    """Operations copied from an earlier identical leaf call (shared_records, what prediction
+    uses) equal, field by field and in signature and feature row, those recorded anew."""
+    import dataclasses
+
+    from gpurec.model.features import OpBlock
+
+    model = make()
+    fast = extract_operations(model, shape, mode=mode, keep_sources=False, shared_records=True)
+    again = extract_operations(model, shape, mode=mode, keep_sources=False, shared_records=True)
+    slow = extract_operations(model, shape, mode=mode, keep_sources=False)
+
+    def fields(op):  # noqa: ANN001, ANN202
+        return {f.name: getattr(op, f.name) for f in dataclasses.fields(op)} | {"signature": op.signature}
+
+    for ops in (fast, again):
+        assert [fields(op) for op in ops] == [fields(op) for op in slow]
+        a, b = OpBlock.from_operations(ops, mode), OpBlock.from_operations(slow, mode)
+        assert np.array_equal(a.values, b.values) and a.signatures == b.signatures and a.names == b.names
+    from gpurec.ops.extract import _RECORD_MEMO
+
+    assert any(template.kind == "Conv2d" for template, _ in _RECORD_MEMO.values())
