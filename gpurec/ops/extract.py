@@ -1072,16 +1072,17 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
                     if node.op == "call_module" and precise is None else None)
         record_key = None
         if shared_records and leaf_key is not None:
-            record_key = _record_key(leaf_key, node, env, grad, training, dtype_name, named_params)
-            recorded = _RECORD_MEMO.get(record_key)
+            record_key, act_names = _record_key(leaf_key, node, env, grad, training, dtype_name, named_params)
+            recorded = _RECORD_MEMO.get(record_key) if record_key is not None else None
             if recorded is not None:  # the same call recorded before: its operation, at this node
                 _RECORD_MEMO.move_to_end(record_key)
                 template, grad_out = recorded
                 env[node.name] = _run_counted(modules, node, args, kwargs, counter, training, settings,
                                               key=leaf_key)[0]
                 grad[node.name] = grad_out
-                op = copy.copy(template)
-                op.name, op.node, op.input_nodes = str(node.target), node.name, _activation_nodes(node, env)
+                op = Operation.__new__(Operation)  # copy.copy of the dataclass, without its reduce protocol
+                op.__dict__.update(template.__dict__)
+                op.name, op.node, op.input_nodes = str(node.target), node.name, act_names
                 ops.append(op)
                 continue
         if precise is not None and node.op == "call_module" and isinstance(modules[node.target], _RECURRENT):
@@ -1190,37 +1191,31 @@ _RECORD_MEMO_SIZE = 8192
 
 
 def _record_key(leaf_key: Any, node: torch.fx.Node, env: dict[str, Any], grad: dict[str, bool], training: bool,
-                dtype_name: str, named_params: list[tuple[str, nn.Parameter]]) -> Any:
+                dtype_name: str, named_params: list[tuple[str, nn.Parameter]]) -> tuple[Any, list[str]]:
     """What a leaf call's Operation depends on beyond its leaf memo key (type, settings, input
     shapes, strides, dtypes and constants, mode): the compute dtype, whether its parameters
     train, and how its arguments are wired: for each node argument, whether it is a parameter
     read or which activation it is (by first appearance), and whether that activation requires
-    grad in training."""
+    grad in training.  Also the names of its activation inputs, as _ArgSplitter lists them.
+    (None, []) for a call not keyed here."""
     wiring: list[Any] = []
     seen: dict[str, int] = {}
+    act_names: list[str] = []
     for a in _leaves((node.args, node.kwargs)):
         if isinstance(a, torch.fx.Node):
+            value = env[a.name]
             if a.op == "get_attr":  # read as a parameter reference: whether it trains matters
-                value = env[a.name]
                 wiring.append(("p", isinstance(value, nn.Parameter), bool(getattr(value, "requires_grad", False))))
             else:
+                if a.name not in seen and _is_tensor(value):
+                    act_names.append(a.name)
                 wiring.append((seen.setdefault(a.name, len(seen)), bool(training and grad.get(a.name, False))))
         elif type(a) is slice:  # a node inside a slice is not keyed here: never shared
-            return None
+            return None, []
         else:
             wiring.append(None)
     trains = any(p.requires_grad for _, p in named_params)
-    return (leaf_key, dtype_name, trains, tuple(wiring))
-
-
-def _activation_nodes(node: torch.fx.Node, env: dict[str, Any]) -> list[str]:
-    """The names of the activation inputs of ``node``, as _ArgSplitter lists them."""
-    names: list[str] = []
-    for a in _leaves((node.args, node.kwargs)):
-        if (isinstance(a, torch.fx.Node) and not (a.op == "get_attr") and a.name not in names
-                and _is_tensor(env[a.name])):
-            names.append(a.name)
-    return names
+    return (leaf_key, dtype_name, trains, tuple(wiring)), act_names
 
 
 def _remember_record(key: Any, op: Operation, grad_out: bool) -> None:
