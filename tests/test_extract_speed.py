@@ -459,3 +459,40 @@ def test_shared_records_are_the_records_of_the_long_way(make, shape, mode: str) 
     from gpurec.ops.extract import _RECORD_MEMO
 
     assert any(template.kind == "Conv2d" for template, _ in _RECORD_MEMO.values())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_predictions_with_shared_records_are_those_of_the_long_way(small_predictor, mode: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """predict_many extracts with shared records; every estimate and per-operation row equals
+    what extraction recording every call gives."""
+    import warnings
+
+    import gpurec.ops
+    import gpurec.ops.extract as ex
+
+    frozen = random_mobilenet(6)
+    frozen[0].requires_grad_(False)
+    candidates = [(random_mobilenet(6), (2, 3, 64, 64)), (frozen, (2, 3, 64, 64)), (_Wired(), (2, 8, 6, 6)),
+                  (random_mobilenet(8), (2, 3, 64, 64))]
+    shared: list[bool] = []
+    real = ex.extract_operations
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        shared.append(kwargs.get("shared_records", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gpurec.ops, "extract_operations", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # coverage warnings of the small fixture model
+        small_predictor.clear_cache()
+        fast = small_predictor.predict_many(candidates, mode=mode, gpu="H100")
+        assert shared == [True] * len(candidates)
+        monkeypatch.setattr(gpurec.ops, "extract_operations",
+                            lambda *a, **k: real(*a, **{**k, "shared_records": False}))
+        small_predictor.clear_cache()
+        slow = small_predictor.predict_many(candidates, mode=mode, gpu="H100")
+    assert all(e.ok for e in fast)
+    assert [e.as_dict() for e in fast] == [e.as_dict() for e in slow]
+    for a, b in zip(fast, slow, strict=True):
+        assert a.per_op.equals(b.per_op)
