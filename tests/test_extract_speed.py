@@ -405,3 +405,94 @@ def test_row_memo_matches_its_model_row_by_row_and_forgets_when_full() -> None:
     other = memo.predict(X, margin + 1.0)  # the same rows with another margin are other predictions
     assert np.array_equal(other, Model().predict(X, margin + 1.0)) and len(memo) == 50  # 100 > 60: forgotten first
     assert memo.predict(X[:0], margin[:0]).shape == (0,)
+
+
+class _Wired(nn.Module):
+    """Leaf calls that share type, settings and input shapes but not their record: the same
+    bilinear layer on (x, x) and on (x, y); the same convolution frozen and training; a
+    convolution first on the network's input (no gradient) and then on an activation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bil = nn.Bilinear(8, 8, 8)
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.twin = nn.Conv2d(8, 8, 3, padding=1)
+        self.frozen = nn.Conv2d(8, 8, 3, padding=1)
+        self.frozen.requires_grad_(False)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.act(self.conv(x))
+        c = self.act(self.twin(c)) + self.frozen(c)
+        v = torch.flatten(c.mean(dim=(2, 3)), 1)
+        return self.bil(v, v) + self.bil(v, v * 2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("make, shape", [
+    (_Wired, (2, 8, 6, 6)),
+    (lambda: random_mobilenet(2), (2, 3, 64, 64)),
+    (lambda: random_mobilenet(2), (2, 3, 64, 64)),  # everything recorded above: all copies
+    (lambda: __import__("torchvision").models.get_model("resnet18"), (2, 3, 64, 64)),
+    (lambda: nn.Sequential(nn.Linear(16, 32), nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2)), (2, 5, 16)),
+])
+def test_shared_records_are_the_records_of_the_long_way(make, shape, mode: str) -> None:
+    """Operations copied from an earlier identical leaf call (shared_records, what prediction
+    uses) equal, field by field and in signature and feature row, those recorded anew."""
+    import dataclasses
+
+    from gpurec.model.features import OpBlock
+
+    model = make()
+    fast = extract_operations(model, shape, mode=mode, keep_sources=False, shared_records=True)
+    again = extract_operations(model, shape, mode=mode, keep_sources=False, shared_records=True)
+    slow = extract_operations(model, shape, mode=mode, keep_sources=False)
+
+    def fields(op):  # noqa: ANN001, ANN202
+        return {f.name: getattr(op, f.name) for f in dataclasses.fields(op)} | {"signature": op.signature}
+
+    for ops in (fast, again):
+        assert [fields(op) for op in ops] == [fields(op) for op in slow]
+        a, b = OpBlock.from_operations(ops, mode), OpBlock.from_operations(slow, mode)
+        assert np.array_equal(a.values, b.values) and a.signatures == b.signatures and a.names == b.names
+    from gpurec.ops.extract import _RECORD_MEMO
+
+    assert any(template.kind == "Conv2d" for template, _ in _RECORD_MEMO.values())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_predictions_with_shared_records_are_those_of_the_long_way(small_predictor, mode: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """predict_many extracts with shared records; every estimate and per-operation row equals
+    what extraction recording every call gives."""
+    import warnings
+
+    import gpurec.ops
+    import gpurec.ops.extract as ex
+
+    frozen = random_mobilenet(6)
+    frozen[0].requires_grad_(False)
+    candidates = [(random_mobilenet(6), (2, 3, 64, 64)), (frozen, (2, 3, 64, 64)), (_Wired(), (2, 8, 6, 6)),
+                  (random_mobilenet(8), (2, 3, 64, 64))]
+    shared: list[bool] = []
+    real = ex.extract_operations
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        shared.append(kwargs.get("shared_records", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gpurec.ops, "extract_operations", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # coverage warnings of the small fixture model
+        small_predictor.clear_cache()
+        fast = small_predictor.predict_many(candidates, mode=mode, gpu="H100")
+        assert shared == [True] * len(candidates)
+        monkeypatch.setattr(gpurec.ops, "extract_operations",
+                            lambda *a, **k: real(*a, **{**k, "shared_records": False}))
+        small_predictor.clear_cache()
+        slow = small_predictor.predict_many(candidates, mode=mode, gpu="H100")
+    assert all(e.ok for e in fast)
+    assert [e.as_dict() for e in fast] == [e.as_dict() for e in slow]
+    for a, b in zip(fast, slow, strict=True):
+        assert a.per_op.equals(b.per_op)

@@ -201,8 +201,9 @@ class OpBlock:
 
     @staticmethod
     def from_operations(ops: Sequence[Operation], mode: str | None = None) -> OpBlock:
-        values = np.array([operation_feature_row(op) for op in ops], dtype=np.float64).reshape(len(ops),
-                                                                                           len(FEATURE_NAMES))
+        # a row computed when the operation was recorded (extract_operations(shared_records=True)) is reused
+        values = np.array([op.__dict__.get("_feature_row") or operation_feature_row(op) for op in ops],
+                          dtype=np.float64).reshape(len(ops), len(FEATURE_NAMES))
         modes = [mode or op.mode for op in ops]
         return OpBlock(values=values, kinds=np.array([op.kind for op in ops], dtype=object),
                        training=np.array([m == "training" for m in modes], dtype=bool),

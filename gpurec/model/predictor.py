@@ -473,10 +473,11 @@ class Predictor:
         from gpurec.ops import extract_operations
 
         if inputs:
-            ops = extract_operations(model, mode=mode, keep_sources=False, example_inputs=inputs, precision=precision)
+            ops = extract_operations(model, mode=mode, keep_sources=False, example_inputs=inputs, precision=precision,
+                                     shared_records=True)
         else:
             ops = extract_operations(model, shape, mode=mode, keep_sources=False, precision=precision,
-                                     **({"dtype": dtype} if dtype is not None else {}))
+                                     shared_records=True, **({"dtype": dtype} if dtype is not None else {}))
         label = model if isinstance(model, str) else type(model).__name__
         if not ops:  # 0 ms, coverage 1 and bound "host" would read as an estimate of real work
             from gpurec.ops.extract import NoOperations

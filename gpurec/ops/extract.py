@@ -875,6 +875,7 @@ def extract_operations(
     keep_sources: bool = True,
     example_inputs: Any = None,
     precision: str | None = None,
+    shared_records: bool = False,
 ) -> list[Operation]:
     """Every operation the forward of ``model`` executes on ``input_shape``, in order.
 
@@ -895,6 +896,12 @@ def extract_operations(
     dtype.  ``"tf32"`` marks the operations that run cuBLAS matrix products (the rest stay fp32
     operations: TF32 changes nothing else).  ``None``: fp32, or the cast precision of a module
     whose parameters are bf16/fp16; a precision contradicting them raises PrecisionMismatch.
+
+    ``shared_records`` (with ``keep_sources=False``, fp32): a leaf module call seen before (same
+    type, settings, inputs and gradient flags, in this extraction or an earlier one) gives a copy
+    of the operation recorded then, signature and feature row included, instead of being recorded
+    again.  The copies share their settings and shape lists, so treat them as read-only (as
+    prediction does); every field is what recording it would give (tests/test_extract_speed.py).
     """
     if mode not in MODES:
         raise ExtractionError(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
@@ -908,7 +915,8 @@ def extract_operations(
     except ValueError as exc:
         raise ExtractionError(str(exc)) from None
     with _EXTRACTION_LOCK:
-        return _extract_operations(model, input_shape, mode, dtype, keep_sources, example_inputs, precision)
+        return _extract_operations(model, input_shape, mode, dtype, keep_sources, example_inputs, precision,
+                                   shared_records and not keep_sources)
 
 
 # torch.fx tracing patches module-level state (its CURRENT_PATCHER), and the fast path swaps the
@@ -917,7 +925,8 @@ _EXTRACTION_LOCK = threading.RLock()
 
 
 def _extract_operations(model: str | nn.Module, input_shape: Sequence[int] | None, mode: str, dtype: torch.dtype,
-                        keep_sources: bool, example_inputs: Any, precision: str) -> list[Operation]:
+                        keep_sources: bool, example_inputs: Any, precision: str,
+                        shared_records: bool = False) -> list[Operation]:
     if isinstance(model, str) and example_inputs is None and is_sequence_arch(model) and dtype.is_floating_point:
         # a sequence architecture by name takes int64 token ids; ``dtype`` is its activations'
         inputs, described = _meta_inputs(input_shape, torch.int64, None)
@@ -949,7 +958,7 @@ def _extract_operations(model: str | nn.Module, input_shape: Sequence[int] | Non
         try:
             scoped = _scope_precision(precision, traced)
             if scoped == DEFAULT_PRECISION:
-                ops, _ = _interpret(traced, inputs, compute, training, keep_sources)
+                ops, _ = _interpret(traced, inputs, compute, training, keep_sources, shared_records=shared_records)
             else:
                 precise = scope.enter_context(_precision_scope(scoped, traced.root))
                 if scoped != precision:  # autocast entered only inside forward: off until its marker
@@ -1005,10 +1014,12 @@ def _switch_autocast(node: torch.fx.Node, precise: _Precise, stack: list[Any]) -
 
 
 def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, training: bool,
-               keep_sources: bool, input_grads: Sequence[bool] = (), precise: _Precise | None = None
-               ) -> tuple[list[Operation], Any]:
+               keep_sources: bool, input_grads: Sequence[bool] = (), precise: _Precise | None = None,
+               shared_records: bool = False) -> tuple[list[Operation], Any]:
     """The graph's operations and its output, run on meta with ``inputs`` as its placeholders
-    (on the placeholders of ``precise`` for a precision other than fp32)."""
+    (on the placeholders of ``precise`` for a precision other than fp32).  ``shared_records``:
+    leaf module calls are recorded once per distinct call (_RECORD_MEMO; extract_operations)."""
+    shared_records = shared_records and precise is None and not keep_sources
     env: dict[str, Any] = {}
     grad: dict[str, bool] = {}  # does the node's value require grad in training?
     ops: list[Operation] = []
@@ -1071,12 +1082,29 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         # Settings of a leaf module: computed once, used by the memo key and the record.
         named_params = _named_params(modules[node.target]) if node.op == "call_module" else []
         settings = _module_settings(modules[node.target], named_params) if node.op == "call_module" else {}
+        leaf_key = (_leaf_key(modules[node.target], args, kwargs, training, settings)
+                    if node.op == "call_module" and precise is None else None)
+        record_key = None
+        if shared_records and leaf_key is not None:
+            record_key, act_names = _record_key(leaf_key, node, env, grad, training, dtype_name, named_params)
+            recorded = _RECORD_MEMO.get(record_key) if record_key is not None else None
+            if recorded is not None:  # the same call recorded before: its operation, at this node
+                _RECORD_MEMO.move_to_end(record_key)
+                template, grad_out = recorded
+                env[node.name] = _run_counted(modules, node, args, kwargs, counter, training, settings,
+                                              key=leaf_key)[0]
+                grad[node.name] = grad_out
+                op = Operation.__new__(Operation)  # copy.copy of the dataclass, without its reduce protocol
+                op.__dict__.update(template.__dict__)
+                op.name, op.node, op.input_nodes = str(node.target), node.name, act_names
+                ops.append(op)
+                continue
         if precise is not None and node.op == "call_module" and isinstance(modules[node.target], _RECURRENT):
             assert isinstance(counter, _NodeTrace)
             out, mm_flops, aliased = _recurrent_at(precise, modules[node.target], args, kwargs, counter)
         else:
             out, mm_flops, aliased = _run_counted(modules, node, args, kwargs, counter, training, settings,
-                                                  exact=precise is not None)
+                                                  exact=precise is not None, key=leaf_key)
         env[node.name] = out
         has_params = False
         if node.op == "call_module":
@@ -1167,8 +1195,60 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             explicit = node.op == "call_method" and node.target in _EXPLICIT_CASTS
             ops.extend(_apply_precision(op, precise, counter, split, modules[node.target] if node.op == "call_module"
                                         else None, out_tensors, explicit, keep_sources))
+        if record_key is not None:
+            _remember_record(record_key, op, grad[node.name])
         ops.append(op)
     return ops, None
+
+
+# Operations of leaf module calls, by everything their record depends on (_record_key): a
+# repeated call (the same convolution, norm or activation on the same shape, in one network
+# or across NAS candidates) is copied from here, its signature and feature row with it.
+_RECORD_MEMO: collections.OrderedDict[Any, tuple[Operation, bool]] = collections.OrderedDict()
+_RECORD_MEMO_SIZE = 8192
+
+
+def _record_key(leaf_key: Any, node: torch.fx.Node, env: dict[str, Any], grad: dict[str, bool], training: bool,
+                dtype_name: str, named_params: list[tuple[str, nn.Parameter]]) -> tuple[Any, list[str]]:
+    """What a leaf call's Operation depends on beyond its leaf memo key (type, settings, input
+    shapes, strides, dtypes and constants, mode): the compute dtype, whether its parameters
+    train, and how its arguments are wired: for each node argument, whether it is a parameter
+    read or which activation it is (by first appearance), and whether that activation requires
+    grad in training.  Also the names of its activation inputs, as _ArgSplitter lists them.
+    (None, []) for a call not keyed here."""
+    wiring: list[Any] = []
+    seen: dict[str, int] = {}
+    act_names: list[str] = []
+    for a in _leaves((node.args, node.kwargs)):
+        if isinstance(a, torch.fx.Node):
+            value = env[a.name]
+            if a.op == "get_attr":  # read as a parameter reference: whether it trains matters
+                wiring.append(("p", isinstance(value, nn.Parameter), bool(getattr(value, "requires_grad", False))))
+            else:
+                if a.name not in seen and _is_tensor(value):
+                    act_names.append(a.name)
+                wiring.append((seen.setdefault(a.name, len(seen)), bool(training and grad.get(a.name, False))))
+        elif type(a) is slice:  # a node inside a slice is not keyed here: never shared
+            return None, []
+        else:
+            wiring.append(None)
+    trains = any(p.requires_grad for _, p in named_params)
+    return (leaf_key, dtype_name, trains, tuple(wiring)), act_names
+
+
+def _remember_record(key: Any, op: Operation, grad_out: bool) -> None:
+    """Keep a copy of ``op`` (its signature and feature row computed) for later calls of ``key``."""
+    from gpurec.ops.features import operation_feature_row
+
+    template = copy.copy(op)
+    template.name = template.node = ""
+    template.input_nodes = []
+    template.model = ""
+    _ = template.signature  # cached on the instance, so every copy carries it
+    template.__dict__["_feature_row"] = tuple(operation_feature_row(template))
+    _RECORD_MEMO[key] = (template, grad_out)
+    if len(_RECORD_MEMO) > _RECORD_MEMO_SIZE:
+        _RECORD_MEMO.popitem(last=False)
 
 
 def _element_size(dtype: torch.dtype) -> int:
@@ -1431,7 +1511,8 @@ def _leaf_key(mod: nn.Module, args: Any, kwargs: Any, training: bool, settings: 
 
 
 def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, kwargs: Any, counter: _NodeFlops,
-                 training: bool, settings: dict[str, Any], exact: bool = False) -> tuple[Any, int, bool]:
+                 training: bool, settings: dict[str, Any], exact: bool = False, key: Any = None
+                 ) -> tuple[Any, int, bool]:
     """Run one node on meta and count its FLOPs, reusing memoised leaf-module results.
     The flag says whether every output aliases an input (a view or the input itself).
 
@@ -1444,8 +1525,9 @@ def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, 
         with counter:
             out = _run_node(modules, node, args, kwargs, swap=False)
         return out, counter.current, _aliases_input(out, args, kwargs)
-    key = (_leaf_key(modules[node.target], args, kwargs, training, settings)
-           if node.op == "call_module" else None)
+    # ``key``: the leaf memo key, when the caller computed it already
+    if key is None and node.op == "call_module":
+        key = _leaf_key(modules[node.target], args, kwargs, training, settings)
     hit = _LEAF_MEMO.get(key) if key is not None else None
     if hit is not None:
         _LEAF_MEMO.move_to_end(key)

@@ -84,5 +84,12 @@ def _parameter_dtypes(model: Any) -> set[str]:
     params = getattr(model, "parameters", None)
     if params is None or isinstance(model, str):
         return set()
-    # distinct dtypes first: a name per dtype, not per parameter (called twice per fresh candidate)
-    return {str(d).replace("torch.", "") for d in {p.dtype for p in params()} if d.is_floating_point}
+    modules = getattr(model, "modules", None)
+    if modules is None:
+        found = {p.dtype for p in params()}
+    else:
+        # each module's own parameter table: named_parameters' generator, prefixes and
+        # de-duplication cost more than the dtypes themselves (called twice per fresh candidate)
+        found = {p.dtype for m in modules() for p in m._parameters.values() if p is not None}
+    # distinct dtypes first: a name per dtype, not per parameter
+    return {str(d).replace("torch.", "") for d in found if d.is_floating_point}

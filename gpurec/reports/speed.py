@@ -93,12 +93,13 @@ def split_fresh_extraction(torchvision: Any, shape: tuple[int, ...], n: int = 10
 
     modules = [torchvision.models.mobilenet_v2(width_mult=0.53 + 0.07 * i) for i in range(n)]
     ex._LEAF_MEMO.clear()  # nothing remembered from the candidates above
+    ex._RECORD_MEMO.clear()
     ex._trace = timed("torch.fx symbolic trace", ex._trace)
     ex._run_node = timed("meta kernels (leaves not memoised or analytic)", ex._run_node)
     try:
         t0 = time.perf_counter()
         for m in modules:
-            ex.extract_operations(m, shape, mode="inference", keep_sources=False)
+            ex.extract_operations(m, shape, mode="inference", keep_sources=False, shared_records=True)
         total = time.perf_counter() - t0
     finally:
         ex._trace, ex._run_node = originals["_trace"], originals["_run_node"]
@@ -192,7 +193,7 @@ def measure_prediction(models_dir: str | None, gpu: str = "H100", candidates: in
     structure_key(m)
     stages["structure hash"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ops = extract_operations(m, shape8, mode="inference", keep_sources=False)
+    ops = extract_operations(m, shape8, mode="inference", keep_sources=False, shared_records=True)  # as predict's
     stages["gpurec.ops.extract_operations (fresh module)"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     block = OpBlock.from_operations(ops, "inference")
