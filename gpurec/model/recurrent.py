@@ -167,10 +167,17 @@ class _RecurrentRows:
     def _recurrent_rows(self, X: np.ndarray) -> tuple[np.ndarray, RecurrentShape] | None:
         """Indices of the rows of ``X`` that are recurrent layers and their shapes; None where none is
         (the cheap one-hot test first: most rows are not recurrent)."""
+        if not self._kind_cols or not len(X):
+            return None
         rows = np.flatnonzero(X[:, self._kind_cols].max(axis=1) > 0.5)
         if not len(rows):
             return None
         return rows, recurrent_shape(X[rows], self.feature_names, self._kinds)
+
+    @staticmethod
+    def _modes_of(modes: str | np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The mode of each found row: one mode for all, or the rows' own."""
+        return np.full(len(rows), modes, dtype=object) if isinstance(modes, str) else np.asarray(modes)[rows]
 
 class RecurrentTime(_RecurrentRows):
     """Fitted per-mode recurrent time models over a frozen feature-name list."""
@@ -218,14 +225,12 @@ class RecurrentTime(_RecurrentRows):
 
     def apply(self, log_t: np.ndarray, X: np.ndarray, modes: str | np.ndarray) -> np.ndarray:
         """``log_t`` (log ms per row of ``X``) with the recurrent rows replaced by this model."""
-        if not self._kind_cols or not len(X):
-            return log_t
         found = self._recurrent_rows(X)
         if found is None:
             return log_t
         rows, s = found
         out = np.array(log_t, dtype=np.float64, copy=True)
-        mode_of = np.full(len(rows), modes, dtype=object) if isinstance(modes, str) else np.asarray(modes)[rows]
+        mode_of = self._modes_of(modes, rows)
         for mode, fit in self.fits.items():
             sel = s.mask & (mode_of == mode)
             if sel.any():
@@ -282,15 +287,13 @@ class RecurrentPower(_RecurrentRows):
 
     def apply(self, log_w: np.ndarray, X: np.ndarray, modes: str | np.ndarray) -> np.ndarray:
         """``log_w`` (log W per row of the power feature matrix ``X``) with recurrent rows replaced."""
-        if not self._kind_cols or self._tdp_col < 0 or not len(X):
-            return log_w
-        found = self._recurrent_rows(X)
+        found = self._recurrent_rows(X) if self._tdp_col >= 0 else None
         if found is None:
             return log_w
         rows, s = found
         tdp = X[rows, self._tdp_col].astype(np.float64)
         out = np.array(log_w, dtype=np.float64, copy=True)
-        mode_of = np.full(len(rows), modes, dtype=object) if isinstance(modes, str) else np.asarray(modes)[rows]
+        mode_of = self._modes_of(modes, rows)
         for mode, fit in self.fits.items():
             sel = s.mask & (mode_of == mode) & (tdp > 0)
             if sel.any():
@@ -324,9 +327,7 @@ class RecurrentHost(_RecurrentRows):
         """``ms`` (reference-host dispatch per row of the host feature matrix ``X``) with recurrent
         rows replaced."""
         fit = self.fits.get(mode)
-        if fit is None or not self._kind_cols or not len(X):
-            return ms
-        found = self._recurrent_rows(X)
+        found = self._recurrent_rows(X) if fit is not None else None
         if found is None:
             return ms
         rows, s = found
