@@ -7,7 +7,7 @@ rows, refitted on all of them.  Least squares in log space: the error that matte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,26 @@ def _loao_mape(s: RecurrentShape, log_t: np.ndarray, groups: np.ndarray, shares:
     return float(np.mean(np.concatenate(errs)))
 
 
+def _mode_rows(s_all: RecurrentShape, modes: np.ndarray, usable: np.ndarray, groups: Sequence[Any],
+               report: dict[str, Any]) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """Per mode, (mode, the recurrent rows with a usable target, their architectures), for the
+    modes with at least MIN_ROWS such rows from MIN_GROUPS architectures; every mode's counts go
+    into ``report["rows"]``."""
+    modes = np.asarray(modes).astype(str)
+    groups_arr = np.asarray([str(g) for g in groups])
+    for mode in sorted(set(modes.tolist())):
+        sel = s_all.mask & (modes == mode) & usable
+        n, n_groups = int(sel.sum()), len(set(groups_arr[sel].tolist()))
+        report["rows"][mode] = {"rows": n, "architectures": n_groups}
+        if n >= MIN_ROWS and n_groups >= MIN_GROUPS:
+            yield mode, sel, groups_arr[sel]
+
+
+def _kinds_in(X: np.ndarray, names: list[str], sel: np.ndarray) -> tuple[str, ...]:
+    """The recurrent kinds (in GATES order) among the selected rows, by their one-hot columns."""
+    return tuple(k for k in GATES if f"kind={k}" in names and (X[sel, names.index(f"kind={k}")] > 0.5).any())
+
+
 def fit_recurrent(X: np.ndarray, log_t: np.ndarray, modes: np.ndarray, groups: Sequence[Any],
                   feature_names: Sequence[str]) -> tuple[RecurrentTime | None, dict[str, Any]]:
     """The recurrent time model from rows of the time feature matrix ``X`` with targets ``log_t``
@@ -66,19 +86,13 @@ def fit_recurrent(X: np.ndarray, log_t: np.ndarray, modes: np.ndarray, groups: S
     model (None when no mode has at least MIN_ROWS recurrent rows from MIN_GROUPS architectures)
     and a report of every candidate's error."""
     s_all = recurrent_shape(X, feature_names)
-    modes = np.asarray(modes).astype(str)
-    groups_arr = np.asarray([str(g) for g in groups])
     names = list(feature_names)
     report: dict[str, Any] = {"candidates": {}, "chosen": {}, "rows": {}}
     fits: dict[str, ModeFit] = {}
-    for mode in sorted(set(modes.tolist())):
-        sel = s_all.mask & (modes == mode) & np.isfinite(log_t)
-        n, n_groups = int(sel.sum()), len(set(groups_arr[sel].tolist()))
-        report["rows"][mode] = {"rows": n, "architectures": n_groups}
-        if n < MIN_ROWS or n_groups < MIN_GROUPS:
-            continue
-        s, y, g = take_rows(s_all, sel), np.asarray(log_t, dtype=np.float64)[sel], groups_arr[sel]
-        kinds = tuple(k for k in GATES if f"kind={k}" in names and (X[sel, names.index(f"kind={k}")] > 0.5).any())
+    for mode, sel, g in _mode_rows(s_all, modes, np.isfinite(log_t), groups, report):
+        n = int(sel.sum())
+        s, y = take_rows(s_all, sel), np.asarray(log_t, dtype=np.float64)[sel]
+        kinds = _kinds_in(X, names, sel)
         scores: dict[str, float] = {}
         best: tuple[float, tuple[float, float], tuple[str, ...]] | None = None
         for shares in ((a, b) for a in SHARES for b in SHARES):
@@ -117,17 +131,11 @@ def fit_recurrent_power(X: np.ndarray, log_w: np.ndarray, modes: np.ndarray, gro
         return None, report
     s_all = recurrent_shape(X, names)
     y_all = np.asarray(log_w, dtype=np.float64) - np.log(np.maximum(X[:, names.index("hw_tdp_w")], 1e-9))
-    modes = np.asarray(modes).astype(str)
-    groups_arr = np.asarray([str(g) for g in groups])
     fits: dict[str, PowerFit] = {}
-    for mode in sorted(set(modes.tolist())):
-        sel = s_all.mask & (modes == mode) & np.isfinite(y_all)
-        n, n_groups = int(sel.sum()), len(set(groups_arr[sel].tolist()))
-        report["rows"][mode] = {"rows": n, "architectures": n_groups}
-        if n < MIN_ROWS or n_groups < MIN_GROUPS:
-            continue
-        s, y, g = take_rows(s_all, sel), y_all[sel], groups_arr[sel]
-        kinds = tuple(k for k in GATES if f"kind={k}" in names and (X[sel, names.index(f"kind={k}")] > 0.5).any())
+    for mode, sel, g in _mode_rows(s_all, modes, np.isfinite(y_all), groups, report):
+        n = int(sel.sum())
+        s, y = take_rows(s_all, sel), y_all[sel]
+        kinds = _kinds_in(X, names, sel)
 
         def solve(rows: np.ndarray, terms: tuple[str, ...], s: RecurrentShape = s, y: np.ndarray = y) -> np.ndarray:
             D = step_terms(take_rows(s, rows), terms)
@@ -156,18 +164,12 @@ def fit_recurrent_host(X: np.ndarray, log_ms: np.ndarray, modes: np.ndarray, gro
     log dispatch on the reference host; least squares in relative error, both terms >= 0."""
     names = list(feature_names)
     s_all = recurrent_shape(X, names)
-    modes = np.asarray(modes).astype(str)
-    groups_arr = np.asarray([str(g) for g in groups])
     y_all = np.exp(np.asarray(log_ms, dtype=np.float64))
     report: dict[str, Any] = {"chosen": {}, "rows": {}}
     fits: dict[str, dict[str, Any]] = {}
-    for mode in sorted(set(modes.tolist())):
-        sel = s_all.mask & (modes == mode) & np.isfinite(y_all) & (y_all > 0)
-        n, n_groups = int(sel.sum()), len(set(groups_arr[sel].tolist()))
-        report["rows"][mode] = {"rows": n, "architectures": n_groups}
-        if n < MIN_ROWS or n_groups < MIN_GROUPS:
-            continue
-        steps, y, g = chain_steps(take_rows(s_all, sel), 1.0, 1.0), y_all[sel], groups_arr[sel]
+    for mode, sel, g in _mode_rows(s_all, modes, np.isfinite(y_all) & (y_all > 0), groups, report):
+        n = int(sel.sum())
+        steps, y = chain_steps(take_rows(s_all, sel), 1.0, 1.0), y_all[sel]
 
         def solve(rows: np.ndarray, steps: np.ndarray = steps, y: np.ndarray = y) -> tuple[float, float]:
             D = np.column_stack([np.ones(int(rows.sum())), steps[rows]]) / y[rows, None]
@@ -181,7 +183,7 @@ def fit_recurrent_host(X: np.ndarray, log_ms: np.ndarray, modes: np.ndarray, gro
             a, b = solve(g != a_group)
             errs.append(np.abs((a + b * steps[g == a_group]) / y[g == a_group] - 1.0))
         a, b = solve(np.ones(n, dtype=bool))
-        kinds = [k for k in GATES if f"kind={k}" in names and (X[sel, names.index(f"kind={k}")] > 0.5).any()]
+        kinds = list(_kinds_in(X, names, sel))
         fits[mode] = {"a_ms": a, "b_ms": b, "loao_mape": float(np.mean(np.concatenate(errs))), "rows": n,
                       "kinds": kinds}
         report["chosen"][mode] = fits[mode]
