@@ -185,10 +185,12 @@ def test_memory_json_is_checked_when_loaded(tmp_path: Path) -> None:
 
 def test_suspect_peaks_are_summarised_by_reason_not_listed_by_amount() -> None:
     """Hundreds of distinct amounts still allocated read as one reason with its range."""
+    from gpurec.model.fitting.memory_fit import leftover_reason
     from gpurec.reports.accuracy import _suspect_reasons
 
-    suspect = [{"leftover_suspect": f"{mib} MiB allocated before the step"} for mib in (300, 1665, 260)]
-    suspect.append({"leftover_suspect": "network row measured after earlier rows, without a collection first"})
+    suspect = [{"allocated_before_bytes": mib * 2.0**20, "leftover_suspect": leftover_reason("peak", mib * 2.0**20)}
+               for mib in (300, 1665, 260)]
+    suspect.append({"allocated_before_bytes": None, "leftover_suspect": leftover_reason("network", None)})
     assert _suspect_reasons(suspect) == [
         "1: network row measured after earlier rows, without a collection first",
         "3: 260–1665 MiB still allocated before the step, after a garbage collection"]

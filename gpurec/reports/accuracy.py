@@ -850,15 +850,15 @@ def _within(rows: list[dict[str, Any]], key: str = "error_pct") -> int:
 
 def _suspect_reasons(suspect: list[dict[str, Any]]) -> list[str]:
     """Why peaks are suspect, one line per reason; the many amounts still allocated after a
-    collection are one reason with their range."""
-    import re
+    collection (``allocated_before_bytes`` above the limit) are one reason with their range."""
+    from gpurec.model.fitting.memory_fit import LEFTOVER_LIMIT_BYTES
 
     reasons: dict[str, int] = {}
     before_mib: list[float] = []
     for r in suspect:
-        m = re.fullmatch(r"(\d+(?:\.\d+)?) MiB allocated before the step", r["leftover_suspect"])
-        if m:
-            before_mib.append(float(m.group(1)))
+        before = r.get("allocated_before_bytes")
+        if before is not None and before > LEFTOVER_LIMIT_BYTES:
+            before_mib.append(before / 2**20)
         else:
             reasons[r["leftover_suspect"]] = reasons.get(r["leftover_suspect"], 0) + 1
     out = [f"{n}: {why}" for why, n in sorted(reasons.items())]

@@ -57,9 +57,16 @@ def split_of(arch: str) -> str | None:
     return None
 
 
+def _finite_or_none(value: Any) -> float | None:
+    """A recorded byte count, or None where the row has none (older rows: NaN in the table)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return float(value)
+
+
 def leftover_reason(item: str, before_bytes: Any) -> str | None:
     """Why a peak may include memory of earlier rows, or None when it is trusted."""
-    if before_bytes is not None and not (isinstance(before_bytes, float) and math.isnan(before_bytes)):
+    if _finite_or_none(before_bytes) is not None:
         if float(before_bytes) > LEFTOVER_LIMIT_BYTES:
             return f"{float(before_bytes) / 2**20:.0f} MiB allocated before the step"
         return None
@@ -101,6 +108,7 @@ def peak_table(data_root: Path | str | None = None) -> Any:
                         "batch": int(s.input_shape[0]), "mode": str(r["mode"]), "precision": precision,
                         "family": family_of(s.arch), "split": split_of(s.arch),
                         "measured_bytes": float(r["peak_memory_bytes"]),
+                        "allocated_before_bytes": _finite_or_none(r.get("memory_allocated_before_bytes")),
                         "leftover_suspect": leftover_reason(item, r.get("memory_allocated_before_bytes")) or ""})
     return pd.DataFrame.from_records(records)
 
