@@ -321,6 +321,33 @@ def test_a_precision_contradicting_the_parameters_is_refused(predictor) -> None:
         predictor.predict(MLP(), (8, 1024), precision="bf16")
 
 
+def test_autocast_casts_add_no_gpu_time_their_consumers_hold_them(predictor) -> None:  # noqa: ANN001
+    """Inside a network autocast launches a cast in its consumer's call, and the consumer's GPU-time
+    target (in-network) holds the cast's kernels: the cast adds no GPU time of its own, on a measured
+    GPU and through the cross-GPU path alike, yet keeps its host dispatch."""
+    import warnings
+
+    import numpy as np
+
+    from gpurec.model.network import free_consumer_held
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for gpu in ("H100", "A100-80GB"):
+            est = predictor.predict(MLP(), (256, 1024), mode="training", gpu=gpu, precision="bf16-mixed")
+            ops = est.per_op
+            cast = (ops["kind"] == "autocast_cast").to_numpy()
+            assert cast.sum() >= 3, gpu  # the input and both weights
+            assert (ops.loc[cast, "time_ms"] == 0.0).all() and (ops.loc[~cast, "time_ms"] > 0).all(), gpu
+            assert (ops.loc[cast, "host_ms"] > 0).all(), gpu  # the cast is still dispatched
+            assert est.op_sum_time_ms == pytest.approx(float(ops["time_ms"].sum()), rel=1e-9), gpu
+    # a measured cast is the cast alone: zeroed too; other kinds and fp32 blocks are untouched
+    t = np.array([1.0, 2.0, 3.0])
+    got = free_consumer_held(t, np.array(["autocast_cast", "Linear", "autocast_cast"], dtype=object))
+    assert got.tolist() == [0.0, 2.0, 0.0]
+    assert free_consumer_held(t, np.array(["Linear"] * 3, dtype=object)) is t and free_consumer_held(t, None) is t
+
+
 def test_fp16_and_bf16_differ_where_the_gpu_differs(predictor) -> None:  # noqa: ANN001
     import warnings
 
@@ -598,3 +625,32 @@ def test_the_precision_networks_preset_is_networks_only_with_the_unseen_architec
     n_test = len(TEST_ARCHS) * len(TEST_BATCH_SIZES) * 2
     assert {w.key.split(":")[0] for w in items[:n_test]} == set(TEST_ARCHS)
     assert {w.key.split(":")[0] for w in items[n_test:]} == set(DATASET_ARCHS)
+
+
+def test_training_network_sums_give_autocast_casts_no_time_as_prediction_does() -> None:
+    """The network sums training fits its correction on treat casts as the predictor does."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pandas as pd
+
+    from gpurec.model.fitting.validation import predict_networks
+
+    class _Const:
+        def __init__(self, value: float) -> None:
+            self.value = value
+
+        def predict(self, X, margin, modes):  # noqa: ANN001, ANN201
+            return np.full(len(X), np.log(self.value))
+
+    kinds = np.array(["autocast_cast", "Linear", "GELU", "autocast_cast", "Linear"], dtype=object)
+    n = len(kinds)
+    p = SimpleNamespace(
+        net_offsets=np.array([0, n]), net_X={"time": np.zeros((n, 1)), "power": np.zeros((n, 1))},
+        net_margin={"time": np.zeros(n), "power": np.zeros(n)}, net_modes_ops=np.full(n, "training"),
+        nets=pd.DataFrame({"gpu": ["NVIDIA H100 80GB HBM3"], "mode": ["training"]}), net_kernel_free=None,
+        net_kinds=kinds, net_signatures=[f"s{i}" for i in range(n)], net_groups=np.zeros(n, dtype=np.int64),
+        builder=SimpleNamespace(feature_names=["x"]))
+    sums = predict_networks({"time": _Const(2.0), "power": _Const(300.0)}, p, np.array([0]), small_op_ms=0.02)
+    assert sums.sum_time_ms[0] == pytest.approx(6.0)  # three operations of 2 ms, the two casts none
+    assert sums.sum_energy_mj[0] == pytest.approx(6.0 * 300.0)

@@ -161,6 +161,28 @@ def free_kernel_free(time_ms: np.ndarray, kernel_free: np.ndarray | None, measur
     return np.where(free, 0.0, time_ms)
 
 
+# Operations whose kernels run inside their consumer's call: autocast launches the cast of an
+# input or weight within the call of the operation that reads the cast copy, so the in-network
+# pass attributes its kernels to that consumer.  Every mixed-precision consumer in the training
+# data takes its GPU-time target from the in-network pass (datasets/h100, 2026-11-27: 904 of 904
+# Conv2d/Linear/attention rows), so the consumer's predicted time already holds the cast.  The
+# cast's isolated rows stay valid for what they measure (a cast alone) and its host dispatch
+# still counts (isolated consumer rows, the host model's targets, read pre-cast inputs).
+CONSUMER_HELD_KINDS: tuple[str, ...] = ("autocast_cast",)
+
+
+def free_consumer_held(time_ms: np.ndarray, kinds: np.ndarray | None) -> np.ndarray:
+    """``time_ms`` with no GPU time for operations whose kernels their consumer's time holds
+    (CONSUMER_HELD_KINDS), measured or not: a measured cast is the cast alone, and adding it
+    would count its kernels twice.  Training (the network sums) and prediction both apply it."""
+    if kinds is None or not len(kinds):
+        return time_ms
+    held = np.asarray(kinds, dtype=object) == CONSUMER_HELD_KINDS[0]
+    for k in CONSUMER_HELD_KINDS[1:]:
+        held |= np.asarray(kinds, dtype=object) == k
+    return np.where(held, 0.0, time_ms) if held.any() else time_ms
+
+
 def aggregate(time_ms: np.ndarray, power_w: np.ndarray, offsets: np.ndarray, small_op_ms: float,
               measured: np.ndarray | None = None, power_classes: np.ndarray | None = None,
               idle_w: Any = None, limit_w: Any = None) -> NetworkSums:

@@ -61,6 +61,7 @@ from gpurec.model.network import (
     Correction,
     aggregate,
     bounded_power,
+    free_consumer_held,
     free_kernel_free,
     is_recurrent,
     power_class,
@@ -72,7 +73,7 @@ from gpurec.model.rowmemo import RowMemo
 from gpurec.model.timeline import bound_of, simulate
 from gpurec.ops.coverage import warn_if_low, warn_unmeasured_precision
 from gpurec.ops.memory import MemoryFit
-from gpurec.ops.precision import resolve_precision
+from gpurec.ops.precision import MIXED, resolve_precision
 from gpurec.results import StepCost
 
 if TYPE_CHECKING:
@@ -601,6 +602,8 @@ class Predictor:
         groups = self.builder.group_index(distinct.kinds)
         classes = power_class(spread(groups), block.column("groups"), spread(is_recurrent(distinct.kinds)))
         anchor = self.cross_anchor(nvml)
+        # only autocast inserts casts, whose kernels their consumers' times hold
+        mixed = any(getattr(e, "precision", None) in MIXED for e, _ in entries)
         if anchor is None:
             t = spread(np.exp(self._time_log_ms(feats, mode)))
             hit = np.zeros(len(t), dtype=bool)
@@ -608,13 +611,15 @@ class Predictor:
                 t, w, hit = self.lookup.apply(t, w, block.signatures, nvml, mode)
             if self.kernel_free_no_gpu_time:
                 t = free_kernel_free(t, block.kernel_free, hit)
+            if mixed:
+                t = free_consumer_held(t, block.kinds)
             w = bounded_power(w, idle_w, limit_w)
             sums = aggregate(t, w, offsets, self.small_op_ms, hit, classes, idle_w, limit_w)
             t_net, w_net, key = self.correction.apply(sums, nvml, mode)
         else:
             w = bounded_power(w, idle_w, limit_w)
             t, t_net, w_net, key, sums = self._cross_time(distinct, spread, block, offsets, mode, nvml, anchor, w,
-                                                          (classes, idle_w, limit_w))
+                                                          (classes, idle_w, limit_w), mixed)
             hit = np.zeros(len(t), dtype=bool)
         # The correction rescales each network's GPU work; the timeline then places it behind the host.
         factor = np.repeat(t_net / np.maximum(sums.sum_time_ms, 1e-12), np.diff(offsets))
@@ -667,8 +672,8 @@ class Predictor:
         return log_t if self.recurrent is None else self.recurrent.apply(log_t, X, mode)
 
     def _cross_time(self, distinct: OpBlock, spread: Any, block: OpBlock, offsets: np.ndarray, mode: str,
-                    nvml: str, anchor: str, w: np.ndarray, power: tuple[Any, float, float] | None = None
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, Any]:
+                    nvml: str, anchor: str, w: np.ndarray, power: tuple[Any, float, float] | None = None,
+                    mixed: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, Any]:
         """GPU time on a GPU without host-free measurements: the anchor's (its measured operations
         and its whole-network correction included) times, per operation, the cross-GPU model's
         ratio (gpurec.model.crossgpu) of this GPU to the anchor.  A GPU no worse than the anchor
@@ -680,6 +685,8 @@ class Predictor:
         hit_a = np.zeros(len(t_a), dtype=bool)
         if self.lookup is not None:
             t_a, _, hit_a = self.lookup.apply(t_a, np.ones_like(t_a), block.signatures, a_nvml, mode)
+        if mixed:
+            t_a = free_consumer_held(t_a, block.kinds)
         sums_a = aggregate(t_a, np.ones_like(t_a), offsets, self.small_op_ms, hit_a)
         t_net_a, _, key_a = self.correction.apply(sums_a, a_nvml, mode)
         table = op_table_from_block(distinct)

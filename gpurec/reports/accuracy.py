@@ -1144,11 +1144,16 @@ def precision_section(prec: dict[str, Any] | None) -> list[str]:
                         "share of error"], lines) + [""]
         check = p.get("correction_check") or []
         if check:
+            casts_out = any(c["variant"] == "casts taken out" for c in check)
             L += [f"Would a whole-network correction for {precision} help held-out networks? Per mode, host-free time "
                   "MAPE of these networks as predicted and after a scale fitted leave-one-family-out (the median "
-                  "measured / predicted of the other families' networks); then the same with the predicted autocast "
-                  "casts taken out (inside a network autocast launches them in their consumer's call, and the "
-                  "consumer's in-network time, a training target, already holds their kernels).", ""]
+                  "measured / predicted of the other families' networks)"
+                  + ("; then the same with the predicted autocast casts taken out (inside a network autocast "
+                     "launches them in their consumer's call, and the consumer's in-network time, a training "
+                     "target, already holds their kernels)." if casts_out else
+                     ". The autocast casts add no GPU time to these estimates: inside a network autocast launches "
+                     "them in their consumer's call, and the consumer's in-network time, its training target, "
+                     "already holds their kernels."), ""]
             lines = [row([c["variant"], c["mode"], str(c["n"]), str(c["families"]), pct(c["time_mape"]),
                           pct(c["lofo_scaled_time_mape"])]) for c in check]
             L += table(["predicted time", "mode", "networks", "families", "time MAPE",

@@ -279,7 +279,7 @@ class Prepared:
     reference_source: str
     targets: dict[str, Any]
     report: dict[str, Any]
-    net_kinds: np.ndarray | None = None  # per network operation: its kind (the recurrent power class)
+    net_kinds: np.ndarray | None = None  # per network operation: its kind (recurrent power class; consumer-held casts get no time)
 
 
 def prepare(data_root: Path | str | None, feature: FeatureConfig, time_target: str, gpu_time_source: str,

@@ -387,17 +387,20 @@ def precision_accuracy(predictor: Any, data_root: Any = None, fp32_records: Any 
 def precision_correction_check(records: Any) -> list[dict[str, Any]]:
     """Would a whole-network correction for this precision help networks of held-out families?
     Per mode: host-free time MAPE as predicted, and after a scale fitted leave-one-family-out
-    (the median measured / predicted of the other families' networks); the same with the
-    predicted autocast casts taken out (``pred_cast_gpu_time_ms``: inside a network autocast
-    launches them in their consumer's call, whose in-network time already holds them)."""
+    (the median measured / predicted of the other families' networks); where the predicted
+    autocast casts carry GPU time (``pred_cast_gpu_time_ms``), the same with them taken out
+    (inside a network autocast launches them in their consumer's call, whose in-network time
+    already holds them; gpurec.model.network.free_consumer_held gives them none)."""
     df = records[(records["error"] == "") & records["measured_gpu_time_ms"].notna()]
     if not len(df) or "pred_gpu_time_ms" not in df:
         return []
     out = []
     fams = df["arch"].map(family).to_numpy()
     casts = df["pred_cast_gpu_time_ms"].fillna(0.0).to_numpy() if "pred_cast_gpu_time_ms" in df else np.zeros(len(df))
-    for variant, pred in (("as predicted", df["pred_gpu_time_ms"].to_numpy(dtype=float)),
-                          ("casts taken out", df["pred_gpu_time_ms"].to_numpy(dtype=float) - casts)):
+    variants = [("as predicted", df["pred_gpu_time_ms"].to_numpy(dtype=float))]
+    if np.any(casts > 0):  # a predictor that gives no GPU time to consumer-held casts has none to take out
+        variants.append(("casts taken out", df["pred_gpu_time_ms"].to_numpy(dtype=float) - casts))
+    for variant, pred in variants:
         for mode in sorted(set(df["mode"])):
             sel = (df["mode"] == mode).to_numpy()
             p, m, f = pred[sel], df["measured_gpu_time_ms"].to_numpy(dtype=float)[sel], fams[sel]

@@ -28,6 +28,7 @@ from gpurec.model.network import (
     bounded_power,
     correction_cv,
     fit_correction,
+    free_consumer_held,
     free_kernel_free,
     is_recurrent,
     power_class,
@@ -108,6 +109,8 @@ def predict_networks(models: dict[str, Routed], p: Prepared, net_rows: np.ndarra
                                                     str(p.nets["mode"].iat[i]))
     if p.net_kernel_free is not None:
         t = free_kernel_free(t, p.net_kernel_free[idx], hit)
+    if p.net_kinds is not None:
+        t = free_consumer_held(t, p.net_kinds[idx])
     bounds = {g: resolve_gpu(g).power_bounds_w() for g in set(p.nets["gpu"].to_numpy()[net_rows].astype(str))}
     idle = np.array([bounds[str(p.nets["gpu"].iat[i])][0] for i in net_rows])
     limit = np.array([bounds[str(p.nets["gpu"].iat[i])][1] for i in net_rows])
