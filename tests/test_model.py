@@ -102,6 +102,38 @@ def test_time_correction_spares_measured_operations() -> None:
     assert isinstance(half.take([1]), NetworkSums) and half.take([1]).measured_share == pytest.approx([0.0])
 
 
+def test_correction_is_keyed_by_precision() -> None:
+    """A bf16-mixed network takes its precision's own correction where one was fitted, the step
+    mode's (fitted on fp32 networks) where not; fp32 coefficients are fitted on fp32 networks
+    only, so adding bf16-mixed networks to the data leaves them as they were."""
+    from gpurec.model.network import Correction, aggregate, correction_mode, fit_correction
+
+    assert correction_mode("training", "fp32") == "training" and correction_mode("training", None) == "training"
+    assert correction_mode("training", "bf16-mixed") == "training|bf16-mixed"
+    rng = np.random.default_rng(3)
+    n = 12
+    t = rng.uniform(1, 5, 4 * n)
+    offsets = np.arange(0, 4 * n + 1, 4)
+    sums = aggregate(t, np.full(len(t), 300.0), offsets, 0.02)
+    measured_w = np.full(n, 300.0)
+    modes = np.array(["training"] * (n // 2) + ["training|bf16-mixed"] * (n - n // 2))
+    fp32 = modes == "training"
+    fp32_only = fit_correction(sums.take(fp32), np.full(n // 2, "H100"), modes[fp32], sums.sum_time_ms[fp32] * 1.1,
+                               measured_w[fp32], "scale", "none")
+    measured = np.where(modes == "training", 1.1, 1.6) * sums.sum_time_ms
+    both = fit_correction(sums, np.full(n, "H100"), modes, measured, measured_w, "scale", "none")
+    assert both.time_coef["*|training"]["scale"] == pytest.approx(1.1, rel=0.02)
+    assert both.time_coef["*|training|bf16-mixed"]["scale"] == pytest.approx(1.6, rel=0.02)
+    assert fp32_only.time_coef["*|training"]["scale"] == pytest.approx(both.time_coef["*|training"]["scale"])
+    one = sums.take([0])
+    assert both.apply(one, "H100", "training|bf16-mixed")[2] == "*|training|bf16-mixed"
+    assert both.apply(one, "H100", "training|fp16-mixed")[2] == "*|training"  # no fp16-mixed correction yet
+    assert Correction.identity().apply(one, "H100", "training|bf16-mixed")[2] == "identity"
+    t_each, _, keys = both.apply_each(sums.take([0, 1]), "H100", ["training", "training|bf16-mixed"])
+    assert keys == ["*|training", "*|training|bf16-mixed"]
+    assert t_each[1] / sums.sum_time_ms[1] == pytest.approx(both.time_coef["*|training|bf16-mixed"]["scale"])
+
+
 def test_package_imports_lazily() -> None:
     code = ("import sys, gpurec, gpurec.model; "
             "bad = [m for m in ('xgboost', 'sklearn', 'optuna', 'torch') if m in sys.modules]; "

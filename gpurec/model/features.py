@@ -543,12 +543,12 @@ def operations_of_rows(df: pd.DataFrame, extractor: SetExtractor) -> RowOps:
     return RowOps(block=block, row_index=np.array(rows, dtype=np.int64), unmatched=unmatched)
 
 
-def network_blocks(keys: Sequence[tuple[str, str]], extractor: SetExtractor) -> tuple[OpBlock, np.ndarray, list[int]]:
-    """All operations (in order, repeats kept) of each (set_key, mode); returns the block,
-    segment offsets (len(kept) + 1) and the positions in ``keys`` that could be extracted."""
+def network_blocks(keys: Sequence[tuple[str, ...]], extractor: SetExtractor) -> tuple[OpBlock, np.ndarray, list[int]]:
+    """All operations (in order, repeats kept) of each (set_key, mode[, precision]); returns the
+    block, segment offsets (len(kept) + 1) and the positions in ``keys`` that could be extracted."""
     blocks, kept = [], []
-    for i, (set_key, mode) in enumerate(keys):
-        b = extractor.get(set_key, mode)
+    for i, key in enumerate(keys):
+        b = extractor.get(*key)
         if b is None or len(b) == 0:
             continue
         blocks.append(b)

@@ -287,6 +287,13 @@ def apply_power(s: NetworkSums, coef: dict[str, float]) -> np.ndarray:
     return out
 
 
+def correction_mode(mode: str, precision: str | None = None) -> str:
+    """The key a network's correction is fitted and looked up under: its step mode, and its
+    precision where that is not fp32 (autocast's casts, fused kernels and tensor-core tiles make the
+    op sum of a bf16-mixed network miss in another way than an fp32 one's)."""
+    return mode if precision in (None, "", "fp32") else f"{mode}|{precision}"
+
+
 @dataclass
 class Correction:
     """Chosen variants and coefficients per (gpu, mode), with ('*', mode) pooled fallbacks."""
@@ -298,7 +305,13 @@ class Correction:
     n_rows: dict[str, int]
 
     def lookup(self, gpu: str, mode: str) -> tuple[dict[str, float], dict[str, float], str]:
-        for key in (f"{gpu}|{mode}", f"*|{mode}"):
+        """Coefficients of ``mode`` (a correction_mode(): the precision's own where it has one,
+        else its step mode's, which were fitted on fp32 networks)."""
+        keys = [f"{gpu}|{mode}", f"*|{mode}"]
+        if "|" in mode:
+            base = mode.split("|", 1)[0]
+            keys += [f"{gpu}|{base}", f"*|{base}"]
+        for key in keys:
             if key in self.time_coef:
                 return self.time_coef[key], self.power_coef[key], key
         return dict(TIME_IDENTITY), dict(POWER_IDENTITY), "identity"
@@ -316,6 +329,22 @@ class Correction:
         tc, pc, key = self.lookup(gpu, mode)
         t = apply_time(s, tc)
         return t + (s.sum_time_ms - t) * s.measured_share, apply_power(s, pc), key
+
+    def apply_each(self, s: NetworkSums, gpu: str, modes: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """apply() with a correction mode per network (networks of one call may differ in precision)."""
+        if len(set(modes)) <= 1:
+            t, w, key = self.apply(s, gpu, modes[0] if len(modes) else "inference")
+            return t, w, [key] * len(modes)
+        t, w = np.empty(len(modes)), np.empty(len(modes))
+        keys = [""] * len(modes)
+        arr = np.asarray(modes, dtype=object)
+        for m in sorted(set(modes)):
+            idx = np.flatnonzero(arr == m)
+            ti, wi, key = self.apply(s.take(idx), gpu, m)
+            t[idx], w[idx] = ti, wi
+            for i in idx:
+                keys[i] = key
+        return t, w, keys
 
     def as_dict(self) -> dict[str, Any]:
         return {"time_variant": self.time_variant, "power_variant": self.power_variant,

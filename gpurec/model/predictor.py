@@ -61,6 +61,7 @@ from gpurec.model.network import (
     Correction,
     aggregate,
     bounded_power,
+    correction_mode,
     free_consumer_held,
     free_kernel_free,
     is_recurrent,
@@ -604,6 +605,7 @@ class Predictor:
         anchor = self.cross_anchor(nvml)
         # only autocast inserts casts, whose kernels their consumers' times hold
         mixed = any(getattr(e, "precision", None) in MIXED for e, _ in entries)
+        cmodes = [correction_mode(mode, getattr(e, "precision", None)) for e, _ in entries]
         if anchor is None:
             t = spread(np.exp(self._time_log_ms(feats, mode)))
             hit = np.zeros(len(t), dtype=bool)
@@ -615,11 +617,11 @@ class Predictor:
                 t = free_consumer_held(t, block.kinds)
             w = bounded_power(w, idle_w, limit_w)
             sums = aggregate(t, w, offsets, self.small_op_ms, hit, classes, idle_w, limit_w)
-            t_net, w_net, key = self.correction.apply(sums, nvml, mode)
+            t_net, w_net, keys = self.correction.apply_each(sums, nvml, cmodes)
         else:
             w = bounded_power(w, idle_w, limit_w)
-            t, t_net, w_net, key, sums = self._cross_time(distinct, spread, block, offsets, mode, nvml, anchor, w,
-                                                          (classes, idle_w, limit_w), mixed)
+            t, t_net, w_net, keys, sums = self._cross_time(distinct, spread, block, offsets, mode, nvml, anchor, w,
+                                                           (classes, idle_w, limit_w), mixed, cmodes)
             hit = np.zeros(len(t), dtype=bool)
         # The correction rescales each network's GPU work; the timeline then places it behind the host.
         factor = np.repeat(t_net / np.maximum(sums.sum_time_ms, 1e-12), np.diff(offsets))
@@ -657,7 +659,7 @@ class Predictor:
                 energy_high_mj=eager_e * ehi * hhi, gpu_time_low_ms=g_t * tlo, gpu_time_high_ms=g_t * thi,
                 gpu_energy_low_mj=g_e * elo, gpu_energy_high_mj=g_e * ehi,
                 op_sum_time_ms=float(sums.sum_time_ms[i]), op_sum_energy_mj=float(sums.sum_energy_mj[i]),
-                n_ops=int(b - a), coverage=cov, correction=key,
+                n_ops=int(b - a), coverage=cov, correction=keys[i],
                 measured_share=float(hit[a:b].mean()) if b > a else 0.0, precision=e.precision,
                 precision_measured=precision_measured)
             est._ops = _OpDetail(entry=e, gpu_time_ms=t[a:b], power_w=w[a:b], host_ms=d[a:b], measured=hit[a:b],
@@ -673,7 +675,8 @@ class Predictor:
 
     def _cross_time(self, distinct: OpBlock, spread: Any, block: OpBlock, offsets: np.ndarray, mode: str,
                     nvml: str, anchor: str, w: np.ndarray, power: tuple[Any, float, float] | None = None,
-                    mixed: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, Any]:
+                    mixed: bool = False, cmodes: list[str] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], Any]:
         """GPU time on a GPU without host-free measurements: the anchor's (its measured operations
         and its whole-network correction included) times, per operation, the cross-GPU model's
         ratio (gpurec.model.crossgpu) of this GPU to the anchor.  A GPU no worse than the anchor
@@ -688,7 +691,8 @@ class Predictor:
         if mixed:
             t_a = free_consumer_held(t_a, block.kinds)
         sums_a = aggregate(t_a, np.ones_like(t_a), offsets, self.small_op_ms, hit_a)
-        t_net_a, _, key_a = self.correction.apply(sums_a, a_nvml, mode)
+        cmodes = cmodes if cmodes is not None else [mode] * (len(offsets) - 1)
+        t_net_a, _, keys_a = self.correction.apply_each(sums_a, a_nvml, cmodes)
         table = op_table_from_block(distinct)
         cross = self.crossgpu
         if cross is None:  # anchors exist only with a cross-GPU model
@@ -698,18 +702,18 @@ class Predictor:
         if self.kernel_free_no_gpu_time:
             t = free_kernel_free(t, block.kernel_free, np.zeros(len(t), dtype=bool))
         sums = aggregate(t, w, offsets, self.small_op_ms, None, *(power or ()))
-        _, w_net, _ = self.correction.apply(sums, nvml, mode)
+        _, w_net, _ = self.correction.apply_each(sums, nvml, cmodes)
         # the anchor's network correction, carried over as a factor on the transferred operations
         t_net = t_net_a / np.maximum(sums_a.sum_time_ms, 1e-12) * sums.sum_time_ms
         energy_pj = cross.memory_energy_pj_per_byte
         if energy_pj is not None and power is not None and same_compute_die(spec_row(nvml), spec_row(a_nvml)):
             w_net = self._carried_power_w(feats_a, spread, block, offsets, mode, a_nvml, t_a, hit_a, power[0],
-                                          table, t_net_a, t_net, nvml, energy_pj)
-        return t, t_net, w_net, f"{key_a} x cross-GPU ratio to {anchor}", sums
+                                          table, t_net_a, t_net, nvml, energy_pj, cmodes)
+        return t, t_net, w_net, [f"{k} x cross-GPU ratio to {anchor}" for k in keys_a], sums
 
     def _carried_power_w(self, feats_a: Any, spread: Any, block: OpBlock, offsets: np.ndarray, mode: str, a_nvml: str,
                          t_a: np.ndarray, hit_a: np.ndarray, classes: np.ndarray, table: Any, t_net_a: np.ndarray,
-                         t_net: np.ndarray, nvml: str, energy_pj: float) -> np.ndarray:
+                         t_net: np.ndarray, nvml: str, energy_pj: float, cmodes: list[str]) -> np.ndarray:
         """Network power on a GPU of the anchor's compute die: the anchor's own network power (as
         predicted on the anchor, its measured operations included) with this GPU's idle floor and
         DRAM power for the same bytes over this GPU's time (gpurec.model.crossgpu.transfer_power_w).
@@ -725,7 +729,7 @@ class Predictor:
         idle_a, limit_a = self._power_bounds(a_nvml)
         w_a = bounded_power(w_a, idle_a, limit_a)
         sums_a = aggregate(t_lookup, w_a, offsets, self.small_op_ms, hit_a, classes, idle_a, limit_a)
-        _, w_net_a, _ = self.correction.apply(sums_a, a_nvml, mode)
+        _, w_net_a, _ = self.correction.apply_each(sums_a, a_nvml, cmodes)
         moved = np.concatenate([[0.0], np.cumsum(spread(table.raw[:, 1]))])
         idle, limit = self._power_bounds(nvml)
         return transfer_power_w(w_net_a, idle_a, idle, limit, moved[offsets[1:]] - moved[offsets[:-1]], t_net_a, t_net,

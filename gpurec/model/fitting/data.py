@@ -41,6 +41,7 @@ from gpurec.model.features import (
     target_mask,
 )
 from gpurec.model.fitting.evaluate import arch_of, family, row_families
+from gpurec.model.network import correction_mode
 
 TIME_TARGETS = ("auto", "host_free", "eager")
 GPU_TIME_SOURCES = ("in_network", "isolated")
@@ -301,17 +302,17 @@ def prepare(data_root: Path | str | None, feature: FeatureConfig, time_target: s
     extra = ops[extra_cols].to_numpy(dtype=np.float64, na_value=np.nan) if extra_cols else None
     feats = builder.build(matched.block, hardware_matrix(ops["gpu"].tolist()), extra)
     test_archs, train_archs = set(test_arch_names()), set(dataset_arch_names())
-    if len(nets) and "precision" in nets:
-        # Network blocks are extracted in fp32: a network measured at another precision stays out of
-        # the network-level fits until they extract at the row's precision (counted, not dropped silently).
-        low = nets["precision"].fillna("fp32") != "fp32"
-        dropped["networks at a precision other than fp32"] = int(low.sum())
-        nets = nets[~low].reset_index(drop=True)
     if len(nets):
-        nets = nets.assign(arch=nets["set_key"].map(arch_of))
+        # Every precision's networks are extracted at their precision: the network correction is
+        # fitted per correction_mode (step mode and precision); the network reports stay fp32 (is_fp32).
+        prec = nets["precision"].fillna("fp32").astype(str) if "precision" in nets else "fp32"
+        nets = nets.assign(precision=prec, arch=nets["set_key"].map(arch_of))
         nets = nets[nets["arch"].isin(train_archs | test_archs)].reset_index(drop=True)
-        nets = nets.assign(family=nets["arch"].map(family), is_test=nets["arch"].isin(test_archs))
-    keys = list(zip(nets["set_key"], nets["mode"], strict=True)) if len(nets) else []
+        nets = nets.assign(family=nets["arch"].map(family), is_test=nets["arch"].isin(test_archs),
+                           is_fp32=nets["precision"] == "fp32",
+                           correction_mode=[correction_mode(m, q) for m, q in
+                                            zip(nets["mode"], nets["precision"], strict=True)])
+    keys = list(zip(nets["set_key"], nets["mode"], nets["precision"], strict=True)) if len(nets) else []
     block, offsets, kept = network_blocks(keys, extractor)
     nets = nets.iloc[kept].reset_index(drop=True) if len(nets) else nets
     extractor.save()

@@ -25,6 +25,7 @@ from gpurec.model.network import (
     Correction,
     NetworkSums,
     aggregate,
+    ape,
     bounded_power,
     correction_cv,
     fit_correction,
@@ -123,6 +124,31 @@ def predict_networks(models: dict[str, Routed], p: Prepared, net_rows: np.ndarra
                      limit)
 
 
+def fp32_rows(p: Prepared, rows: np.ndarray) -> np.ndarray:
+    """Mask over ``rows`` of the fp32 networks: the network reports and the uncertainty band keep
+    to them (their figures stay comparable across rounds); other precisions only fit and score
+    their own correction (network_correction's by_correction_mode)."""
+    return p.nets["is_fp32"].to_numpy(dtype=bool)[rows]
+
+
+def by_correction_mode(cv: dict[str, Any], sums: NetworkSums, t: np.ndarray, w: np.ndarray,
+                       modes: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Leave-one-family-out network MAPE per correction mode, before (op sums) and after the
+    chosen correction, so a precision's own correction shows what it earns."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in sorted(set(modes.tolist())):
+        sel = modes == m
+        entry: dict[str, Any] = {"n": int(sel.sum()),
+                                 "raw_time_mape": float(np.mean(ape(sums.sum_time_ms[sel], t[sel]))),
+                                 "raw_energy_mape": float(np.mean(ape(sums.sum_energy_mj[sel], t[sel] * w[sel])))}
+        if "chosen" in cv:
+            ct, cw = cv["oof_time_ms"][sel], cv["oof_power_w"][sel]
+            entry["corrected_time_mape"] = float(np.mean(ape(ct, t[sel])))
+            entry["corrected_energy_mape"] = float(np.mean(ape(ct * cw, t[sel] * w[sel])))
+        out[m] = entry
+    return out
+
+
 def net_measured(p: Prepared, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The networks' GPU-side targets: time (ms) and power (W)."""
     return (p.nets["_t_gpu"].to_numpy(dtype=np.float64)[rows], p.nets["_p_gpu"].to_numpy(dtype=np.float64)[rows])
@@ -198,7 +224,8 @@ def leave_one_family_out(p: Prepared, suite: Suite, cfg: TrainConfig, log: Calla
         if nparts:
             rows = np.concatenate([r for r, _ in nparts])
             sums = NetworkSums.concat([s for _, s in nparts])
-            entry["network_raw"] = net_breakdown(sums, sums.sum_time_ms, sums.power_ops_w, p, rows)
+            f = fp32_rows(p, rows)
+            entry["network_raw"] = net_breakdown(sums.take(f), sums.sum_time_ms[f], sums.power_ops_w[f], p, rows[f])
             oof_nets[kind] = (rows, sums)
         out[kind] = entry
         if "per_op" in entry:
@@ -245,7 +272,7 @@ def network_correction(p: Prepared, net_oof: dict[str, tuple[np.ndarray, Network
     if "xgboost" in net_oof:
         rows, sums = net_oof["xgboost"]
         gpus = p.nets["gpu"].to_numpy().astype(str)[rows]
-        modes = p.nets["mode"].to_numpy().astype(str)[rows]
+        modes = p.nets["correction_mode"].to_numpy().astype(str)[rows]
         fams = p.nets["family"].to_numpy().astype(str)[rows]
         t, w = net_measured(p, rows)
         specific = correction_gpus(p, cfg)
@@ -257,18 +284,21 @@ def network_correction(p: Prepared, net_oof: dict[str, tuple[np.ndarray, Network
                        "n_families": cv["n_groups"], "mape_by_variant": {k: cv[k] for k in ("time", "power", "energy")},
                        "chosen": chosen, "time_variants": {k: list(v) for k, v in TIME_VARIANTS.items()},
                        "power_variants": {k: list(v) for k, v in POWER_VARIANTS.items()}}
+        f = fp32_rows(p, rows)
+        corr_report["by_correction_mode"] = by_correction_mode(cv, sums, t, w, modes)
         if "chosen" in cv:
-            oof_t, oof_w = cv["oof_time_ms"], cv["oof_power_w"]
-            lofo["xgboost"]["network_corrected"] = net_breakdown(sums, oof_t, oof_w, p, rows)
-            lofo["xgboost"]["network_records"] = records(sums, oof_t, oof_w, p, rows)
-            ratios_t = t / oof_t
-            ratios_e = (t * w) / (oof_t * oof_w)
+            oof_t, oof_w = cv["oof_time_ms"][f], cv["oof_power_w"][f]
+            lofo["xgboost"]["network_corrected"] = net_breakdown(sums.take(f), oof_t, oof_w, p, rows[f])
+            lofo["xgboost"]["network_records"] = records(sums.take(f), oof_t, oof_w, p, rows[f])
+            ratios_t = t[f] / oof_t
+            ratios_e = (t[f] * w[f]) / (oof_t * oof_w)
             n = lofo["xgboost"]["network_corrected"]["overall"]
             log(f"  network correction time '{chosen['time']}', power '{chosen['power']}': "
                 f"time MAPE {cv['time']['none']:.1f}% -> {cv['time'][chosen['time']]:.1f}%, "
                 f"energy {cv['energy']['none']:.1f}% -> {cv['energy']['chosen']:.1f}% [{n['n']} networks]")
         else:
-            lofo["xgboost"]["network_records"] = records(sums, sums.sum_time_ms, sums.power_ops_w, p, rows)
+            lofo["xgboost"]["network_records"] = records(sums.take(f), sums.sum_time_ms[f], sums.power_ops_w[f], p,
+                                                         rows[f])
     report["network_correction"] = corr_report
     if ratios_t is not None and len(ratios_t) >= 5:
         source = f"leave-one-family-out corrected network errors ({len(ratios_t)} networks)"
@@ -346,10 +376,11 @@ def leave_one_gpu_out(p: Prepared, suite: Suite, cfg: TrainConfig,
                 if keep.sum() >= 3:
                     t0, w0 = net_measured(p, r0[keep])
                     corr = fit_correction(s0.take(keep), np.full(int(keep.sum()), "*"),
-                                          p.nets["mode"].to_numpy()[r0][keep], t0, w0, chosen["time"],
+                                          p.nets["correction_mode"].to_numpy()[r0][keep], t0, w0, chosen["time"],
                                           chosen["power"], 10**9, 3, cfg.correction_ridge)
             for label, test_arch in (("train_archs", False), ("test_archs", True)):
-                rows = np.flatnonzero((p.nets["gpu"] == gpu).to_numpy() & (p.nets["is_test"].to_numpy() == test_arch))
+                rows = np.flatnonzero((p.nets["gpu"] == gpu).to_numpy() & (p.nets["is_test"].to_numpy() == test_arch)
+                                      & p.nets["is_fp32"].to_numpy())
                 if not len(rows):
                     continue
                 sums = predict_networks(models, p, rows, cfg.small_op_ms)
@@ -382,9 +413,9 @@ def test_set(p: Prepared, final: dict[str, Routed], correction: Correction, cfg:
     Scored as the predictor runs (measured operations looked up when ``lookup``) and with the
     models alone, so the benefit of the lookup is visible.
     """
-    if not len(p.nets) or not p.nets["is_test"].any():
-        return {"available": False, "reason": "no networks of TEST_ARCHS measured"}
-    rows = np.flatnonzero(p.nets["is_test"].to_numpy())
+    rows = np.flatnonzero(p.nets["is_test"].to_numpy() & p.nets["is_fp32"].to_numpy()) if len(p.nets) else []
+    if not len(rows):
+        return {"available": False, "reason": "no fp32 networks of TEST_ARCHS measured"}
     out: dict[str, Any] = {"available": True, "archs": sorted(set(p.nets["arch"].to_numpy()[rows].tolist())),
                            "measured_lookup": lookup is not None}
     variants = [("", lookup), ("_model_only", None)] if lookup is not None else [("", None)]
@@ -448,7 +479,7 @@ def network_host_inputs(p: Prepared, final: dict[str, Routed], host: Any) -> dic
         return None
     eager = p.nets["time_ms"].to_numpy(dtype=np.float64)
     hf = p.nets["_t_gpu"].to_numpy(dtype=np.float64)
-    rows = np.flatnonzero(np.isfinite(eager) & (eager > 0) & np.isfinite(hf) & (hf > 0))
+    rows = np.flatnonzero(np.isfinite(eager) & (eager > 0) & np.isfinite(hf) & (hf > 0) & p.nets["is_fp32"].to_numpy())
     if not len(rows):
         return None
     idx = np.concatenate([np.arange(p.net_offsets[i], p.net_offsets[i + 1]) for i in rows])
