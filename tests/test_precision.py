@@ -654,3 +654,16 @@ def test_training_network_sums_give_autocast_casts_no_time_as_prediction_does() 
     sums = predict_networks({"time": _Const(2.0), "power": _Const(300.0)}, p, np.array([0]), small_op_ms=0.02)
     assert sums.sum_time_ms[0] == pytest.approx(6.0)  # three operations of 2 ms, the two casts none
     assert sums.sum_energy_mj[0] == pytest.approx(6.0 * 300.0)
+
+
+def test_the_bf16_mixed_operations_preset_holds_the_precision_plans_bf16_mixed_operations_only() -> None:
+    """The same operation items as the precision preset's bf16-mixed part (so the rows it
+    measures count there too), no networks, no other precision, no test architecture."""
+    from gpurec.sets import TEST_ARCHS
+    from gpurec.tools.plan import PRESETS
+
+    ops = build_parts_plan(PRESETS["bf16-mixed-operations"](), extract=_fake_extract)
+    assert ops and {(w.item != "network", w.precision) for w in ops} == {(True, "bf16-mixed")}
+    assert not {w.key.split(":")[0] for w in ops} & set(TEST_ARCHS)
+    full = build_parts_plan(PRESETS["precision"](), extract=_fake_extract)
+    assert [w.id for w in ops] == [w.id for w in full if w.item != "network" and w.precision == "bf16-mixed"]

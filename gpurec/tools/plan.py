@@ -78,8 +78,19 @@ def _precision_networks_parts() -> list[PlanPart]:
             PlanPart("bf16-mixed", DATASET_ARCHS, DATASET_BATCH_SIZES, operations=False)]
 
 
+def _bf16_mixed_operations_parts() -> list[PlanPart]:
+    """bf16-mixed operations of every dataset set only: the precision plan shares its lease
+    round-robin with bf16, fp16-mixed and TF32 operations, and the unseen bf16-mixed networks are
+    judged on models that learn from bf16-mixed operation rows (the same items as the precision
+    plan's; the runner skips those already measured)."""
+    from gpurec.sets import DATASET_ARCHS, DATASET_BATCH_SIZES
+
+    return [PlanPart("bf16-mixed", DATASET_ARCHS, DATASET_BATCH_SIZES, networks=False)]
+
+
 PRESETS: dict[str, Callable[[], list[PlanPart]]] = {"precision": _issue21_parts,
-                                                    "precision-networks": _precision_networks_parts}
+                                                    "precision-networks": _precision_networks_parts,
+                                                    "bf16-mixed-operations": _bf16_mixed_operations_parts}
 
 
 def build_parts_plan(parts: Sequence[PlanPart], extract: Any = None,
