@@ -769,6 +769,17 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
         el = [row(["energy: none", "—", pct(en.get("none")), ""]),
               row(["energy: chosen", "—", pct(en.get("chosen")), ""])]
         L += table(["variant", "fitted terms", "MAPE", ""], tl + pl + el)
+        per_mode = nc.get("by_correction_mode") or {}
+        if per_mode:
+            L += ["", "Per correction mode (step mode, and the precision where not fp32: each precision is fitted "
+                  "on its own networks and falls back to its step mode's fp32 correction where it has none), the "
+                  "same leave-one-family-out networks before (op sum) and after the chosen correction. The "
+                  "tables above and below keep to fp32 networks.", ""]
+            L += table(["correction mode", "networks", "time, op sum", "time, corrected", "energy, op sum",
+                        "energy, corrected"],
+                       [row([f"`{m}`", str(d["n"]), pct(d["raw_time_mape"]), pct(d.get("corrected_time_mape")),
+                             pct(d["raw_energy_mape"]), pct(d.get("corrected_energy_mape"))])
+                        for m, d in sorted(per_mode.items())])
         coef = manifest.get("network_correction", {})
         L += ["", "Coefficients kept (per GPU+mode where ≥ the minimum networks, else pooled per mode `*`):", "",
               "```", json.dumps({"time": coef.get("time_coef"), "power": coef.get("power_coef"),
