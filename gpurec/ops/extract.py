@@ -144,6 +144,27 @@ class _Tracer(torch.fx.Tracer):
             return forward(*args, **kwargs)
         return self.create_proxy("call_module", path, args, kwargs)
 
+    def create_node(self, kind: str, target: Any, args: Any, kwargs: Any, name: str | None = None,
+                    type_expr: Any = None) -> torch.fx.Node:
+        """fx's node creation without what extraction never reads: the scope table
+        (``node_name_to_scope``) and Graph.create_node's scan of every argument for raw SymInts
+        (arguments made here are proxies' nodes and constants, never symbolic values), together
+        about a fifth of tracing a fresh candidate.  Same node, name and position in the graph
+        (tests/test_extract_speed.py compares the graph with fx's own); fx's own path where it
+        would do more (preserved node meta, mutation checks) or the graph lacks what this uses."""
+        graph = self.graph
+        if (self.check_mutable_operations or _preserved_node_meta() or type(graph) is not torch.fx.Graph
+                or not _LEAN_GRAPH_ATTRS.issubset(vars(graph)) or graph.owning_module is not None):
+            return super().create_node(kind, target, args, kwargs, name, type_expr)
+        candidate = name if name is not None else graph._target_to_str(target)
+        name = graph._graph_namespace.create_name(candidate, None)
+        node = torch.fx.Node(graph, name, kind, target, args or (), kwargs or _immutable_dict(), type_expr)
+        graph._graph_namespace.associate_name_with_obj(name, node)
+        graph._insert(node)
+        graph._find_nodes_lookup_table.insert(node)
+        graph._len += 1
+        return node
+
     def create_arg(self, a: Any) -> Any:
         """The commonest arguments (proxies, plain tuples, scalars) without fx's chain of type
         checks for parameters, buffers, modules and opaque objects; the rest as fx does it."""
@@ -160,6 +181,10 @@ class _Tracer(torch.fx.Tracer):
 
 
 _PLAIN_ARGS = frozenset({int, float, bool, str})
+# What _Tracer.create_node uses of a Graph instance (torch 2.11 to 2.14 have them all).
+_LEAN_GRAPH_ATTRS = frozenset({"_graph_namespace", "_insert", "_find_nodes_lookup_table", "_len"})
+_immutable_dict = torch.fx.immutable_collections.immutable_dict
+_preserved_node_meta = torch.fx.traceback.has_preserved_node_meta
 
 
 # -- composite modules written out as the modules they call (PyTorch's slow path) ---------------
