@@ -245,6 +245,35 @@ def test_module_bookkeeping_is_never_a_setting() -> None:
     assert list(settings)[-1] == "param_shapes" and list(settings)[:-1] == sorted(list(settings)[:-1])
 
 
+def test_remembered_settings_are_the_settings_of_each_module() -> None:
+    """_settings_of gives _module_settings of every module, also where another module of the
+    class with values that compare equal (1, True, 1.0; a tuple and a list) was seen first, or
+    with a value that is no setting (an object), or with other parameter shapes."""
+    from gpurec.ops.extract import _module_settings, _settings_of
+
+    class Thing:
+        def __repr__(self) -> str:
+            return "1"
+
+    def conv(**attrs: object) -> nn.Conv2d:
+        m = nn.Conv2d(3, 8, 3)
+        for k, v in attrs.items():
+            setattr(m, k, v)
+        return m
+
+    modules = [conv(flag=1), conv(flag=True), conv(flag=1.0), conv(flag=(1, 1)), conv(flag=(True, True)),
+               conv(flag=[1, 1]), conv(flag=Thing()), conv(flag="1"), conv(flag=None), conv(flag=float("nan")),
+               conv(groups=True), nn.Conv2d(3, 8, 5), nn.Conv2d(3, 16, 3), nn.Conv2d(3, 8, 3, bias=False),
+               nn.BatchNorm2d(8), nn.BatchNorm2d(8, affine=False), nn.ReLU6(inplace=True), nn.ReLU6(),
+               *random_mobilenet(3).modules()]
+    for _ in range(2):  # the second round is served from the memo
+        for m in modules:
+            params = list(m.named_parameters())
+            settings, text = _settings_of(m, params)
+            expected = _module_settings(m, params)
+            assert repr(settings) == repr(expected) and text == repr(expected)
+
+
 @pytest.fixture(scope="module")
 def small_predictor(tmp_path_factory: pytest.TempPathFactory):
     """A predictor trained quickly on the model fixture (as in tests/test_model.py)."""

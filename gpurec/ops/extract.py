@@ -635,6 +635,47 @@ def _module_settings(m: nn.Module, named_params: list[tuple[str, nn.Parameter]])
     return settings
 
 
+# _settings_of's memo: a module's settings and their repr, by its class, attribute names, the
+# repr of its public attribute values and its parameter shapes; and the sorted public attribute
+# names of each (class, attribute names).  Both bounded (cleared when full).
+_SETTINGS_MEMO: dict[Any, tuple[dict[str, Any], str]] = {}
+_PUBLIC_KEYS: dict[Any, tuple[str, ...]] = {}
+_SETTINGS_MEMO_SIZE = 8192
+# Types whose repr identifies the value and its type (so its canonical form, and that it is a setting).
+_REPR_EXACT = frozenset({int, bool, str, float, type(None)})
+
+
+def _settings_of(m: nn.Module, named_params: list[tuple[str, nn.Parameter]]) -> tuple[dict[str, Any], str]:
+    """``_module_settings(m, named_params)`` and its repr, remembered for modules of one class
+    with equal attribute values (a fresh candidate's convolutions and norms repeat ones seen
+    before): building the settings was a quarter of interpreting a fresh candidate.  Only
+    attributes of plain scalar types, or tuples and lists of them, key the memo (their repr is
+    exact); a module with any other public attribute is computed each time.  The dict is shared
+    between calls: read it, never change it."""
+    d = m.__dict__
+    layout = (type(m), tuple(d))
+    names = _PUBLIC_KEYS.get(layout)
+    if names is None:
+        if len(_PUBLIC_KEYS) >= _SETTINGS_MEMO_SIZE:
+            _PUBLIC_KEYS.clear()
+        names = _PUBLIC_KEYS[layout] = tuple(k for k in sorted(d.keys() - _module_bookkeeping())
+                                             if not k.startswith("_"))
+    values = [d[k] for k in names]
+    for v in values:
+        t = type(v)
+        if t not in _REPR_EXACT and not ((t is tuple or t is list) and all(type(x) in _REPR_EXACT for x in v)):
+            settings = _module_settings(m, named_params)
+            return settings, repr(settings)
+    key = (layout, repr(values), tuple([(n, tuple(p.shape)) for n, p in named_params]))
+    hit = _SETTINGS_MEMO.get(key)
+    if hit is None:
+        if len(_SETTINGS_MEMO) >= _SETTINGS_MEMO_SIZE:
+            _SETTINGS_MEMO.clear()
+        settings = _module_settings(m, named_params)
+        hit = _SETTINGS_MEMO[key] = (settings, repr(settings))
+    return hit
+
+
 @functools.lru_cache(maxsize=1)
 def _module_bookkeeping() -> frozenset[str]:
     """The attributes every nn.Module has: its tables, hooks and ``training`` (never settings)."""
@@ -1106,8 +1147,9 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             continue
         # Settings of a leaf module: computed once, used by the memo key and the record.
         named_params = _named_params(modules[node.target]) if node.op == "call_module" else []
-        settings = _module_settings(modules[node.target], named_params) if node.op == "call_module" else {}
-        leaf_key = (_leaf_key(modules[node.target], args, kwargs, training, settings)
+        settings, settings_text = (_settings_of(modules[node.target], named_params) if node.op == "call_module"
+                                   else ({}, ""))
+        leaf_key = (_leaf_key(modules[node.target], args, kwargs, training, settings, settings_text)
                     if node.op == "call_module" and precise is None else None)
         record_key = None
         if shared_records and leaf_key is not None:
@@ -1170,7 +1212,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         else:
             param_numel = sum(int(torch.Size(p.shape).numel()) for p in _leaves((arg_template, kwarg_template))
                               if isinstance(p, ParamRef))
-        settings = dict(settings)
+        # a fresh dict for the record (_settings_of's are shared between calls)
+        settings = _module_settings(mod, named_params) if node.op == "call_module" else {}
         settings["args"] = _strip_acts(arg_template)
         settings["kwargs"] = _strip_acts(kwarg_template)
         elementwise = _flops_elementwise(kind, in_numel, out_numel, settings, training)
@@ -1522,17 +1565,18 @@ def _value_key(x: Any) -> Any:
     raise _Unkeyable
 
 
-def _leaf_key(mod: nn.Module, args: Any, kwargs: Any, training: bool, settings: dict[str, Any]) -> Any:
+def _leaf_key(mod: nn.Module, args: Any, kwargs: Any, training: bool, settings: dict[str, Any],
+              settings_text: str | None = None) -> Any:
     """The leaf memo's key.  ``settings`` holds canonical values only (JSON types, built in one
     order by _module_settings), so its repr identifies it; repr is several times cheaper than
-    the sorted JSON it replaced."""
+    the sorted JSON it replaced.  ``settings_text``: that repr, where the caller has it."""
     if not type(mod).__module__.startswith("torch.nn"):
         return None
     try:
         a, k = _value_key(tuple(args)), _value_key(dict(kwargs))
     except _Unkeyable:
         return None
-    return (type(mod), repr(settings), a, k, training)
+    return (type(mod), repr(settings) if settings_text is None else settings_text, a, k, training)
 
 
 def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, kwargs: Any, counter: _NodeFlops,
