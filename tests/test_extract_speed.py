@@ -245,6 +245,33 @@ def test_module_bookkeeping_is_never_a_setting() -> None:
     assert list(settings)[-1] == "param_shapes" and list(settings)[:-1] == sorted(list(settings)[:-1])
 
 
+def test_remembered_module_texts_are_those_computed() -> None:
+    """structure_key's remembered per-module text is the one computed, also after a module of
+    the class with attribute values that compare equal (1, True, 1.0), other parameter shapes,
+    a parameter turned buffer, or frozen weights was seen first."""
+    from gpurec.model.predictor import _module_bookkeeping, _module_text, _module_text_computed
+
+    def conv(frozen: bool = False, **attrs: object) -> nn.Conv2d:
+        m = nn.Conv2d(3, 8, 3)
+        m.weight.requires_grad_(not frozen)
+        for k, v in attrs.items():
+            setattr(m, k, v)
+        return m
+
+    as_buffer = nn.Linear(4, 4)
+    del as_buffer.bias
+    as_buffer.register_buffer("bias", torch.zeros(4, requires_grad=True))
+    modules = [conv(flag=1), conv(flag=True), conv(flag=1.0), conv(flag=(1, 1)), conv(flag=(True, True)),
+               conv(flag=[1, 1]), conv(flag="1"), conv(frozen=True), conv(_private=2), nn.Conv2d(3, 8, 5),
+               nn.Conv2d(3, 8, 3, bias=False), nn.Linear(4, 4), as_buffer, nn.BatchNorm2d(8),
+               nn.BatchNorm2d(8, affine=False), nn.ReLU6(inplace=True), nn.GELU(approximate="tanh"),
+               *random_mobilenet(5).modules()]
+    skip = _module_bookkeeping()
+    for _ in range(2):  # the second round is served from the memo
+        for m in modules:
+            assert _module_text(m, type(m), skip) == _module_text_computed(m, type(m), skip)
+
+
 def test_remembered_settings_are_the_settings_of_each_module() -> None:
     """_settings_of gives _module_settings of every module, also where another module of the
     class with values that compare equal (1, True, 1.0; a tuple and a list) was seen first, or

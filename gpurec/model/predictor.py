@@ -273,10 +273,9 @@ def structure_key(module: nn.Module) -> str:
     nor do train/eval flags (extraction sets them).  The attributes matter because ``forward``
     may branch on them: with ``repr(module)`` alone, blocks that differ only by such a flag
     shared a cache entry.  About 1.5 ms for a MobileNet-sized candidate (strings, not tuples:
-    tuples are tracked by the garbage collector and made it twice as slow).
+    tuples are tracked by the garbage collector and made it twice as slow), less where its
+    leaves repeat ones seen before (_module_text).
     """
-    import torch
-    from torch import nn
 
     h = hashlib.sha1()
     seen: set[type] = set()
@@ -292,32 +291,75 @@ def structure_key(module: nn.Module) -> str:
                 h.update(code.co_code)
                 h.update(repr(code.co_consts).encode())
                 h.update(repr(code.co_names).encode())
-        d = m.__dict__
-        attrs = []
-        for key in sorted(d.keys() - skip):  # skip nn.Module's own bookkeeping in C, not key by key
-            value = d[key]
-            vt = type(value)
-            if vt in _SIMPLE_TYPES or ((vt is tuple or vt is list) and all(type(v) in _SIMPLE_TYPES for v in value)):
-                if not key.startswith("_"):
-                    attrs.append(f"{key}={value!r}")
-            elif isinstance(value, torch.Tensor):
-                if not key.startswith("_"):
-                    attrs.append(f"{key}=T{tuple(value.shape)}{value.dtype}")
-            elif callable(value) and not isinstance(value, nn.Module):
-                # an activation or other function kept as an attribute (private ones too): forward calls it
-                attrs.append(f"{key}=F{_callable_token(value)}")
-            elif not key.startswith("_") and vt.__repr__ is not object.__repr__ and not isinstance(value, nn.Module):
-                text = repr(value)  # a config object (dataclass, enum) forward may branch on
-                if " at 0x" not in text:  # never an address: identical fresh instances share a key
-                    attrs.append(f"{key}=O{text}")
-        for tag, store in (("p", m._parameters), ("b", m._buffers)):
-            for key, value in store.items():
-                attrs.append(f"{tag}:{key}=None" if value is None else
-                             f"{tag}:{key}={tuple(value.shape)}{value.dtype}{value.requires_grad}")
-        custom = repr(m) if t.__repr__ is not nn.Module.__repr__ else ""
-        parts.append(f"\n{name}:{t.__module__}.{t.__qualname__}({m.extra_repr()}){custom};{';'.join(attrs)}")
+        parts.append(f"\n{name}:{_module_text(m, t, skip)}")
     h.update("".join(parts).encode())
     return h.hexdigest()
+
+
+def _module_text(m: nn.Module, t: type, skip: frozenset[str]) -> str:
+    """What structure_key hashes of one module besides its path: class, ``extra_repr``, a custom
+    repr, attributes, parameter and buffer shapes.  Remembered for a torch.nn module without children whose attributes are all plain scalars or tuples and lists of them:
+    a fresh candidate's convolutions and norms repeat ones seen before (the text is a function of
+    exactly those, which the memo key holds), and building it was most of structure_key."""
+    from torch import nn
+
+    d = m.__dict__
+    fast = t.__module__.startswith("torch.nn.") and t.__repr__ is nn.Module.__repr__ and not m._modules
+    if fast:
+        values = [d[k] for k in d if k not in skip]  # private ones too: the key may be finer than the text
+        for v in values:
+            vt = type(v)
+            if vt not in _SIMPLE_TYPES and not ((vt is tuple or vt is list) and all(type(x) in _SIMPLE_TYPES for x in v)):
+                fast = False
+                break
+    if fast:
+        # repr tells 1, True and 1.0 apart (== does not); the count splits parameters from buffers
+        key = (t, tuple(d), repr(values),
+               tuple([(k, None) if v is None else (k, tuple(v.shape), v.dtype, v.requires_grad)
+                      for store in (m._parameters, m._buffers) for k, v in store.items()]),
+               len(m._parameters))
+        hit = _MODULE_TEXT_MEMO.get(key)
+        if hit is None:
+            if len(_MODULE_TEXT_MEMO) >= _MODULE_TEXT_MEMO_SIZE:
+                _MODULE_TEXT_MEMO.clear()
+            hit = _MODULE_TEXT_MEMO[key] = _module_text_computed(m, t, skip)
+        return hit
+    return _module_text_computed(m, t, skip)
+
+
+# _module_text's memo (bounded: cleared when full)
+_MODULE_TEXT_MEMO: dict[tuple[Any, ...], str] = {}
+_MODULE_TEXT_MEMO_SIZE = 8192
+
+
+def _module_text_computed(m: nn.Module, t: type, skip: frozenset[str]) -> str:
+    import torch
+    from torch import nn
+
+    d = m.__dict__
+    attrs = []
+    for key in sorted(d.keys() - skip):  # skip nn.Module's own bookkeeping in C, not key by key
+        value = d[key]
+        vt = type(value)
+        if vt in _SIMPLE_TYPES or ((vt is tuple or vt is list) and all(type(v) in _SIMPLE_TYPES for v in value)):
+            if not key.startswith("_"):
+                attrs.append(f"{key}={value!r}")
+        elif isinstance(value, torch.Tensor):
+            if not key.startswith("_"):
+                attrs.append(f"{key}=T{tuple(value.shape)}{value.dtype}")
+        elif callable(value) and not isinstance(value, nn.Module):
+            # an activation or other function kept as an attribute (private ones too): forward calls it
+            attrs.append(f"{key}=F{_callable_token(value)}")
+        elif not key.startswith("_") and vt.__repr__ is not object.__repr__ and not isinstance(value, nn.Module):
+            text = repr(value)  # a config object (dataclass, enum) forward may branch on
+            if " at 0x" not in text:  # never an address: identical fresh instances share a key
+                attrs.append(f"{key}=O{text}")
+    for tag, store in (("p", m._parameters), ("b", m._buffers)):
+        for key, value in store.items():
+            attrs.append(f"{tag}:{key}=None" if value is None else
+                         f"{tag}:{key}={tuple(value.shape)}{value.dtype}{value.requires_grad}")
+    custom = repr(m) if t.__repr__ is not nn.Module.__repr__ else ""
+    return f"{t.__module__}.{t.__qualname__}({m.extra_repr()}){custom};{';'.join(attrs)}"
 
 
 _SIMPLE_TYPES = frozenset({bool, int, float, str, type(None)})
