@@ -1101,6 +1101,10 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
     autocast_stack: list[Any] = []
 
     def load(a: Any) -> Any:
+        if type(a) is tuple and all(type(x) is torch.fx.Node for x in a):  # the commonest: (x,), (x, y)
+            return tuple([env[x.name] for x in a])
+        if not a and isinstance(a, dict):
+            return {}
         return _map_nodes(a, lambda n: env[n.name])
 
     def is_view_or_bookkeeping(node: torch.fx.Node, args: Any) -> bool:
@@ -1287,7 +1291,10 @@ def _record_key(leaf_key: Any, node: torch.fx.Node, env: dict[str, Any], grad: d
     wiring: list[Any] = []
     seen: dict[str, int] = {}
     act_names: list[str] = []
-    for a in _leaves((node.args, node.kwargs)):
+    args = node.args
+    # the commonest call, nodes as positional arguments only, without walking the structure
+    leaves = args if not node.kwargs and all(type(a) is torch.fx.Node for a in args) else _leaves((args, node.kwargs))
+    for a in leaves:
         if isinstance(a, torch.fx.Node):
             value = env[a.name]
             if a.op == "get_attr":  # read as a parameter reference: whether it trains matters
@@ -1572,10 +1579,14 @@ def _leaf_key(mod: nn.Module, args: Any, kwargs: Any, training: bool, settings: 
     the sorted JSON it replaced.  ``settings_text``: that repr, where the caller has it."""
     if not type(mod).__module__.startswith("torch.nn"):
         return None
-    try:
-        a, k = _value_key(tuple(args)), _value_key(dict(kwargs))
-    except _Unkeyable:
-        return None
+    if not kwargs and all(type(x) is torch.Tensor for x in args):  # the commonest call, as _value_key keys it
+        a: Any = ("tuple", tuple([("T", tuple(x.shape), str(x.dtype), tuple(x.stride())) for x in args]))
+        k: Any = ("D", ())
+    else:
+        try:
+            a, k = _value_key(tuple(args)), _value_key(dict(kwargs))
+        except _Unkeyable:
+            return None
     return (type(mod), repr(settings) if settings_text is None else settings_text, a, k, training)
 
 
