@@ -156,7 +156,13 @@ class _Tracer(torch.fx.Tracer):
         if (self.check_mutable_operations or _preserved_node_meta() or type(graph) is not torch.fx.Graph
                 or not _LEAN_GRAPH_ATTRS.issubset(vars(graph)) or graph.owning_module is not None):
             return super().create_node(kind, target, args, kwargs, name, type_expr)
-        candidate = name if name is not None else graph._target_to_str(target)
+        if name is not None:
+            candidate = name
+        else:  # fx's name for the target, a function of its name or path alone (snake-casing it was a tenth)
+            named = (True, target.__name__) if callable(target) else (False, target)
+            candidate = _TARGET_NAMES.get(named)
+            if candidate is None:
+                candidate = _TARGET_NAMES[named] = graph._target_to_str(target)
         name = graph._graph_namespace.create_name(candidate, None)
         node = torch.fx.Node(graph, name, kind, target, args or (), kwargs or _immutable_dict(), type_expr)
         graph._graph_namespace.associate_name_with_obj(name, node)
@@ -184,6 +190,8 @@ _PLAIN_ARGS = frozenset({int, float, bool, str})
 # What _Tracer.create_node uses of a Graph instance (torch 2.11 to 2.14 have them all).
 _LEAN_GRAPH_ATTRS = frozenset({"_graph_namespace", "_insert", "_find_nodes_lookup_table", "_len"})
 _immutable_dict = torch.fx.immutable_collections.immutable_dict
+# Graph._target_to_str by (callable, name or path): module paths repeat across candidates
+_TARGET_NAMES: dict[tuple[bool, str], str] = {}
 _preserved_node_meta = torch.fx.traceback.has_preserved_node_meta
 
 
