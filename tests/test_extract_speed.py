@@ -552,3 +552,42 @@ def test_predictions_with_shared_records_are_those_of_the_long_way(small_predict
     assert [e.as_dict() for e in fast] == [e.as_dict() for e in slow]
     for a, b in zip(fast, slow, strict=True):
         assert a.per_op.equals(b.per_op)
+
+
+def test_coverage_by_kind_is_the_per_operation_rule() -> None:
+    """Predictor._make_entry judges all operations of a kind at once; the verdicts and reasons
+    are those of the rule applied operation by operation: a kind absent from the training
+    ranges, a feature above the highest seen times the tolerance, one below the lowest over it."""
+    from types import SimpleNamespace
+
+    from gpurec.model.features import OpBlock
+    from gpurec.model.predictor import Predictor
+
+    ops = extract_operations(random_mobilenet(11), (8, 3, 224, 224), mode="inference", keep_sources=False)
+    block = OpBlock.from_operations(ops, "inference")
+    feats = ["flops_total", "bytes_total"]
+    vals = np.stack([block.column(f) for f in feats], axis=1)
+    kinds = sorted(set(block.kinds))
+    rng = np.random.default_rng(0)
+    ranges = {}
+    for n, kind in enumerate(kinds[1:]):  # the first kind is left out of the training ranges
+        v = vals[block.kinds == kind]
+        lo, hi = v.min(axis=0) * rng.uniform(0.2, 3, 2), v.max(axis=0) * rng.uniform(0.1, 2, 2)
+        ranges[kind] = np.concatenate([lo if n % 3 else np.zeros(2), hi])
+    tol = 2.0
+    fake = SimpleNamespace(_ranges={"inference": ranges}, _range_feats=feats, _range_tol=tol, recurrent=None)
+    entry = Predictor._make_entry(fake, "m", block, "inference")
+    expected_covered, expected_reason = [], []
+    for i, kind in enumerate(block.kinds):  # the rule, one operation at a time
+        r = ranges.get(kind)
+        if r is None:
+            expected_covered.append(False)
+            expected_reason.append(f"kind '{kind}' not in training data (inference)")
+            continue
+        lo, hi, v = r[:2], r[2:], vals[i]
+        bad = [feats[j] for j in range(2) if v[j] > hi[j] * tol + 1e-9 or (lo[j] > 0 and v[j] < lo[j] / tol - 1e-9)]
+        expected_covered.append(not bad)
+        expected_reason.append(f"{', '.join(bad)} outside training range x{tol:g}" if bad else "")
+    assert entry.covered.tolist() == expected_covered
+    assert entry.reason.tolist() == expected_reason
+    assert 0 < sum(expected_covered) < len(ops) and any("," in r for r in expected_reason)
