@@ -19,6 +19,7 @@ from torch import nn
 
 from gpurec.model.bench import random_mobilenet
 from gpurec.ops import extract_operations
+from gpurec.ops.extract import tracing_session
 
 MODES = ("inference", "training")
 
@@ -92,6 +93,34 @@ def test_tracer_shortcuts_give_fx_graph(make) -> None:
         # a fresh module per trace: tracing stows tensor constants on the root, which renames later ones
         ours, theirs = build().train(training), build().train(training)
         assert _nodes(_Tracer().trace(ours)) == _nodes(_FxTracer().trace(theirs))
+        in_session = build().train(training)
+        with tracing_session():  # nn.Module patched once for many traces, as predict_many does
+            assert _nodes(_Tracer().trace(in_session)) == _nodes(_FxTracer().trace(build().train(training)))
+
+
+def test_tracing_session_restores_nn_module_and_leaves_other_calls_alone() -> None:
+    """In a session, modules called outside a trace (and from another thread) run as ever; after
+    it, also after an error in a trace, nn.Module's methods are its own again."""
+    import threading
+
+    from gpurec.ops.extract import _Tracer
+
+    call, getattr_ = nn.Module.__call__, nn.Module.__getattr__
+    net = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    x = torch.ones(2, 4)
+    expected = net(x)
+    with pytest.raises(ZeroDivisionError), tracing_session():
+        assert nn.Module.__call__ is not call
+        assert torch.equal(net(x), expected) and net[0].weight.shape == (3, 4)
+        other: list[torch.Tensor] = []
+        worker = threading.Thread(target=lambda: other.append(net(x)))
+        worker.start()
+        worker.join()
+        assert torch.equal(other[0], expected)
+        _Tracer().trace(random_mobilenet(2))
+        assert torch.equal(net(x), expected)  # not traced after the trace
+        raise ZeroDivisionError("an error in the session")
+    assert nn.Module.__call__ is call and nn.Module.__getattr__ is getattr_
 
 
 def test_analytic_binary_agrees_with_meta_and_declines_the_rest() -> None:

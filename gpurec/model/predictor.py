@@ -435,6 +435,7 @@ class Predictor:
         # One prediction at a time per predictor: the operation cache, and extraction (torch.fx
         # tracing patches module-level state), are not safe to use from several threads at once.
         self._lock = threading.RLock()
+        self._sessions: list[Any] | None = None  # predict_many's tracing session: [exit stack, opened]
         self._hw: dict[str, tuple[str, np.ndarray]] = {}
         # Precisions with measured rows in the training data (models trained before precision
         # existed saw fp32 only).
@@ -514,6 +515,11 @@ class Predictor:
             return hit, shape
         from gpurec.ops import extract_operations
 
+        if self._sessions is not None and not self._sessions[1]:  # predict_many's first extraction
+            from gpurec.ops.extract import tracing_session
+
+            self._sessions[0].enter_context(tracing_session())
+            self._sessions[1] = True
         if inputs:
             ops = extract_operations(model, mode=mode, keep_sources=False, example_inputs=inputs, precision=precision,
                                      shared_records=True)
@@ -608,19 +614,31 @@ class Predictor:
             profile = resolve_host(host, self.reference_host)
             entries: list[tuple[_OpsEntry, tuple[int, ...]]] = []
             results: list[Estimate | CandidateError | None] = []
-            with _collector_paused() as young_collection:
-                for i, c in enumerate(candidates):
-                    model, shape, inputs = _split_candidate(c, example_inputs)
-                    try:
-                        entries.append(self._entry(model, shape, mode, dtype, inputs, precision))
-                        results.append(None)
-                    except Exception as exc:  # one bad candidate must not cost the others their answers
-                        label = model if isinstance(model, str) else type(model).__name__
-                        results.append(CandidateError(i, label, type(exc).__name__, str(exc), exc))
-                    if (i + 1) % _GC_EVERY_CANDIDATES == 0:
-                        young_collection()
+            # one torch.fx patch of nn.Module for all candidates, opened at the first extraction
+            # (gpurec.ops.extract.tracing_session; a warm call never opens it)
+            with _collector_paused() as young_collection, contextlib.ExitStack() as sessions:
+                self._sessions = [sessions, False]
+                try:
+                    self._answer(candidates, mode, dtype, example_inputs, precision, entries, results, young_collection)
+                finally:
+                    self._sessions = None
             estimates = iter(self._estimate(entries, mode, nvml, hw, profile))
             return [next(estimates) if r is None else r for r in results]
+
+    def _answer(self, candidates: Iterable[Any], mode: str, dtype: Any, example_inputs: Any, precision: str | None,
+                entries: list[tuple[_OpsEntry, tuple[int, ...]]], results: list[Estimate | CandidateError | None],
+                young_collection: Any) -> None:
+        """Each candidate's entry into ``entries`` (None into ``results``), or its CandidateError into ``results``."""
+        for i, c in enumerate(candidates):
+            model, shape, inputs = _split_candidate(c, example_inputs)
+            try:
+                entries.append(self._entry(model, shape, mode, dtype, inputs, precision))
+                results.append(None)
+            except Exception as exc:  # one bad candidate must not cost the others their answers
+                label = model if isinstance(model, str) else type(model).__name__
+                results.append(CandidateError(i, label, type(exc).__name__, str(exc), exc))
+            if (i + 1) % _GC_EVERY_CANDIDATES == 0:
+                young_collection()
 
     def host_scale(self, host: HostProfile) -> float:
         """How much slower ``host`` dispatches than the reference host (1 for the reference itself)."""

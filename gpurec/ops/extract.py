@@ -144,6 +144,22 @@ class _Tracer(torch.fx.Tracer):
             return forward(*args, **kwargs)
         return self.create_proxy("call_module", path, args, kwargs)
 
+    def trace(self, root: Any, concrete_args: Any = None) -> torch.fx.Graph:
+        """fx's trace; inside tracing_session() (this thread's), nn.Module's call and attribute
+        lookup reach this tracer through the session's hooks instead of being patched on
+        nn.Module and restored for this one trace (see tracing_session)."""
+        session = _SESSION
+        if session is None or session.thread != threading.get_ident():
+            return super().trace(root, concrete_args)
+        prior = session.tracer, session.parameter_proxies
+        session.tracer, session.parameter_proxies = self, {}
+        _patched_for_fx(True)  # fx's patcher leaves the hooks in place for this trace
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            _patched_for_fx(prior[0] is not None)
+            session.tracer, session.parameter_proxies = prior
+
     def create_node(self, kind: str, target: Any, args: Any, kwargs: Any, name: str | None = None,
                     type_expr: Any = None) -> torch.fx.Node:
         """fx's node creation without what extraction never reads: the scope table
@@ -193,6 +209,82 @@ _immutable_dict = torch.fx.immutable_collections.immutable_dict
 # Graph._target_to_str by (callable, name or path): module paths repeat across candidates
 _TARGET_NAMES: dict[tuple[bool, str], str] = {}
 _preserved_node_meta = torch.fx.traceback.has_preserved_node_meta
+
+
+class _Session:
+    """What tracing_session's hooks on nn.Module route to: the tracer tracing in ``thread``, if any."""
+
+    def __init__(self, call: Any, getattr_: Any) -> None:
+        self.thread = threading.get_ident()
+        self.call, self.getattr = call, getattr_  # nn.Module's own, as they were on entering
+        self.tracer: _Tracer | None = None
+        self.parameter_proxies: dict[str, Any] = {}
+
+
+_SESSION: _Session | None = None
+_FX = torch.fx._symbolic_trace  # fx's module: its original nn.Module methods, patcher and autowrap check
+# What the session's hooks use of torch.fx (torch 2.11 to 2.14 have them); without them there is no session.
+_SESSION_NEEDS = ("_orig_module_call", "_orig_module_getattr", "_autowrap_check", "CURRENT_PATCHER")
+
+
+def _session_call(mod: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """nn.Module.__call__ in a session: fx's module call wrapper for the session's tracer, else nn.Module's."""
+    session = _SESSION
+    tracer = session.tracer if session is not None and session.thread == threading.get_ident() else None
+    if tracer is None:
+        return (session.call if session is not None else _FX._orig_module_call)(mod, *args, **kwargs)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return _FX._orig_module_call(mod, *args, **kwargs)
+
+    _FX._autowrap_check(_FX.CURRENT_PATCHER, getattr(getattr(mod, "forward", mod), "__globals__", {}),
+                        tracer._autowrap_function_ids)
+    return tracer.call_module(mod, forward, args, kwargs)
+
+
+def _session_getattr(mod: nn.Module, attr: str) -> Any:
+    """nn.Module.__getattr__ in a session: fx's getattr wrapper for the session's tracer, else nn.Module's."""
+    session = _SESSION
+    tracer = session.tracer if session is not None and session.thread == threading.get_ident() else None
+    if tracer is None:
+        return (session.getattr if session is not None else _FX._orig_module_getattr)(mod, attr)
+    return tracer.getattr(attr, _FX._orig_module_getattr(mod, attr), session.parameter_proxies)
+
+
+def _patched_for_fx(flag: bool) -> None:
+    """fx's patcher leaves a method alone that carries this flag (it takes it for one of its own
+    patches): set while a _Tracer traces in the session, so any other fx tracer (the hooks would
+    not route to it) patches nn.Module over the hooks as it always does."""
+    _session_call.__fx_already_patched = flag  # type: ignore[attr-defined]
+    _session_getattr.__fx_already_patched = flag  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def tracing_session() -> Any:
+    """Trace many modules (predict_many's candidates) under one patch of nn.Module.
+
+    torch.fx patches nn.Module.__call__ and __getattr__ for every trace and restores them after;
+    each assignment to nn.Module updates every subclass in the process (about 1 ms each with
+    ~600 of them: four per trace were a third of tracing a fresh candidate).  Here they are set
+    once, to hooks that act as fx's wrappers for the _Tracer tracing in this thread and as
+    nn.Module's own otherwise; fx sees them patched already and leaves them.  The graphs are
+    fx's (tests/test_extract_speed.py).  Holds the extraction lock; nested sessions are one;
+    without what the hooks use of torch.fx, a plain context."""
+    global _SESSION
+    with _EXTRACTION_LOCK:
+        if _SESSION is not None or not all(hasattr(_FX, name) for name in _SESSION_NEEDS):
+            yield
+            return
+        session = _Session(nn.Module.__call__, nn.Module.__getattr__)
+        _SESSION = session
+        nn.Module.__call__ = _session_call  # type: ignore[method-assign]
+        nn.Module.__getattr__ = _session_getattr  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            nn.Module.__call__ = session.call  # type: ignore[method-assign]
+            nn.Module.__getattr__ = session.getattr  # type: ignore[method-assign]
+            _SESSION = None
 
 
 # -- composite modules written out as the modules they call (PyTorch's slow path) ---------------
