@@ -47,7 +47,8 @@ import numpy as np
 from gpurec.catalog import GPUSpec, resolve_gpu
 from gpurec.model.features import KIND_GROUPS, OpBlock, kind_group
 
-CROSSGPU_SCHEMA = 2
+CROSSGPU_SCHEMA = 3
+_READABLE_SCHEMAS = (2, 3)  # 2: the single-tile wave factor (no tile efficiencies)
 CROSSGPU_FILE = "crossgpu.json"
 GEMM_GROUPS = ("conv", "matmul", "attention")
 GEMM_TILE = 128 * 128
@@ -57,7 +58,7 @@ MAX_SM = 256  # wave quantisation looks at SM counts up to this
 GPU_COLUMNS = ("fp32_tflops", "tf32_tflops", "fp16_tflops", "bf16_tflops", "memory_bandwidth_gbs", "l2_cache_mb", "sm_count", "max_sm_clock_mhz",
                "tdp_w")
 # Per-operation columns: what crosses the GPU (raw) and what the efficiencies see (design).
-OP_COLUMNS = ("flops_mode", "bytes_mode", "output_elements", "gemm", "tensor_mode")
+OP_COLUMNS = ("flops_mode", "bytes_mode", "output_elements", "gemm", "tensor_mode", "gemm_n", "gemm_batch")
 # tensor_mode codes: which tensor-core peak an operation may use (0: none, FP32 units only).
 TENSOR_MODES = ("none", "tf32", "fp16", "bf16")
 _TENSOR_PEAK_COLUMN = {1: "tf32_tflops", 2: "fp16_tflops", 3: "bf16_tflops"}
@@ -94,18 +95,32 @@ _PER_GROUP = ("1", "log_flops", "log_bytes", "log_out", "log_intensity", "log_re
               "log_bytes^2", "log_reduction^2")
 
 
+# Per GEMM-like group: the GEMM's shape (output rows M, columns N, reduction K, batch), which
+# decides the kernel and its tile (a linear and a bmm of equal FLOPs and bytes run differently).
+_PER_GEMM = ("log_m", "log_n", "log_k", "log_batch", "log_m^2", "log_n^2")
+
+
 def design_names() -> list[str]:
     """Names of the efficiency design columns: per kind group, an intercept and slopes."""
     names = []
     for g in KIND_GROUPS:
         names += [f"{g}:{c}" for c in _PER_GROUP]
-    return [*names, "training", "training:log_flops", "training:log_bytes", "half_precision"]
+    return [*names, "training", "training:log_flops", "training:log_bytes", "half_precision",
+            *_gemm_shape_names()]
+
+
+def _gemm_shape_names() -> list[str]:
+    return [f"{g}:{c}" for g in GEMM_GROUPS for c in _PER_GEMM]
 
 
 def op_table(flops_mode: np.ndarray, bytes_mode: np.ndarray, output_elements: np.ndarray, groups: Sequence[str],
-             training: np.ndarray, tensor_mode: np.ndarray) -> OpTable:
+             training: np.ndarray, tensor_mode: np.ndarray, gemm_n: np.ndarray | None = None,
+             gemm_batch: np.ndarray | None = None) -> OpTable:
     """Build the table from per-operation arrays (groups are KIND_GROUPS names; ``tensor_mode``
-    indexes TENSOR_MODES: 1 (TF32) where FP32 work may run on TF32 tensor cores, 0 where not)."""
+    indexes TENSOR_MODES: 1 (TF32) where FP32 work may run on TF32 tensor cores, 0 where not).
+
+    A GEMM-like operation's output is ``gemm_batch`` matrices of M x ``gemm_n`` (M = output
+    elements / (batch x N)); where N is unknown, the output is taken as square matrices."""
     f = np.maximum(np.asarray(flops_mode, dtype=np.float64), 0.0)
     b = np.maximum(np.asarray(bytes_mode, dtype=np.float64), 1.0)
     o = np.maximum(np.asarray(output_elements, dtype=np.float64), 1.0)
@@ -118,12 +133,25 @@ def op_table(flops_mode: np.ndarray, bytes_mode: np.ndarray, output_elements: np
     per = np.stack([np.ones(n), lf, lb, lo, li, lr, lf**2, lb**2, lr**2], axis=1)
     w = per.shape[1]
     tm = np.asarray(tensor_mode, dtype=np.float64)
-    design = np.zeros((n, len(KIND_GROUPS) * w + 4))
+    design = np.zeros((n, len(KIND_GROUPS) * w + 4 + len(_gemm_shape_names())))
     for j in range(w):
         design[np.arange(n), gidx * w + j] = per[:, j]
-    design[:, -4:] = np.stack([tr, tr * lf, tr * lb, (tm >= 2).astype(np.float64)], axis=1)
+    base = len(KIND_GROUPS) * w
+    design[:, base:base + 4] = np.stack([tr, tr * lf, tr * lb, (tm >= 2).astype(np.float64)], axis=1)
+    # 1: a matmul-like GEMM (tile-and-wave), 2: a convolution (implicit GEMM: cuDNN's Winograd, FFT
+    # and implicit-GEMM kernels tile differently, so it keeps the single-tile wave factor), 0: neither
     gemm = np.isin(gidx, [KIND_GROUPS.index(g) for g in GEMM_GROUPS]).astype(np.float64)
-    raw = np.stack([f, b, o, gemm, tm], axis=1)
+    gemm = np.where(gidx == KIND_GROUPS.index("conv"), 2.0, gemm)
+    nb = np.ones(n) if gemm_batch is None else np.maximum(np.asarray(gemm_batch, dtype=np.float64), 1.0)
+    nn = np.sqrt(o / nb) if gemm_n is None else np.asarray(gemm_n, dtype=np.float64)
+    nn = np.minimum(np.where(np.isfinite(nn) & (nn >= 1.0), nn, np.sqrt(o / nb)), o / nb)
+    lm, ln_, lk, lbt = (np.log10(np.maximum(v, 1.0)) / 4 for v in (o / (nb * nn), nn, f / (2.0 * o) + 1.0, nb))
+    shape = np.stack([lm, ln_, lk, lbt, lm**2, ln_**2], axis=1)
+    for gi, g in enumerate(GEMM_GROUPS):
+        rows = gidx == KIND_GROUPS.index(g)
+        cols = base + 4 + gi * len(_PER_GEMM)
+        design[rows, cols:cols + len(_PER_GEMM)] = shape[rows]
+    raw = np.stack([f, b, o, gemm, tm, nn, nb], axis=1)
     return OpTable(raw=raw, design=design)
 
 
@@ -146,7 +174,11 @@ def op_table_from_block(block: OpBlock, tf32_convs: bool = True) -> OpTable:
     tensor_mode = np.where(gemm, math, 0.0)
     if tf32_convs:
         tensor_mode = np.where(conv & (math == 0), 1.0, tensor_mode)
-    return op_table(flops_mode, bytes_mode, v[:, col("output_elements")], groups, training, tensor_mode)
+    # GEMM N: a Linear's out_features, a convolution's output channels (implicit GEMM); else unknown
+    n_cols = np.where(v[:, col("out_features")] > 0, v[:, col("out_features")],
+                      np.where(conv, v[:, col("out_channels")], np.nan))
+    return op_table(flops_mode, bytes_mode, v[:, col("output_elements")], groups, training, tensor_mode,
+                    gemm_n=n_cols)
 
 
 def tensor_peak(tensor_mode: np.ndarray, specs: np.ndarray) -> np.ndarray:
@@ -173,6 +205,65 @@ def wave_factor(output_elements: np.ndarray, gemm: np.ndarray, sm_count: float) 
     return out
 
 
+# Specifications the efficiencies may depend on (their natural log over a reference card's), and
+# the efficiency each scales: a GPU's FP32 efficiency, achievable DRAM bandwidth and SM load/store
+# throughput differ with its generation, and the specifications are what transfers to a GPU left
+# out (never its identity).
+SPEC_TERMS = ("fp32_tflops", "memory_bandwidth_gbs", "l2_cache_mb", "sm_count", "max_sm_clock_mhz", "tdp_w")
+_SPEC_REF = np.array([19.5, 1555.0, 40.0, 108.0, 1410.0, 250.0])  # an A100-PCIE-40GB: centres the logs
+SPEC_EFFICIENCIES = ("ff", "m", "s")
+# Per efficiency, the specification whose peak it scales: its weight may go down to -1 (the rate,
+# peak x efficiency, still never falls as the peak rises); every other weight is >= 0.
+_SPEC_OWN = {"ff": ("fp32_tflops",), "m": ("memory_bandwidth_gbs",), "s": ("sm_count", "max_sm_clock_mhz")}
+
+
+def spec_weight_floor() -> np.ndarray:
+    """Lowest allowed spec weight per (efficiency, spec term): -1 for the rate's own peak, else 0."""
+    return np.array([[-1.0 if t in _SPEC_OWN[e] else 0.0 for t in SPEC_TERMS] for e in SPEC_EFFICIENCIES])
+
+
+def spec_logs(specs: np.ndarray) -> np.ndarray:
+    """(n, len(SPEC_TERMS)) natural logs of the rows' specifications over the reference card's."""
+    cols = [GPU_COLUMNS.index(t) for t in SPEC_TERMS]
+    return np.log(np.maximum(specs[:, cols], 1e-9) / _SPEC_REF)
+
+
+def group_onehot(design: np.ndarray) -> np.ndarray:
+    """(n, len(KIND_GROUPS)) kind group of each operation, read from the design's intercepts."""
+    return design[:, [g * len(_PER_GROUP) for g in range(len(KIND_GROUPS))]]
+
+
+# Candidate GEMM tiles (rows, columns of the output), as the FFMA and tensor-core kernels of cuBLAS
+# use them; the library picks one per shape.
+GEMM_TILES = ((64, 64), (128, 64), (128, 128), (256, 128))
+
+
+def gemm_tile_work(raw: np.ndarray) -> np.ndarray:
+    """Per operation and candidate tile, (padding, tile traffic): columns 0..T-1 are the FLOPs the
+    SMs spend over the useful FLOPs (>= 1: partly filled tiles at the output's edges), columns
+    T..2T-1 the bytes the tiles load (A and B panels, (tm + tn) x K x 4) per useful FLOP.
+
+    Partial last waves are not charged: a charge that never rises with more SMs (the rule that
+    keeps the model monotone) is the best over any SM count up to the GPU's, and one SM never has
+    a partial wave, so it is always 1 (as wave_factor is).  Operations that are not matmul-like
+    GEMMs (convolutions included) get padding 1 and no tile traffic."""
+    f, o, gemm, n_cols, batch = (raw[:, OP_COLUMNS.index(c)] for c in ("flops_mode", "output_elements", "gemm", "gemm_n",
+                                                                        "gemm_batch"))
+    t_count = len(GEMM_TILES)
+    out = np.concatenate([np.ones((len(f), t_count)), np.zeros((len(f), t_count))], axis=1)
+    idx = np.flatnonzero((gemm == 1) & (f > 0))
+    if len(idx) == 0:
+        return out
+    n_cols, batch, o_g = n_cols[idx], batch[idx], np.maximum(o[idx], 1.0)
+    m_rows = o_g / (batch * n_cols)
+    k_red = f[idx] / (2.0 * o_g)  # reduction length (times the mode's passes)
+    for j, (tm, tn) in enumerate(GEMM_TILES):
+        tiles = batch * np.ceil(m_rows / tm - 1e-9) * np.ceil(n_cols / tn - 1e-9)
+        out[idx, j] = np.maximum(tiles * tm * tn / o_g, 1.0)
+        out[idx, t_count + j] = tiles * (tm + tn) * 4.0 * k_red / f[idx]
+    return out
+
+
 @dataclass
 class CrossGPUModel:
     """Fitted parameters (see the module docstring); ``info`` records how and on what it was fitted."""
@@ -192,39 +283,63 @@ class CrossGPUModel:
     # DRAM energy per byte moved (pJ), for power carried between GPUs of one compute die
     # (transfer_power_w); None: not fitted, each GPU keeps its own power model's power.
     memory_energy_pj_per_byte: float | None = None
+    # Per candidate tile (GEMM_TILES), its compute efficiency in (0, 1]; None: the single-tile wave
+    # factor of earlier models instead of the tile-and-wave structure.
+    tile_efficiency: np.ndarray | None = None
+    # (len(SPEC_EFFICIENCIES), len(KIND_GROUPS), len(SPEC_TERMS)) weights of the GPU's spec logs in
+    # each kind group's efficiencies, at least spec_weight_floor(); None: no spec dependence.
+    spec_weights: np.ndarray | None = None
 
     def predict_ms(self, ops: OpTable, gpu: str | GPUSpec | np.ndarray) -> np.ndarray:
         """GPU time (ms) of each operation on one GPU (a name, a spec, or its spec_row)."""
         spec = gpu if isinstance(gpu, np.ndarray) else spec_row(gpu)
         return self.predict_ms_rows(ops, np.broadcast_to(spec, (len(ops), len(GPU_COLUMNS))))
 
-    def predict_ms_rows(self, ops: OpTable, specs: np.ndarray, waves: np.ndarray | None = None) -> np.ndarray:
-        """GPU time (ms) of operation i on the GPU of spec row i (``waves``: precomputed wave_factor)."""
-        f, b, o, gemm, tensor_mode = (ops.raw[:, j] for j in range(len(OP_COLUMNS)))
+    def predict_ms_rows(self, ops: OpTable, specs: np.ndarray, waves: np.ndarray | None = None,
+                        tiles: np.ndarray | None = None) -> np.ndarray:
+        """GPU time (ms) of operation i on the GPU of spec row i (``waves``: precomputed wave_factor,
+        ``tiles``: precomputed gemm_tile_work)."""
+        f, b, o, gemm, tensor_mode = (ops.raw[:, j] for j in range(5))
         fp32, bw, l2, sms, clock, tdp = (specs[:, GPU_COLUMNS.index(c)] for c in (
             "fp32_tflops", "memory_bandwidth_gbs", "l2_cache_mb", "sm_count", "max_sm_clock_mhz", "tdp_w"))
         tc = tensor_peak(tensor_mode, specs)
         x = ops.design
-        u_ff = _sigmoid(x @ self.theta_ff)
+        z = {e: 0.0 for e in SPEC_EFFICIENCIES}
+        if self.spec_weights is not None:
+            logs, onehot = spec_logs(specs), group_onehot(x)
+            for i, e in enumerate(SPEC_EFFICIENCIES):
+                z[e] = np.einsum("ng,gt,nt->n", onehot, self.spec_weights[i], logs)
+        u_ff = _sigmoid(x @ self.theta_ff + z["ff"])
         u_tc = _sigmoid(x @ self.theta_tc)
         l2_fit = np.clip(np.log2(l2 * 2**20 / b), 0.0, 8.0)
-        u_m = _sigmoid(x @ self.theta_m + self.l2_weight * l2_fit)
+        u_m = _sigmoid(x @ self.theta_m + self.l2_weight * l2_fit + z["m"])
         peak = np.maximum(fp32 * u_ff, tc * u_tc)
         gamma = _sigmoid(x @ self.theta_p)
         # in the rate actually used, so the rate stays non-decreasing in both peaks and in TDP
         headroom = (tdp / (tdp + self.watts_per_tflops * peak)) ** gamma
         rate_c = peak * headroom * 1e9  # FLOP per ms
         rate_m = bw * u_m * 1e6  # byte per ms
-        rate_s = sms * clock * 1e3 * self.sm_bytes_per_clock * _sigmoid(x @ self.theta_s)  # byte per ms
+        rate_s = sms * clock * 1e3 * self.sm_bytes_per_clock * _sigmoid(x @ self.theta_s + z["s"])  # byte per ms
         k = roofline_exponent(x @ self.theta_k)
+        if self.tile_efficiency is not None:
+            if tiles is None:
+                tiles = gemm_tile_work(ops.raw)
+            t_count = len(GEMM_TILES)
+            eff = np.where(gemm[:, None] == 1, self.tile_efficiency[None, :], 1.0)
+            # each candidate tile's roofline; the library runs the fastest
+            tiled = np.min([((f * tiles[:, j] / (rate_c * eff[:, j])) ** k + (b / rate_m) ** k
+                             + ((b + f * tiles[:, t_count + j]) / rate_s) ** k) ** (1.0 / k) for j in range(t_count)],
+                           axis=0)
+        else:
+            tiled = None
         # the direct form: times are within 1e-9..1e4 ms and k within [0.5, ~30], far from under/overflow
         roof = ((f / rate_c) ** k + (b / rate_m) ** k + (b / rate_s) ** k) ** (1.0 / k)
         if waves is None:
-            if np.all(sms == sms[0]) if len(sms) else True:
-                waves = wave_factor(o, gemm, float(sms[0]) if len(sms) else 1.0)
-            else:
-                waves = np.array([wave_factor(o[i:i + 1], gemm[i:i + 1], float(sms[i]))[0] for i in range(len(o))])
-        return roof * waves ** self.wave_exponent + self.c0_ms
+            waves = _per_sm_count(lambda r, s: wave_factor(r[:, 2], r[:, 3], s)[:, None], ops.raw, sms)[:, 0]
+        roof = roof * waves ** self.wave_exponent
+        if tiled is not None:
+            roof = np.where(gemm == 1, tiled, roof)  # matmul-like GEMMs: tile-and-wave instead
+        return roof + self.c0_ms
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": CROSSGPU_SCHEMA, "design": design_names(), "gpu_columns": list(GPU_COLUMNS),
@@ -232,11 +347,16 @@ class CrossGPUModel:
                 "theta_s": self.theta_s.tolist(), "sm_bytes_per_clock": self.sm_bytes_per_clock,
                 "theta_p": self.theta_p.tolist(), "watts_per_tflops": self.watts_per_tflops,
                 "theta_k": self.theta_k.tolist(), "l2_weight": self.l2_weight, "wave_exponent": self.wave_exponent, "c0_ms": self.c0_ms,
-                "memory_energy_pj_per_byte": self.memory_energy_pj_per_byte, "info": self.info}
+                "memory_energy_pj_per_byte": self.memory_energy_pj_per_byte, "info": self.info,
+                "tile_efficiency": None if self.tile_efficiency is None else self.tile_efficiency.tolist(),
+                "gemm_tiles": [list(t) for t in GEMM_TILES],
+                "spec_terms": list(SPEC_TERMS),
+                "spec_weights": None if self.spec_weights is None else self.spec_weights.tolist()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CrossGPUModel:
-        if d.get("schema") != CROSSGPU_SCHEMA or d.get("design") != design_names() \
+        d = _with_gemm_shape_columns(d)
+        if d.get("schema") not in _READABLE_SCHEMAS or d.get("design") != design_names() \
                 or d.get("gpu_columns") != list(GPU_COLUMNS):
             raise CrossGPUModelError("the cross-GPU model was fitted for another feature layout; refit it with "
                                      "`gpurec train-crossgpu` (gpurec.model.fitting.crossgpu_fit.fit_and_save)")
@@ -244,6 +364,18 @@ class CrossGPUModel:
                 or min(d["sm_bytes_per_clock"], d["watts_per_tflops"]) <= 0:
             raise CrossGPUModelError("cross-GPU model parameters break monotonicity (negative L2 weight, wave "
                                      "exponent or floor); refit it")
+        tile_eff = d.get("tile_efficiency")
+        if tile_eff is not None and (d.get("gemm_tiles") != [list(t) for t in GEMM_TILES] or len(tile_eff) != len(GEMM_TILES)
+                                     or not all(0 < e <= 1 for e in tile_eff)):
+            raise CrossGPUModelError("the cross-GPU model's GEMM tiles or their efficiencies do not fit this code "
+                                     "(efficiencies must lie in (0, 1]); refit it with `gpurec train-crossgpu`")
+        sw = d.get("spec_weights")
+        if sw is not None:
+            sw = np.asarray(sw, dtype=np.float64)
+            if d.get("spec_terms") != list(SPEC_TERMS) or sw.shape != (len(SPEC_EFFICIENCIES), len(KIND_GROUPS), len(SPEC_TERMS)) \
+                    or np.any(sw < spec_weight_floor()[:, None, :] - 1e-12):
+                raise CrossGPUModelError("the cross-GPU model's specification weights do not fit this code or would let "
+                                         "a better GPU be slower; refit it with `gpurec train-crossgpu`")
         energy = d.get("memory_energy_pj_per_byte")
         if energy is not None and not (np.isfinite(energy) and energy >= 0):
             raise CrossGPUModelError("the cross-GPU model's memory energy per byte is negative or not finite; refit it "
@@ -254,7 +386,19 @@ class CrossGPUModel:
                    float(d["sm_bytes_per_clock"]), float(d["watts_per_tflops"]),
                    float(d["l2_weight"]),
                    float(d["wave_exponent"]), float(d["c0_ms"]), dict(d.get("info", {})),
-                   None if energy is None else float(energy))
+                   None if energy is None else float(energy),
+                   None if tile_eff is None else np.asarray(tile_eff, dtype=np.float64), sw)
+
+
+def _with_gemm_shape_columns(d: dict[str, Any]) -> dict[str, Any]:
+    """A schema-2 model file (fitted before the GEMM shape columns) with those columns at weight 0,
+    which predicts exactly as it did."""
+    names = design_names()
+    if d.get("schema") != 2 or d.get("design") != names[:len(names) - len(_gemm_shape_names())]:
+        return d
+    pad = [0.0] * len(_gemm_shape_names())
+    return {**d, "design": names, **{k: list(d[k]) + pad for k in ("theta_ff", "theta_tc", "theta_m", "theta_s",
+                                                                  "theta_p", "theta_k")}}
 
 
 # Spec columns that make the compute die: GPUs equal in all of them differ only in memory.
@@ -286,6 +430,15 @@ def roofline_exponent(z: np.ndarray) -> np.ndarray:
     """Per-operation soft-max exponent of the roofline terms, K_MIN + softplus(z): large k is a hard
     max (compute and memory overlap fully), k = 1 their sum (no overlap)."""
     return K_MIN + np.logaddexp(0.0, z)
+
+
+def _per_sm_count(fn: Any, raw: np.ndarray, sms: np.ndarray) -> np.ndarray:
+    """``fn(raw rows, sm count)`` evaluated once per distinct SM count among the rows."""
+    parts = [(np.flatnonzero(sms == s), fn(raw[sms == s], float(s))) for s in np.unique(sms)]
+    out = np.zeros((len(raw), parts[0][1].shape[1] if parts else 0))
+    for idx, v in parts:
+        out[idx] = v
+    return out
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

@@ -518,6 +518,18 @@ def network_energy_repeatability(data_root: Path | None = None, time_agreement: 
     return out
 
 
+def _scored_floor_text(cross: dict[str, Any]) -> str:
+    """The kernel-time floor below which leave-one-GPU-out rows are not scored, as words."""
+    floor_ms = cross.get("scored_min_gpu_ms")
+    if floor_ms is None:
+        return ""
+    left = ", ".join(f"{short(g['gpu'])} {g['rows_below_floor']}" for g in cross.get("per_gpu", [])
+                     if g.get("rows_below_floor"))
+    return (f" Only rows whose measured GPU time is at least {1000 * floor_ms:g} µs are scored, the same rule on "
+            "every GPU: operations that launch no kernel or a tiny one (views, data movement) measure about 0 ms "
+            "and their relative error says nothing about the GPU. Rows left out by it: " + (left or "none") + ".")
+
+
 def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, Any]] | None = None) -> list[str]:
     """docs/accuracy.md's cross-GPU section from models/crossgpu_report.json."""
     L = ["## Across GPUs: the cross-GPU operation model", ""]
@@ -558,7 +570,8 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
           ""]
     L += ["### Leave one GPU out, per operation kind (target ≤ 10% MAPE)", "",
           "Each GPU's rows predicted by the model fitted without that GPU; rows that are not host-dominated "
-          "(H100: host-free rows; H200: GPU-dominated eager rows). MAPE, with rows in brackets.", ""]
+          "(H100: host-free rows; H200: GPU-dominated eager rows). MAPE, with rows in brackets."
+          + _scored_floor_text(cross), ""]
     head = ["GPU", "all rows", "median APE", *t["groups"], "≤ 10%?"]
     lines = []
     for g in t["per_gpu"]:
