@@ -139,7 +139,6 @@ def test_earlier_model_file_predicts_as_before_with_the_shape_columns_at_zero() 
         old.pop(k)
     loaded = CrossGPUModel.from_dict(old)
     ops = _random_ops(300, seed=2)
-    ops.design[:, -n_shape:] = 0.0  # what the earlier layout saw
     assert np.allclose(loaded.predict_ms(ops, "Tesla T4"), CrossGPUModel(
         *(np.asarray(old[k] + [0.0] * n_shape) for k in ("theta_ff", "theta_tc", "theta_m", "theta_s", "theta_p",
                                                           "theta_k")),
