@@ -32,6 +32,7 @@ import numpy as np
 
 from gpurec.model.crossgpu import (
     CROSSGPU_FILE,
+    GEMM_GROUPS,
     GEMM_TILES,
     GPU_COLUMNS,
     K_MIN,
@@ -266,8 +267,13 @@ def fit(table: CrossTable, rows: np.ndarray, max_iter: int = 100, info: dict[str
     spec_raw = torch.full((len(SPEC_EFFICIENCIES), len(KIND_GROUPS), len(SPEC_TERMS)), -4.0, dtype=dt,
                           requires_grad=True)
 
+    # only GEMM-like groups' efficiencies take the GPU's specifications: elementwise, normalisation
+    # and activation rows transfer better without them (leave-one-GPU-out on the public GPUs)
+    spec_mask = torch.tensor([g in GEMM_GROUPS for g in KIND_GROUPS], dtype=dt)[None, :, None]
+
     def spec_w() -> torch.Tensor:
-        return floor + sp(spec_raw)  # never below the floor: monotone in every specification
+        # never below the floor (0 where unused, itself above it): monotone in every specification
+        return (floor + sp(spec_raw)) * spec_mask
 
     def inputs(ops: OpTable, specs: np.ndarray, waves: np.ndarray,
                tile_work: np.ndarray | None = None) -> dict[str, torch.Tensor]:
