@@ -14,6 +14,16 @@ types, e.g. ``bf16-mixed`` convolutions and matmuls); 0 where the operation has 
 The catalogue carries the FP32 rate where a GPU has no such tensor cores (a V100's BF16), so a
 GPU without them gets no tensor-core speed-up.
 
+**Matmul-like GEMMs** (linear, matmul, bmm, attention; schema 3) take a tile structure instead,
+after NeuSight: for each candidate output tile (GEMM_TILES, 64x64 to 256x128) the FLOPs padded to
+whole tiles (gemm_tile_work) run at ``rate_c`` times the tile's learnt efficiency, and the SMs
+load each tile's A and B panels ((tm + tn) x K x 4 bytes) besides B; the fastest tile wins, as the
+library picks its kernel.  Convolutions keep the form above (cuDNN's Winograd, FFT and
+implicit-GEMM kernels tile differently).  The efficiencies ``u_ff``, ``u_m`` and ``u_s`` of GEMM-like
+groups also see the GPU's specifications (the logs of SPEC_TERMS, never the GPU's identity)
+through weights held at or above spec_weight_floor: -1 on the peak the efficiency scales, 0 on
+the others, so the rate peak x efficiency still never falls as any specification rises.
+
 F and B are the operation's FLOPs and bytes in its mode; the efficiencies ``u`` lie in (0, 1)
 (a sigmoid of a linear function of the operation's features: kind group, log FLOPs, log bytes,
 log output elements, intensity, mode), so no GPU is ever credited beyond its peak.  The third
@@ -22,8 +32,8 @@ operation whose data stays in L2 does not speed up with DRAM bandwidth (an H200 
 43% more bandwidth, and most small operations run no faster on it).  ``p(g)`` is the power headroom: a card with a
 low board power per peak FLOP/s (T4: 70 W for 8.1 TFLOPS) cannot hold its boost clock on large
 operations; ``gamma`` (per operation, in (0, 1)) keeps the rate non-decreasing in peak and TDP. ``Q`` is wave
-quantisation: GEMM-like kernels run 128x128 output tiles, one per SM at a time, and a partly
-filled last wave costs a full one. ``u_m`` grows with log(L2 / working set) through a weight kept
+quantisation as the best over any SM count up to the GPU's, which is 1 for every operation (one SM
+has no partial wave; see wave_factor), so it only survives in earlier model files. ``u_m`` grows with log(L2 / working set) through a weight kept
 non-negative, so a larger L2 never slows an operation down.
 
 **Monotone by construction.** Time depends on the GPU only through fp32 and the tensor-core peaks (inside a max,
@@ -192,17 +202,12 @@ def tensor_peak(tensor_mode: np.ndarray, specs: np.ndarray) -> np.ndarray:
 def wave_factor(output_elements: np.ndarray, gemm: np.ndarray, sm_count: float) -> np.ndarray:
     """Wave quantisation >= 1 of GEMM-like kernels on ``sm_count`` SMs (1 elsewhere).
 
-    The best over any SM count up to the GPU's, so that more SMs never raise it."""
-    tiles = np.ceil(np.maximum(output_elements, 1.0) / GEMM_TILE)
-    out = np.ones(len(tiles))
-    idx = np.flatnonzero(gemm > 0)
-    if len(idx) == 0:
-        return out
-    s = np.arange(1, int(min(max(sm_count, 1), MAX_SM)) + 1, dtype=np.float64)
-    t = tiles[idx, None]
-    q = np.ceil(t / s[None, :]) * s[None, :] / t
-    out[idx] = q.min(axis=1)
-    return out
+    The best over any SM count up to the GPU's, so that more SMs never raise it.  One SM never has a
+    partial last wave, so under that rule the factor is exactly 1 for every whole tile count (the
+    search's s = 1 gives ceil(t / 1) x 1 / t = 1): the monotone guarantee and a charge for partial
+    waves exclude each other here (the tiled GEMM path, gemm_tile_work, charges partly filled tiles
+    instead).  Kept, without the search, for the model files that carry a wave exponent."""
+    return np.ones(len(np.atleast_1d(output_elements)))
 
 
 # Specifications the efficiencies may depend on (their natural log over a reference card's), and
@@ -305,10 +310,13 @@ class CrossGPUModel:
         tc = tensor_peak(tensor_mode, specs)
         x = ops.design
         z = {e: 0.0 for e in SPEC_EFFICIENCIES}
-        if self.spec_weights is not None:
-            logs, onehot = spec_logs(specs), group_onehot(x)
+        if self.spec_weights is not None and len(specs):
+            onehot = group_onehot(x)
+            one_gpu = bool(np.all(specs == specs[0]))  # predict_ms: every row on one GPU
+            logs = spec_logs(specs[:1] if one_gpu else specs)
             for i, e in enumerate(SPEC_EFFICIENCIES):
-                z[e] = np.einsum("ng,gt,nt->n", onehot, self.spec_weights[i], logs)
+                z[e] = onehot @ (self.spec_weights[i] @ logs[0]) if one_gpu else \
+                    np.einsum("ng,gt,nt->n", onehot, self.spec_weights[i], logs)
         u_ff = _sigmoid(x @ self.theta_ff + z["ff"])
         u_tc = _sigmoid(x @ self.theta_tc)
         l2_fit = np.clip(np.log2(l2 * 2**20 / b), 0.0, 8.0)
@@ -321,24 +329,23 @@ class CrossGPUModel:
         rate_m = bw * u_m * 1e6  # byte per ms
         rate_s = sms * clock * 1e3 * self.sm_bytes_per_clock * _sigmoid(x @ self.theta_s + z["s"])  # byte per ms
         k = roofline_exponent(x @ self.theta_k)
-        if self.tile_efficiency is not None:
-            if tiles is None:
-                tiles = gemm_tile_work(ops.raw)
-            t_count = len(GEMM_TILES)
-            eff = np.where(gemm[:, None] == 1, self.tile_efficiency[None, :], 1.0)
+        tiled = np.flatnonzero(gemm == 1) if self.tile_efficiency is not None else np.zeros(0, dtype=np.int64)
+        if len(tiled):
+            i = tiled
+            work = gemm_tile_work(ops.raw[i]) if tiles is None else tiles[i]
+            t_count, ki = len(GEMM_TILES), k[i]
+            memory = (b[i] / rate_m[i]) ** ki
             # each candidate tile's roofline; the library runs the fastest
-            tiled = np.min([((f * tiles[:, j] / (rate_c * eff[:, j])) ** k + (b / rate_m) ** k
-                             + ((b + f * tiles[:, t_count + j]) / rate_s) ** k) ** (1.0 / k) for j in range(t_count)],
-                           axis=0)
-        else:
-            tiled = None
+            tiled_ms = np.min([((f[i] * work[:, j] / (rate_c[i] * self.tile_efficiency[j])) ** ki + memory
+                                + ((b[i] + f[i] * work[:, t_count + j]) / rate_s[i]) ** ki) ** (1.0 / ki)
+                               for j in range(t_count)], axis=0)
         # the direct form: times are within 1e-9..1e4 ms and k within [0.5, ~30], far from under/overflow
         roof = ((f / rate_c) ** k + (b / rate_m) ** k + (b / rate_s) ** k) ** (1.0 / k)
         if waves is None:
             waves = _per_sm_count(lambda r, s: wave_factor(r[:, 2], r[:, 3], s)[:, None], ops.raw, sms)[:, 0]
         roof = roof * waves ** self.wave_exponent
-        if tiled is not None:
-            roof = np.where(gemm == 1, tiled, roof)  # matmul-like GEMMs: tile-and-wave instead
+        if len(tiled):
+            roof[tiled] = tiled_ms  # matmul-like GEMMs: the tiled roofline instead
         return roof + self.c0_ms
 
     def to_dict(self) -> dict[str, Any]:
