@@ -518,6 +518,23 @@ def network_energy_repeatability(data_root: Path | None = None, time_agreement: 
     return out
 
 
+def _tile_text(info: dict[str, Any]) -> str:
+    """The tile structure and specification-dependent efficiencies of the fitted model, as words
+    (empty for a model fitted without them)."""
+    out = ""
+    if info.get("gemm_tiles"):
+        out += (" Matmul-like operations (linear, matmul, bmm, attention) take a tile structure instead, after "
+                "NeuSight: for each candidate output tile (" + ", ".join(f"{a}x{b}" for a, b in info["gemm_tiles"])
+                + ") the FLOPs padded to whole tiles run at the compute rate times that tile's learnt efficiency, "
+                "the SMs also load each tile's input panels, and the fastest tile wins. Partial last waves are not "
+                "charged: under the monotone rule (the best over any SM count up to the GPU's) they never are.")
+    if info.get("spec_terms"):
+        out += (" The efficiencies of GEMM-like operations (convolutions, matmuls) also depend on the GPU's "
+                "specifications (" + ", ".join(info["spec_terms"]) + "; never its identity), through weights held "
+                "where a better specification never lowers the rate.")
+    return out
+
+
 def _scored_floor_text(cross: dict[str, Any]) -> str:
     """The kernel-time floor below which leave-one-GPU-out rows are not scored, as words."""
     floor_ms = cross.get("scored_min_gpu_ms")
@@ -546,7 +563,7 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
           "a V100's missing BF16 tensor cores show), DRAM bandwidth and the SMs' own load/store rate, combined "
           "by a soft maximum whose sharpness (how far compute and memory overlap) is learnt per operation, with "
           "a power-headroom factor, wave quantisation and efficiencies bounded in (0, 1) learnt from the "
-          "operation's features only. It is monotone by construction: a GPU no worse in any "
+          "operation's features only." + _tile_text(info) + " It is monotone by construction: a GPU no worse in any "
           "specification (FP32 and tensor-core peaks, bandwidth, L2, SMs, clock, board power) is never predicted slower "
           "(tested over every such catalogue pair, `tests/test_crossgpu.py`).", "",
           "Fitted by `gpurec train-crossgpu` on the rows with data: " + ", ".join(

@@ -379,6 +379,8 @@ def fit(table: CrossTable, rows: np.ndarray, max_iter: int = 100, info: dict[str
             tile_efficiency=torch.sigmoid(tile_logit).detach().numpy().copy() if use_tiles else None,
             spec_weights=spec_w().detach().numpy().copy() if spec_terms else None,
             info={**(info or {}), "rows": int(len(rows)), "weighted_log_mse": loss, **net_info,
+                  "gemm_tiles": [list(t) for t in GEMM_TILES] if use_tiles else None,
+                  "spec_terms": list(SPEC_TERMS) if spec_terms else None,
                   "rows_by_gpu": {str(g): int(n) for g, n in f["gpu"].value_counts().sort_index().items()}})
 
 
