@@ -334,13 +334,10 @@ class CrossGPUModel:
             i = tiled
             work = gemm_tile_work(ops.raw[i]) if tiles is None else tiles[i]
             t_count, ki = len(GEMM_TILES), k[i]
-            memory = (b[i] / rate_m[i]) ** ki
             # each candidate tile's roofline; the library runs the fastest
-            tiled_ms = np.min([((f[i] * work[:, j] / (rate_c[i] * self.tile_efficiency[j])) ** ki + memory
-                                + ((b[i] + f[i] * work[:, t_count + j]) / rate_s[i]) ** ki) ** (1.0 / ki)
-                               for j in range(t_count)], axis=0)
-        # the direct form: times are within 1e-9..1e4 ms and k within [0.5, ~30], far from under/overflow
-        roof = ((f / rate_c) ** k + (b / rate_m) ** k + (b / rate_s) ** k) ** (1.0 / k)
+            tiled_ms = np.min([soft_max(ki, f[i] * work[:, j] / (rate_c[i] * self.tile_efficiency[j]), b[i] / rate_m[i],
+                                        (b[i] + f[i] * work[:, t_count + j]) / rate_s[i]) for j in range(t_count)], axis=0)
+        roof = soft_max(k, f / rate_c, b / rate_m, b / rate_s)
         if waves is None:
             waves = _per_sm_count(lambda r, s: wave_factor(r[:, 2], r[:, 3], s)[:, None], ops.raw, sms)[:, 0]
         roof = roof * waves ** self.wave_exponent
@@ -431,6 +428,13 @@ def transfer_power_w(anchor_w: np.ndarray, anchor_idle_w: float, idle_w: float, 
 
 
 K_MIN = 0.5  # smallest roofline exponent: below 1 the terms add up more than linearly
+
+
+def soft_max(k: np.ndarray, *terms: np.ndarray) -> np.ndarray:
+    """(sum of terms^k)^(1/k), scaled by the largest term so that no power overflows (k can be large)."""
+    top = np.maximum.reduce(terms)
+    safe = np.where(top > 0, top, 1.0)
+    return top * sum((t / safe) ** k for t in terms) ** (1.0 / k)
 
 
 def roofline_exponent(z: np.ndarray) -> np.ndarray:
