@@ -265,7 +265,7 @@ def test_fit_recovers_a_known_model() -> None:
     frame = pd.DataFrame({"gpu": gpu_of, "group": groups, "target_ms": target, "source": "synthetic"})
     table = CrossTable(frame, ops, specs, waves, gemm_tile_work(ops.raw))
     rows = np.arange(len(frame))
-    model = fit(table, rows, max_iter=200)
+    model = fit(table, rows, max_iter=200, tiles=True, spec_terms=True)
     err = np.abs(np.log(predict_rows(model, table) / target))
     # a zero-parameter start is off by orders of magnitude; the fit must get close to the truth
     assert np.median(err) < 0.1, np.median(err)
