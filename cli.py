@@ -653,12 +653,14 @@ def train_crossgpu(
     cache: Path = typer.Option(None, "--cache", help="directory to keep extracted model-input sets between runs"),
     validate: bool = typer.Option(True, "--validate/--no-validate",
                                   help="also leave each GPU out and write crossgpu_report.json (minutes)"),
+    tiles: bool = typer.Option(False, "--tiles/--no-tiles",
+                               help="tile structure for matmul-like GEMMs and spec-dependent efficiencies (experimental)"),
 ) -> None:
     """Fit the cross-GPU operation time model (OUT/crossgpu.json) on every GPU with data."""
     from gpurec.model.fitting.crossgpu_fit import fit_and_save
 
     model = _guard(fit_and_save, data, out, str(cache) if cache is not None else None, validate,
-                   log=lambda msg: typer.echo(msg, err=True))
+                   log=lambda msg: typer.echo(msg, err=True), tiles=tiles)
     _print_json(model.info)
 
 

@@ -14,13 +14,18 @@ import pytest
 from gpurec.catalog import load_catalog
 from gpurec.model.crossgpu import (
     CROSSGPU_FILE,
+    GEMM_TILES,
     GPU_COLUMNS,
+    SPEC_EFFICIENCIES,
+    SPEC_TERMS,
     CrossGPUModel,
     CrossGPUModelError,
     design_names,
+    gemm_tile_work,
     op_table,
     same_compute_die,
     spec_row,
+    spec_weight_floor,
     transfer_power_w,
     wave_factor,
 )
@@ -35,16 +40,26 @@ def _random_ops(n: int, seed: int = 0):
     flops = np.where(rng.random(n) < 0.2, 0.0, 10 ** rng.uniform(3, 13, n))
     nbytes = 10 ** rng.uniform(2, 10, n)
     out = 10 ** rng.uniform(0, 8, n)
-    return op_table(flops, nbytes, out, list(groups), rng.random(n) < 0.5, rng.random(n) < 0.5)
+    gemm_n = np.where(rng.random(n) < 0.5, np.nan, np.ceil(10 ** rng.uniform(0, 4, n)))
+    batch = np.ceil(10 ** rng.uniform(0, 2, n))
+    return op_table(flops, nbytes, out, list(groups), rng.random(n) < 0.5, rng.random(n) < 0.5, gemm_n=gemm_n,
+                    gemm_batch=batch)
 
 
-def _random_model(seed: int) -> CrossGPUModel:
+def _random_model(seed: int, tiles: bool = True) -> CrossGPUModel:
+    """Random parameters within the model file's bounds (tile efficiencies in (0, 1], spec weights at
+    or above their floors): what monotonicity must survive."""
     rng = np.random.default_rng(seed)
     d = len(design_names())
-    return CrossGPUModel(*(rng.normal(0, 2, d) for _ in range(6)), sm_bytes_per_clock=float(rng.uniform(1, 200)),
-                         watts_per_tflops=float(rng.uniform(1, 30)),
-                         l2_weight=float(rng.uniform(0, 2)),
-                         wave_exponent=float(rng.uniform(0, 1.5)), c0_ms=float(rng.uniform(0, 0.01)), info={})
+    model = CrossGPUModel(*(rng.normal(0, 2, d) for _ in range(6)), sm_bytes_per_clock=float(rng.uniform(1, 200)),
+                          watts_per_tflops=float(rng.uniform(1, 30)),
+                          l2_weight=float(rng.uniform(0, 2)),
+                          wave_exponent=float(rng.uniform(0, 1.5)), c0_ms=float(rng.uniform(0, 0.01)), info={})
+    if tiles:
+        model.tile_efficiency = rng.uniform(0.05, 1.0, len(GEMM_TILES))
+        model.spec_weights = spec_weight_floor()[:, None, :] + rng.exponential(
+            0.7, (len(SPEC_EFFICIENCIES), len(KIND_GROUPS), len(SPEC_TERMS)))
+    return model
 
 
 def _shipped() -> CrossGPUModel | None:
@@ -78,6 +93,71 @@ def test_catalogue_has_dominating_pairs() -> None:
     assert len(pairs) >= 20
 
 
+def test_tile_padding_is_at_least_one_and_only_matmul_like_operations_are_tiled() -> None:
+    ops = _random_ops(400, seed=4)
+    tiles = len(GEMM_TILES)
+    work = gemm_tile_work(ops.raw)
+    assert np.all(work[:, :tiles] >= 1.0) and np.all(work[:, tiles:] >= 0)
+    matmul = ops.raw[:, 3] == 1
+    assert matmul.any() and (~matmul).any()
+    assert np.all(work[~matmul, :tiles] == 1.0) and np.all(work[~matmul, tiles:] == 0.0)  # convs, others: no tiles
+
+
+def test_tile_padding_counts_partial_tiles_and_tile_traffic() -> None:
+    j = GEMM_TILES.index((128, 128))
+    # a 100-column output wastes 28 of a 128-wide tile's columns; a 256 x 256 one fills its tiles
+    narrow = op_table(np.array([2.0 * 128 * 100 * 64]), np.array([1e6]), np.array([128.0 * 100]), ["matmul"],
+                      np.zeros(1), np.zeros(1), gemm_n=np.array([100.0]))
+    assert gemm_tile_work(narrow.raw)[0, j] == pytest.approx(128 / 100)
+    full = op_table(np.array([2.0 * 256 * 256 * 64]), np.array([1e6]), np.array([256.0 * 256]), ["matmul"],
+                    np.zeros(1), np.zeros(1), gemm_n=np.array([256.0]))
+    work = gemm_tile_work(full.raw)[0]
+    assert work[j] == pytest.approx(1.0)
+    # 4 tiles each load (128 + 128) x 64 floats, per useful FLOP
+    assert work[len(GEMM_TILES) + j] == pytest.approx(4 * 256 * 64 * 4 / (2.0 * 256 * 256 * 64))
+
+
+def test_model_file_refuses_spec_weights_below_their_floor() -> None:
+    d = _random_model(8).to_dict()
+    CrossGPUModel.from_dict(d)
+    bad = np.array(d["spec_weights"])
+    bad[0, 0, SPEC_TERMS.index("fp32_tflops")] = -1.5  # a higher FP32 peak would lower the rate
+    with pytest.raises(CrossGPUModelError):
+        CrossGPUModel.from_dict({**d, "spec_weights": bad.tolist()})
+    with pytest.raises(CrossGPUModelError):
+        CrossGPUModel.from_dict({**d, "tile_efficiency": [1.2] + d["tile_efficiency"][1:]})
+
+
+def test_earlier_model_file_predicts_as_before_with_the_shape_columns_at_zero() -> None:
+    m = _random_model(9, tiles=False)
+    d = m.to_dict()
+    n_shape = len([x for x in design_names() if x.split(":")[-1].startswith(("log_m", "log_n", "log_k", "log_batch"))])
+    for k in ("theta_ff", "theta_tc", "theta_m", "theta_s", "theta_p", "theta_k"):
+        d[k] = d[k][:-n_shape]
+    old = {**d, "schema": 2, "design": design_names()[:-n_shape]}
+    for k in ("tile_efficiency", "gemm_tiles", "spec_terms", "spec_weights"):
+        old.pop(k)
+    loaded = CrossGPUModel.from_dict(old)
+    ops = _random_ops(300, seed=2)
+    assert np.allclose(loaded.predict_ms(ops, "Tesla T4"), CrossGPUModel(
+        *(np.asarray(old[k] + [0.0] * n_shape) for k in ("theta_ff", "theta_tc", "theta_m", "theta_s", "theta_p",
+                                                          "theta_k")),
+        m.sm_bytes_per_clock, m.watts_per_tflops, m.l2_weight, m.wave_exponent, m.c0_ms, {}).predict_ms(ops, "Tesla T4"))
+
+
+def test_leave_one_gpu_out_scores_only_rows_above_the_kernel_time_floor() -> None:
+    from gpurec.model.fitting.crossgpu_fit import SCORED_MIN_GPU_MS, score_leave_one_gpu_out
+
+    logo = pd.DataFrame({"gpu": ["A", "A", "A", "B"], "group": ["matmul", "matmul", "other", "matmul"],
+                         "source": "s", "target_ms": [1.0, 2.0, SCORED_MIN_GPU_MS / 100, 1.0],
+                         "pred_ms": [1.1, 2.0, 1.0, 0.5]})
+    per_op, per_gpu = score_leave_one_gpu_out(logo)
+    a = next(r for r in per_gpu if r["gpu"] == "A")
+    assert a["rows"] == 2 and a["rows_below_floor"] == 1 and a["mape"] == pytest.approx(0.05)
+    assert {(r["gpu"], r["group"]) for r in per_op} == {("A", "matmul"), ("B", "matmul")}
+    assert next(r for r in per_gpu if r["gpu"] == "B")["rows_below_floor"] == 0
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, "shipped"])
 def test_a_gpu_no_worse_in_any_spec_is_never_slower(seed: int | str) -> None:
     model = _shipped() if seed == "shipped" else _random_model(int(seed))
@@ -105,7 +185,10 @@ def test_more_of_each_spec_alone_is_never_slower() -> None:
 def test_tensor_core_peak_follows_the_operations_math() -> None:
     from gpurec.model.crossgpu import TENSOR_MODES, tensor_peak
 
-    model = _random_model(4)
+    model = _random_model(4, tiles=False)  # the tiled path's panel traffic would hide the compute term
+    shape = np.array([c.split(":")[-1].startswith(("log_m", "log_n", "log_k", "log_batch")) for c in design_names()])
+    for theta in (model.theta_ff, model.theta_tc, model.theta_m, model.theta_s, model.theta_p, model.theta_k):
+        theta[shape] = 0.0  # random GEMM-shape weights would make most of these memory-bound
     n = 500
     rng = np.random.default_rng(4)
     flops, nbytes, out = 10 ** rng.uniform(10, 13, n), 10 ** rng.uniform(6, 8, n), 10 ** rng.uniform(5, 7, n)
@@ -171,6 +254,7 @@ def test_fit_recovers_a_known_model() -> None:
     truth.theta_s *= 0.2
     truth.theta_p *= 0.2
     truth.theta_k *= 0.2
+    truth.spec_weights = spec_weight_floor()[:, None, :] + 0.2 * (truth.spec_weights - spec_weight_floor()[:, None, :])
     gpus = ["Tesla T4", "Tesla V100-PCIE-32GB", "NVIDIA A100-PCIE-40GB", "NVIDIA H100 80GB HBM3"]
     ops = _random_ops(2400, seed=11)
     gpu_of = np.array(gpus * 600)
@@ -179,9 +263,9 @@ def test_fit_recovers_a_known_model() -> None:
     target = truth.predict_ms_rows(ops, specs, waves)
     groups = [KIND_GROUPS[int(np.argmax(ops.design[i, :len(KIND_GROUPS) * 9:9]))] for i in range(len(ops))]
     frame = pd.DataFrame({"gpu": gpu_of, "group": groups, "target_ms": target, "source": "synthetic"})
-    table = CrossTable(frame, ops, specs, waves)
+    table = CrossTable(frame, ops, specs, waves, gemm_tile_work(ops.raw))
     rows = np.arange(len(frame))
-    model = fit(table, rows, max_iter=200)
+    model = fit(table, rows, max_iter=200, tiles=True, spec_terms=True)
     err = np.abs(np.log(predict_rows(model, table) / target))
     # a zero-parameter start is off by orders of magnitude; the fit must get close to the truth
     assert np.median(err) < 0.1, np.median(err)
@@ -270,7 +354,7 @@ def test_network_pairs_pull_the_h200_ratio_towards_the_measured_one() -> None:
     pytest.importorskip("torch")
     from gpurec.model.fitting.crossgpu_fit import H100, H200, CrossTable, NetworkPairs, fit
 
-    truth = _random_model(8)
+    truth = _random_model(8, tiles=False)  # the earlier structure: what this test's pairs were built for
     for name in ("theta_ff", "theta_tc", "theta_m", "theta_s", "theta_p", "theta_k"):
         setattr(truth, name, getattr(truth, name) * 0.2)
     gpus = ["Tesla T4", "Tesla V100-PCIE-32GB", "NVIDIA A100-PCIE-40GB", H100]  # no H200 rows

@@ -19,6 +19,7 @@ from torch import nn
 
 from gpurec.model.bench import random_mobilenet
 from gpurec.ops import extract_operations
+from gpurec.ops.extract import tracing_session
 
 MODES = ("inference", "training")
 
@@ -92,6 +93,34 @@ def test_tracer_shortcuts_give_fx_graph(make) -> None:
         # a fresh module per trace: tracing stows tensor constants on the root, which renames later ones
         ours, theirs = build().train(training), build().train(training)
         assert _nodes(_Tracer().trace(ours)) == _nodes(_FxTracer().trace(theirs))
+        in_session = build().train(training)
+        with tracing_session():  # nn.Module patched once for many traces, as predict_many does
+            assert _nodes(_Tracer().trace(in_session)) == _nodes(_FxTracer().trace(build().train(training)))
+
+
+def test_tracing_session_restores_nn_module_and_leaves_other_calls_alone() -> None:
+    """In a session, modules called outside a trace (and from another thread) run as ever; after
+    it, also after an error in a trace, nn.Module's methods are its own again."""
+    import threading
+
+    from gpurec.ops.extract import _Tracer
+
+    call, getattr_ = nn.Module.__call__, nn.Module.__getattr__
+    net = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    x = torch.ones(2, 4)
+    expected = net(x)
+    with pytest.raises(ZeroDivisionError), tracing_session():
+        assert nn.Module.__call__ is not call
+        assert torch.equal(net(x), expected) and net[0].weight.shape == (3, 4)
+        other: list[torch.Tensor] = []
+        worker = threading.Thread(target=lambda: other.append(net(x)))
+        worker.start()
+        worker.join()
+        assert torch.equal(other[0], expected)
+        _Tracer().trace(random_mobilenet(2))
+        assert torch.equal(net(x), expected)  # not traced after the trace
+        raise ZeroDivisionError("an error in the session")
+    assert nn.Module.__call__ is call and nn.Module.__getattr__ is getattr_
 
 
 def test_analytic_binary_agrees_with_meta_and_declines_the_rest() -> None:
@@ -243,6 +272,62 @@ def test_module_bookkeeping_is_never_a_setting() -> None:
     settings = _module_settings(conv, list(conv.named_parameters()))
     assert settings["custom_flag"] is True and settings["in_channels"] == 3 and "training" not in settings
     assert list(settings)[-1] == "param_shapes" and list(settings)[:-1] == sorted(list(settings)[:-1])
+
+
+def test_remembered_module_texts_are_those_computed() -> None:
+    """structure_key's remembered per-module text is the one computed, also after a module of
+    the class with attribute values that compare equal (1, True, 1.0), other parameter shapes,
+    a parameter turned buffer, or frozen weights was seen first."""
+    from gpurec.model.predictor import _module_bookkeeping, _module_text, _module_text_computed
+
+    def conv(frozen: bool = False, **attrs: object) -> nn.Conv2d:
+        m = nn.Conv2d(3, 8, 3)
+        m.weight.requires_grad_(not frozen)
+        for k, v in attrs.items():
+            setattr(m, k, v)
+        return m
+
+    as_buffer = nn.Linear(4, 4)
+    del as_buffer.bias
+    as_buffer.register_buffer("bias", torch.zeros(4, requires_grad=True))
+    modules = [conv(flag=1), conv(flag=True), conv(flag=1.0), conv(flag=(1, 1)), conv(flag=(True, True)),
+               conv(flag=[1, 1]), conv(flag="1"), conv(frozen=True), conv(_private=2), nn.Conv2d(3, 8, 5),
+               nn.Conv2d(3, 8, 3, bias=False), nn.Linear(4, 4), as_buffer, nn.BatchNorm2d(8),
+               nn.BatchNorm2d(8, affine=False), nn.ReLU6(inplace=True), nn.GELU(approximate="tanh"),
+               *random_mobilenet(5).modules()]
+    skip = _module_bookkeeping()
+    for _ in range(2):  # the second round is served from the memo
+        for m in modules:
+            assert _module_text(m, type(m), skip) == _module_text_computed(m, type(m), skip)
+
+
+def test_remembered_settings_are_the_settings_of_each_module() -> None:
+    """_settings_of gives _module_settings of every module, also where another module of the
+    class with values that compare equal (1, True, 1.0; a tuple and a list) was seen first, or
+    with a value that is no setting (an object), or with other parameter shapes."""
+    from gpurec.ops.extract import _module_settings, _settings_of
+
+    class Thing:
+        def __repr__(self) -> str:
+            return "1"
+
+    def conv(**attrs: object) -> nn.Conv2d:
+        m = nn.Conv2d(3, 8, 3)
+        for k, v in attrs.items():
+            setattr(m, k, v)
+        return m
+
+    modules = [conv(flag=1), conv(flag=True), conv(flag=1.0), conv(flag=(1, 1)), conv(flag=(True, True)),
+               conv(flag=[1, 1]), conv(flag=Thing()), conv(flag="1"), conv(flag=None), conv(flag=float("nan")),
+               conv(groups=True), nn.Conv2d(3, 8, 5), nn.Conv2d(3, 16, 3), nn.Conv2d(3, 8, 3, bias=False),
+               nn.BatchNorm2d(8), nn.BatchNorm2d(8, affine=False), nn.ReLU6(inplace=True), nn.ReLU6(),
+               *random_mobilenet(3).modules()]
+    for _ in range(2):  # the second round is served from the memo
+        for m in modules:
+            params = list(m.named_parameters())
+            settings, text = _settings_of(m, params)
+            expected = _module_settings(m, params)
+            assert repr(settings) == repr(expected) and text == repr(expected)
 
 
 @pytest.fixture(scope="module")
@@ -496,3 +581,42 @@ def test_predictions_with_shared_records_are_those_of_the_long_way(small_predict
     assert [e.as_dict() for e in fast] == [e.as_dict() for e in slow]
     for a, b in zip(fast, slow, strict=True):
         assert a.per_op.equals(b.per_op)
+
+
+def test_coverage_by_kind_is_the_per_operation_rule() -> None:
+    """Predictor._make_entry judges all operations of a kind at once; the verdicts and reasons
+    are those of the rule applied operation by operation: a kind absent from the training
+    ranges, a feature above the highest seen times the tolerance, one below the lowest over it."""
+    from types import SimpleNamespace
+
+    from gpurec.model.features import OpBlock
+    from gpurec.model.predictor import Predictor
+
+    ops = extract_operations(random_mobilenet(11), (8, 3, 224, 224), mode="inference", keep_sources=False)
+    block = OpBlock.from_operations(ops, "inference")
+    feats = ["flops_total", "bytes_total"]
+    vals = np.stack([block.column(f) for f in feats], axis=1)
+    kinds = sorted(set(block.kinds))
+    rng = np.random.default_rng(0)
+    ranges = {}
+    for n, kind in enumerate(kinds[1:]):  # the first kind is left out of the training ranges
+        v = vals[block.kinds == kind]
+        lo, hi = v.min(axis=0) * rng.uniform(0.2, 3, 2), v.max(axis=0) * rng.uniform(0.1, 2, 2)
+        ranges[kind] = np.concatenate([lo if n % 3 else np.zeros(2), hi])
+    tol = 2.0
+    fake = SimpleNamespace(_ranges={"inference": ranges}, _range_feats=feats, _range_tol=tol, recurrent=None)
+    entry = Predictor._make_entry(fake, "m", block, "inference")
+    expected_covered, expected_reason = [], []
+    for i, kind in enumerate(block.kinds):  # the rule, one operation at a time
+        r = ranges.get(kind)
+        if r is None:
+            expected_covered.append(False)
+            expected_reason.append(f"kind '{kind}' not in training data (inference)")
+            continue
+        lo, hi, v = r[:2], r[2:], vals[i]
+        bad = [feats[j] for j in range(2) if v[j] > hi[j] * tol + 1e-9 or (lo[j] > 0 and v[j] < lo[j] / tol - 1e-9)]
+        expected_covered.append(not bad)
+        expected_reason.append(f"{', '.join(bad)} outside training range x{tol:g}" if bad else "")
+    assert entry.covered.tolist() == expected_covered
+    assert entry.reason.tolist() == expected_reason
+    assert 0 < sum(expected_covered) < len(ops) and any("," in r for r in expected_reason)

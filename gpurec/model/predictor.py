@@ -275,10 +275,9 @@ def structure_key(module: nn.Module) -> str:
     nor do train/eval flags (extraction sets them).  The attributes matter because ``forward``
     may branch on them: with ``repr(module)`` alone, blocks that differ only by such a flag
     shared a cache entry.  About 1.5 ms for a MobileNet-sized candidate (strings, not tuples:
-    tuples are tracked by the garbage collector and made it twice as slow).
+    tuples are tracked by the garbage collector and made it twice as slow), less where its
+    leaves repeat ones seen before (_module_text).
     """
-    import torch
-    from torch import nn
 
     h = hashlib.sha1()
     seen: set[type] = set()
@@ -294,32 +293,75 @@ def structure_key(module: nn.Module) -> str:
                 h.update(code.co_code)
                 h.update(repr(code.co_consts).encode())
                 h.update(repr(code.co_names).encode())
-        d = m.__dict__
-        attrs = []
-        for key in sorted(d.keys() - skip):  # skip nn.Module's own bookkeeping in C, not key by key
-            value = d[key]
-            vt = type(value)
-            if vt in _SIMPLE_TYPES or ((vt is tuple or vt is list) and all(type(v) in _SIMPLE_TYPES for v in value)):
-                if not key.startswith("_"):
-                    attrs.append(f"{key}={value!r}")
-            elif isinstance(value, torch.Tensor):
-                if not key.startswith("_"):
-                    attrs.append(f"{key}=T{tuple(value.shape)}{value.dtype}")
-            elif callable(value) and not isinstance(value, nn.Module):
-                # an activation or other function kept as an attribute (private ones too): forward calls it
-                attrs.append(f"{key}=F{_callable_token(value)}")
-            elif not key.startswith("_") and vt.__repr__ is not object.__repr__ and not isinstance(value, nn.Module):
-                text = repr(value)  # a config object (dataclass, enum) forward may branch on
-                if " at 0x" not in text:  # never an address: identical fresh instances share a key
-                    attrs.append(f"{key}=O{text}")
-        for tag, store in (("p", m._parameters), ("b", m._buffers)):
-            for key, value in store.items():
-                attrs.append(f"{tag}:{key}=None" if value is None else
-                             f"{tag}:{key}={tuple(value.shape)}{value.dtype}{value.requires_grad}")
-        custom = repr(m) if t.__repr__ is not nn.Module.__repr__ else ""
-        parts.append(f"\n{name}:{t.__module__}.{t.__qualname__}({m.extra_repr()}){custom};{';'.join(attrs)}")
+        parts.append(f"\n{name}:{_module_text(m, t, skip)}")
     h.update("".join(parts).encode())
     return h.hexdigest()
+
+
+def _module_text(m: nn.Module, t: type, skip: frozenset[str]) -> str:
+    """What structure_key hashes of one module besides its path: class, ``extra_repr``, a custom
+    repr, attributes, parameter and buffer shapes.  Remembered for a torch.nn module without children whose attributes are all plain scalars or tuples and lists of them:
+    a fresh candidate's convolutions and norms repeat ones seen before (the text is a function of
+    exactly those, which the memo key holds), and building it was most of structure_key."""
+    from torch import nn
+
+    d = m.__dict__
+    fast = t.__module__.startswith("torch.nn.") and t.__repr__ is nn.Module.__repr__ and not m._modules
+    if fast:
+        values = [d[k] for k in d if k not in skip]  # private ones too: the key may be finer than the text
+        for v in values:
+            vt = type(v)
+            if vt not in _SIMPLE_TYPES and not ((vt is tuple or vt is list) and all(type(x) in _SIMPLE_TYPES for x in v)):
+                fast = False
+                break
+    if fast:
+        # repr tells 1, True and 1.0 apart (== does not); the count splits parameters from buffers
+        key = (t, tuple(d), repr(values),
+               tuple([(k, None) if v is None else (k, tuple(v.shape), v.dtype, v.requires_grad)
+                      for store in (m._parameters, m._buffers) for k, v in store.items()]),
+               len(m._parameters))
+        hit = _MODULE_TEXT_MEMO.get(key)
+        if hit is None:
+            if len(_MODULE_TEXT_MEMO) >= _MODULE_TEXT_MEMO_SIZE:
+                _MODULE_TEXT_MEMO.clear()
+            hit = _MODULE_TEXT_MEMO[key] = _module_text_computed(m, t, skip)
+        return hit
+    return _module_text_computed(m, t, skip)
+
+
+# _module_text's memo (bounded: cleared when full)
+_MODULE_TEXT_MEMO: dict[tuple[Any, ...], str] = {}
+_MODULE_TEXT_MEMO_SIZE = 8192
+
+
+def _module_text_computed(m: nn.Module, t: type, skip: frozenset[str]) -> str:
+    import torch
+    from torch import nn
+
+    d = m.__dict__
+    attrs = []
+    for key in sorted(d.keys() - skip):  # skip nn.Module's own bookkeeping in C, not key by key
+        value = d[key]
+        vt = type(value)
+        if vt in _SIMPLE_TYPES or ((vt is tuple or vt is list) and all(type(v) in _SIMPLE_TYPES for v in value)):
+            if not key.startswith("_"):
+                attrs.append(f"{key}={value!r}")
+        elif isinstance(value, torch.Tensor):
+            if not key.startswith("_"):
+                attrs.append(f"{key}=T{tuple(value.shape)}{value.dtype}")
+        elif callable(value) and not isinstance(value, nn.Module):
+            # an activation or other function kept as an attribute (private ones too): forward calls it
+            attrs.append(f"{key}=F{_callable_token(value)}")
+        elif not key.startswith("_") and vt.__repr__ is not object.__repr__ and not isinstance(value, nn.Module):
+            text = repr(value)  # a config object (dataclass, enum) forward may branch on
+            if " at 0x" not in text:  # never an address: identical fresh instances share a key
+                attrs.append(f"{key}=O{text}")
+    for tag, store in (("p", m._parameters), ("b", m._buffers)):
+        for key, value in store.items():
+            attrs.append(f"{tag}:{key}=None" if value is None else
+                         f"{tag}:{key}={tuple(value.shape)}{value.dtype}{value.requires_grad}")
+    custom = repr(m) if t.__repr__ is not nn.Module.__repr__ else ""
+    return f"{t.__module__}.{t.__qualname__}({m.extra_repr()}){custom};{';'.join(attrs)}"
 
 
 _SIMPLE_TYPES = frozenset({bool, int, float, str, type(None)})
@@ -395,6 +437,7 @@ class Predictor:
         # One prediction at a time per predictor: the operation cache, and extraction (torch.fx
         # tracing patches module-level state), are not safe to use from several threads at once.
         self._lock = threading.RLock()
+        self._sessions: list[Any] | None = None  # predict_many's tracing session: [exit stack, opened]
         self._hw: dict[str, tuple[str, np.ndarray]] = {}
         # Precisions with measured rows in the training data (models trained before precision
         # existed saw fp32 only).
@@ -474,6 +517,11 @@ class Predictor:
             return hit, shape
         from gpurec.ops import extract_operations
 
+        if self._sessions is not None and not self._sessions[1]:  # predict_many's first extraction
+            from gpurec.ops.extract import tracing_session
+
+            self._sessions[0].enter_context(tracing_session())
+            self._sessions[1] = True
         if inputs:
             ops = extract_operations(model, mode=mode, keep_sources=False, example_inputs=inputs, precision=precision,
                                      shared_records=True)
@@ -501,19 +549,23 @@ class Predictor:
         vals = np.stack([block.column(f) for f in self._range_feats], axis=1) if n else np.zeros((0, 1))
         k = len(self._range_feats)
         tol = self._range_tol
+        by_kind: dict[str, list[int]] = {}
         for i, kind in enumerate(block.kinds):
+            by_kind.setdefault(kind, []).append(i)
+        for kind, rows in by_kind.items():  # one kind's operations at once (a loop per operation was a few %)
             r = ranges.get(kind)
             if r is None:
-                covered[i] = False
-                reason[i] = f"kind '{kind}' not in training data ({mode})"
+                covered[rows] = False
+                reason[rows] = f"kind '{kind}' not in training data ({mode})"
                 continue
             lo, hi = r[:k], r[k:]
-            v = vals[i]
-            bad = [self._range_feats[j] for j in range(k)
-                   if v[j] > hi[j] * tol + 1e-9 or (lo[j] > 0 and v[j] < lo[j] / tol - 1e-9)]
-            if bad:
+            v = vals[rows]
+            bad = (v > hi * tol + 1e-9) | ((lo > 0) & (v < lo / tol - 1e-9))
+            for j in np.flatnonzero(bad.any(axis=1)).tolist():
+                i = rows[j]
                 covered[i] = False
-                reason[i] = f"{', '.join(bad)} outside training range x{tol:g}"
+                names = ", ".join(f for f, b in zip(self._range_feats, bad[j].tolist(), strict=True) if b)
+                reason[i] = f"{names} outside training range x{tol:g}"
         if self.recurrent is not None and not covered.all() and is_recurrent(block.kinds[~covered]).any():
             chain = self.recurrent.covers(block.values, FEATURE_NAMES, block.kinds, mode, tol)
             covered[chain], reason[chain] = True, ""
@@ -564,19 +616,31 @@ class Predictor:
             profile = resolve_host(host, self.reference_host)
             entries: list[tuple[_OpsEntry, tuple[int, ...]]] = []
             results: list[Estimate | CandidateError | None] = []
-            with _collector_paused() as young_collection:
-                for i, c in enumerate(candidates):
-                    model, shape, inputs = _split_candidate(c, example_inputs)
-                    try:
-                        entries.append(self._entry(model, shape, mode, dtype, inputs, precision))
-                        results.append(None)
-                    except Exception as exc:  # one bad candidate must not cost the others their answers
-                        label = model if isinstance(model, str) else type(model).__name__
-                        results.append(CandidateError(i, label, type(exc).__name__, str(exc), exc))
-                    if (i + 1) % _GC_EVERY_CANDIDATES == 0:
-                        young_collection()
+            # one torch.fx patch of nn.Module for all candidates, opened at the first extraction
+            # (gpurec.ops.extract.tracing_session; a warm call never opens it)
+            with _collector_paused() as young_collection, contextlib.ExitStack() as sessions:
+                self._sessions = [sessions, False]
+                try:
+                    self._answer(candidates, mode, dtype, example_inputs, precision, entries, results, young_collection)
+                finally:
+                    self._sessions = None
             estimates = iter(self._estimate(entries, mode, nvml, hw, profile))
             return [next(estimates) if r is None else r for r in results]
+
+    def _answer(self, candidates: Iterable[Any], mode: str, dtype: Any, example_inputs: Any, precision: str | None,
+                entries: list[tuple[_OpsEntry, tuple[int, ...]]], results: list[Estimate | CandidateError | None],
+                young_collection: Any) -> None:
+        """Each candidate's entry into ``entries`` (None into ``results``), or its CandidateError into ``results``."""
+        for i, c in enumerate(candidates):
+            model, shape, inputs = _split_candidate(c, example_inputs)
+            try:
+                entries.append(self._entry(model, shape, mode, dtype, inputs, precision))
+                results.append(None)
+            except Exception as exc:  # one bad candidate must not cost the others their answers
+                label = model if isinstance(model, str) else type(model).__name__
+                results.append(CandidateError(i, label, type(exc).__name__, str(exc), exc))
+            if (i + 1) % _GC_EVERY_CANDIDATES == 0:
+                young_collection()
 
     def host_scale(self, host: HostProfile) -> float:
         """How much slower ``host`` dispatches than the reference host (1 for the reference itself)."""

@@ -144,6 +144,49 @@ class _Tracer(torch.fx.Tracer):
             return forward(*args, **kwargs)
         return self.create_proxy("call_module", path, args, kwargs)
 
+    def trace(self, root: Any, concrete_args: Any = None) -> torch.fx.Graph:
+        """fx's trace; inside tracing_session() (this thread's), nn.Module's call and attribute
+        lookup reach this tracer through the session's hooks instead of being patched on
+        nn.Module and restored for this one trace (see tracing_session)."""
+        session = _SESSION
+        if session is None or session.thread != threading.get_ident():
+            return super().trace(root, concrete_args)
+        prior = session.tracer, session.parameter_proxies
+        session.tracer, session.parameter_proxies = self, {}
+        _patched_for_fx(True)  # fx's patcher leaves the hooks in place for this trace
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            _patched_for_fx(prior[0] is not None)
+            session.tracer, session.parameter_proxies = prior
+
+    def create_node(self, kind: str, target: Any, args: Any, kwargs: Any, name: str | None = None,
+                    type_expr: Any = None) -> torch.fx.Node:
+        """fx's node creation without what extraction never reads: the scope table
+        (``node_name_to_scope``) and Graph.create_node's scan of every argument for raw SymInts
+        (arguments made here are proxies' nodes and constants, never symbolic values), together
+        about a fifth of tracing a fresh candidate.  Same node, name and position in the graph
+        (tests/test_extract_speed.py compares the graph with fx's own); fx's own path where it
+        would do more (preserved node meta, mutation checks) or the graph lacks what this uses."""
+        graph = self.graph
+        if (self.check_mutable_operations or _preserved_node_meta() or type(graph) is not torch.fx.Graph
+                or not _LEAN_GRAPH_ATTRS.issubset(vars(graph)) or graph.owning_module is not None):
+            return super().create_node(kind, target, args, kwargs, name, type_expr)
+        if name is not None:
+            candidate = name
+        else:  # fx's name for the target, a function of its name or path alone (snake-casing it was a tenth)
+            named = (True, target.__name__) if callable(target) else (False, target)
+            candidate = _TARGET_NAMES.get(named)
+            if candidate is None:
+                candidate = _TARGET_NAMES[named] = graph._target_to_str(target)
+        name = graph._graph_namespace.create_name(candidate, None)
+        node = torch.fx.Node(graph, name, kind, target, args or (), kwargs or _immutable_dict(), type_expr)
+        graph._graph_namespace.associate_name_with_obj(name, node)
+        graph._insert(node)
+        graph._find_nodes_lookup_table.insert(node)
+        graph._len += 1
+        return node
+
     def create_arg(self, a: Any) -> Any:
         """The commonest arguments (proxies, plain tuples, scalars) without fx's chain of type
         checks for parameters, buffers, modules and opaque objects; the rest as fx does it."""
@@ -160,6 +203,88 @@ class _Tracer(torch.fx.Tracer):
 
 
 _PLAIN_ARGS = frozenset({int, float, bool, str})
+# What _Tracer.create_node uses of a Graph instance (torch 2.11 to 2.14 have them all).
+_LEAN_GRAPH_ATTRS = frozenset({"_graph_namespace", "_insert", "_find_nodes_lookup_table", "_len"})
+_immutable_dict = torch.fx.immutable_collections.immutable_dict
+# Graph._target_to_str by (callable, name or path): module paths repeat across candidates
+_TARGET_NAMES: dict[tuple[bool, str], str] = {}
+_preserved_node_meta = torch.fx.traceback.has_preserved_node_meta
+
+
+class _Session:
+    """What tracing_session's hooks on nn.Module route to: the tracer tracing in ``thread``, if any."""
+
+    def __init__(self, call: Any, getattr_: Any) -> None:
+        self.thread = threading.get_ident()
+        self.call, self.getattr = call, getattr_  # nn.Module's own, as they were on entering
+        self.tracer: _Tracer | None = None
+        self.parameter_proxies: dict[str, Any] = {}
+
+
+_SESSION: _Session | None = None
+_FX = torch.fx._symbolic_trace  # fx's module: its original nn.Module methods, patcher and autowrap check
+# What the session's hooks use of torch.fx (torch 2.11 to 2.14 have them); without them there is no session.
+_SESSION_NEEDS = ("_orig_module_call", "_orig_module_getattr", "_autowrap_check", "CURRENT_PATCHER")
+
+
+def _session_call(mod: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """nn.Module.__call__ in a session: fx's module call wrapper for the session's tracer, else nn.Module's."""
+    session = _SESSION
+    tracer = session.tracer if session is not None and session.thread == threading.get_ident() else None
+    if tracer is None:
+        return (session.call if session is not None else _FX._orig_module_call)(mod, *args, **kwargs)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return _FX._orig_module_call(mod, *args, **kwargs)
+
+    _FX._autowrap_check(_FX.CURRENT_PATCHER, getattr(getattr(mod, "forward", mod), "__globals__", {}),
+                        tracer._autowrap_function_ids)
+    return tracer.call_module(mod, forward, args, kwargs)
+
+
+def _session_getattr(mod: nn.Module, attr: str) -> Any:
+    """nn.Module.__getattr__ in a session: fx's getattr wrapper for the session's tracer, else nn.Module's."""
+    session = _SESSION
+    tracer = session.tracer if session is not None and session.thread == threading.get_ident() else None
+    if tracer is None:
+        return (session.getattr if session is not None else _FX._orig_module_getattr)(mod, attr)
+    return tracer.getattr(attr, _FX._orig_module_getattr(mod, attr), session.parameter_proxies)
+
+
+def _patched_for_fx(flag: bool) -> None:
+    """fx's patcher leaves a method alone that carries this flag (it takes it for one of its own
+    patches): set while a _Tracer traces in the session, so any other fx tracer (the hooks would
+    not route to it) patches nn.Module over the hooks as it always does."""
+    _session_call.__fx_already_patched = flag  # type: ignore[attr-defined]
+    _session_getattr.__fx_already_patched = flag  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def tracing_session() -> Any:
+    """Trace many modules (predict_many's candidates) under one patch of nn.Module.
+
+    torch.fx patches nn.Module.__call__ and __getattr__ for every trace and restores them after;
+    each assignment to nn.Module updates every subclass in the process (about 1 ms each with
+    ~600 of them: four per trace were a third of tracing a fresh candidate).  Here they are set
+    once, to hooks that act as fx's wrappers for the _Tracer tracing in this thread and as
+    nn.Module's own otherwise; fx sees them patched already and leaves them.  The graphs are
+    fx's (tests/test_extract_speed.py).  Holds the extraction lock; nested sessions are one;
+    without what the hooks use of torch.fx, a plain context."""
+    global _SESSION
+    with _EXTRACTION_LOCK:
+        if _SESSION is not None or not all(hasattr(_FX, name) for name in _SESSION_NEEDS):
+            yield
+            return
+        session = _Session(nn.Module.__call__, nn.Module.__getattr__)
+        _SESSION = session
+        nn.Module.__call__ = _session_call  # type: ignore[method-assign]
+        nn.Module.__getattr__ = _session_getattr  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            nn.Module.__call__ = session.call  # type: ignore[method-assign]
+            nn.Module.__getattr__ = session.getattr  # type: ignore[method-assign]
+            _SESSION = None
 
 
 # -- composite modules written out as the modules they call (PyTorch's slow path) ---------------
@@ -610,6 +735,47 @@ def _module_settings(m: nn.Module, named_params: list[tuple[str, nn.Parameter]])
     return settings
 
 
+# _settings_of's memo: a module's settings and their repr, by its class, attribute names, the
+# repr of its public attribute values and its parameter shapes; and the sorted public attribute
+# names of each (class, attribute names).  Both bounded (cleared when full).
+_SETTINGS_MEMO: dict[Any, tuple[dict[str, Any], str]] = {}
+_PUBLIC_KEYS: dict[Any, tuple[str, ...]] = {}
+_SETTINGS_MEMO_SIZE = 8192
+# Types whose repr identifies the value and its type (so its canonical form, and that it is a setting).
+_REPR_EXACT = frozenset({int, bool, str, float, type(None)})
+
+
+def _settings_of(m: nn.Module, named_params: list[tuple[str, nn.Parameter]]) -> tuple[dict[str, Any], str]:
+    """``_module_settings(m, named_params)`` and its repr, remembered for modules of one class
+    with equal attribute values (a fresh candidate's convolutions and norms repeat ones seen
+    before): building the settings was a quarter of interpreting a fresh candidate.  Only
+    attributes of plain scalar types, or tuples and lists of them, key the memo (their repr is
+    exact); a module with any other public attribute is computed each time.  The dict is shared
+    between calls: read it, never change it."""
+    d = m.__dict__
+    layout = (type(m), tuple(d))
+    names = _PUBLIC_KEYS.get(layout)
+    if names is None:
+        if len(_PUBLIC_KEYS) >= _SETTINGS_MEMO_SIZE:
+            _PUBLIC_KEYS.clear()
+        names = _PUBLIC_KEYS[layout] = tuple(k for k in sorted(d.keys() - _module_bookkeeping())
+                                             if not k.startswith("_"))
+    values = [d[k] for k in names]
+    for v in values:
+        t = type(v)
+        if t not in _REPR_EXACT and not ((t is tuple or t is list) and all(type(x) in _REPR_EXACT for x in v)):
+            settings = _module_settings(m, named_params)
+            return settings, repr(settings)
+    key = (layout, repr(values), tuple([(n, tuple(p.shape)) for n, p in named_params]))
+    hit = _SETTINGS_MEMO.get(key)
+    if hit is None:
+        if len(_SETTINGS_MEMO) >= _SETTINGS_MEMO_SIZE:
+            _SETTINGS_MEMO.clear()
+        settings = _module_settings(m, named_params)
+        hit = _SETTINGS_MEMO[key] = (settings, repr(settings))
+    return hit
+
+
 @functools.lru_cache(maxsize=1)
 def _module_bookkeeping() -> frozenset[str]:
     """The attributes every nn.Module has: its tables, hooks and ``training`` (never settings)."""
@@ -1035,6 +1201,10 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
     autocast_stack: list[Any] = []
 
     def load(a: Any) -> Any:
+        if type(a) is tuple and all(type(x) is torch.fx.Node for x in a):  # the commonest: (x,), (x, y)
+            return tuple([env[x.name] for x in a])
+        if not a and isinstance(a, dict):
+            return {}
         return _map_nodes(a, lambda n: env[n.name])
 
     def is_view_or_bookkeeping(node: torch.fx.Node, args: Any) -> bool:
@@ -1081,8 +1251,9 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             continue
         # Settings of a leaf module: computed once, used by the memo key and the record.
         named_params = _named_params(modules[node.target]) if node.op == "call_module" else []
-        settings = _module_settings(modules[node.target], named_params) if node.op == "call_module" else {}
-        leaf_key = (_leaf_key(modules[node.target], args, kwargs, training, settings)
+        settings, settings_text = (_settings_of(modules[node.target], named_params) if node.op == "call_module"
+                                   else ({}, ""))
+        leaf_key = (_leaf_key(modules[node.target], args, kwargs, training, settings, settings_text)
                     if node.op == "call_module" and precise is None else None)
         record_key = None
         if shared_records and leaf_key is not None:
@@ -1145,7 +1316,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         else:
             param_numel = sum(int(torch.Size(p.shape).numel()) for p in _leaves((arg_template, kwarg_template))
                               if isinstance(p, ParamRef))
-        settings = dict(settings)
+        # a fresh dict for the record (_settings_of's are shared between calls)
+        settings = _module_settings(mod, named_params) if node.op == "call_module" else {}
         settings["args"] = _strip_acts(arg_template)
         settings["kwargs"] = _strip_acts(kwarg_template)
         elementwise = _flops_elementwise(kind, in_numel, out_numel, settings, training)
@@ -1219,7 +1391,10 @@ def _record_key(leaf_key: Any, node: torch.fx.Node, env: dict[str, Any], grad: d
     wiring: list[Any] = []
     seen: dict[str, int] = {}
     act_names: list[str] = []
-    for a in _leaves((node.args, node.kwargs)):
+    args = node.args
+    # the commonest call, nodes as positional arguments only, without walking the structure
+    leaves = args if not node.kwargs and all(type(a) is torch.fx.Node for a in args) else _leaves((args, node.kwargs))
+    for a in leaves:
         if isinstance(a, torch.fx.Node):
             value = env[a.name]
             if a.op == "get_attr":  # read as a parameter reference: whether it trains matters
@@ -1497,17 +1672,22 @@ def _value_key(x: Any) -> Any:
     raise _Unkeyable
 
 
-def _leaf_key(mod: nn.Module, args: Any, kwargs: Any, training: bool, settings: dict[str, Any]) -> Any:
+def _leaf_key(mod: nn.Module, args: Any, kwargs: Any, training: bool, settings: dict[str, Any],
+              settings_text: str | None = None) -> Any:
     """The leaf memo's key.  ``settings`` holds canonical values only (JSON types, built in one
     order by _module_settings), so its repr identifies it; repr is several times cheaper than
-    the sorted JSON it replaced."""
+    the sorted JSON it replaced.  ``settings_text``: that repr, where the caller has it."""
     if not type(mod).__module__.startswith("torch.nn"):
         return None
-    try:
-        a, k = _value_key(tuple(args)), _value_key(dict(kwargs))
-    except _Unkeyable:
-        return None
-    return (type(mod), repr(settings), a, k, training)
+    if not kwargs and all(type(x) is torch.Tensor for x in args):  # the commonest call, as _value_key keys it
+        a: Any = ("tuple", tuple([("T", tuple(x.shape), str(x.dtype), tuple(x.stride())) for x in args]))
+        k: Any = ("D", ())
+    else:
+        try:
+            a, k = _value_key(tuple(args)), _value_key(dict(kwargs))
+        except _Unkeyable:
+            return None
+    return (type(mod), repr(settings) if settings_text is None else settings_text, a, k, training)
 
 
 def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, kwargs: Any, counter: _NodeFlops,

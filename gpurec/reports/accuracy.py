@@ -518,6 +518,35 @@ def network_energy_repeatability(data_root: Path | None = None, time_agreement: 
     return out
 
 
+def _tile_text(info: dict[str, Any]) -> str:
+    """The tile structure and specification-dependent efficiencies of the fitted model, as words
+    (empty for a model fitted without them)."""
+    out = ""
+    if info.get("gemm_tiles"):
+        out += (" Matmul-like operations (linear, matmul, bmm, attention) take a tile structure instead, after "
+                "NeuSight: for each candidate output tile (" + ", ".join(f"{a}x{b}" for a, b in info["gemm_tiles"])
+                + ") the FLOPs padded to whole tiles run at the compute rate times that tile's learnt efficiency, "
+                "the SMs also load each tile's input panels, and the fastest tile wins. Partial last waves are not "
+                "charged: under the monotone rule (the best over any SM count up to the GPU's) they never are.")
+    if info.get("spec_terms"):
+        out += (" The efficiencies of GEMM-like operations (convolutions, matmuls) also depend on the GPU's "
+                "specifications (" + ", ".join(info["spec_terms"]) + "; never its identity), through weights held "
+                "where a better specification never lowers the rate.")
+    return out
+
+
+def _scored_floor_text(cross: dict[str, Any]) -> str:
+    """The kernel-time floor below which leave-one-GPU-out rows are not scored, as words."""
+    floor_ms = cross.get("scored_min_gpu_ms")
+    if floor_ms is None:
+        return ""
+    left = ", ".join(f"{short(g['gpu'])} {g['rows_below_floor']}" for g in cross.get("per_gpu", [])
+                     if g.get("rows_below_floor"))
+    return (f" Only rows whose measured GPU time is at least {1000 * floor_ms:g} µs are scored, the same rule on "
+            "every GPU: operations that launch no kernel or a tiny one (views, data movement) measure about 0 ms "
+            "and their relative error says nothing about the GPU. Rows left out by it: " + (left or "none") + ".")
+
+
 def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, Any]] | None = None) -> list[str]:
     """docs/accuracy.md's cross-GPU section from models/crossgpu_report.json."""
     L = ["## Across GPUs: the cross-GPU operation model", ""]
@@ -534,7 +563,7 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
           "a V100's missing BF16 tensor cores show), DRAM bandwidth and the SMs' own load/store rate, combined "
           "by a soft maximum whose sharpness (how far compute and memory overlap) is learnt per operation, with "
           "a power-headroom factor, wave quantisation and efficiencies bounded in (0, 1) learnt from the "
-          "operation's features only. It is monotone by construction: a GPU no worse in any "
+          "operation's features only." + _tile_text(info) + " It is monotone by construction: a GPU no worse in any "
           "specification (FP32 and tensor-core peaks, bandwidth, L2, SMs, clock, board power) is never predicted slower "
           "(tested over every such catalogue pair, `tests/test_crossgpu.py`).", "",
           "Fitted by `gpurec train-crossgpu` on the rows with data: " + ", ".join(
@@ -558,7 +587,8 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
           ""]
     L += ["### Leave one GPU out, per operation kind (target ≤ 10% MAPE)", "",
           "Each GPU's rows predicted by the model fitted without that GPU; rows that are not host-dominated "
-          "(H100: host-free rows; H200: GPU-dominated eager rows). MAPE, with rows in brackets.", ""]
+          "(H100: host-free rows; H200: GPU-dominated eager rows). MAPE, with rows in brackets."
+          + _scored_floor_text(cross), ""]
     head = ["GPU", "all rows", "median APE", *t["groups"], "≤ 10%?"]
     lines = []
     for g in t["per_gpu"]:

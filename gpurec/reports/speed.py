@@ -94,6 +94,7 @@ def split_fresh_extraction(torchvision: Any, shape: tuple[int, ...], n: int = 10
     modules = [torchvision.models.mobilenet_v2(width_mult=0.53 + 0.07 * i) for i in range(n)]
     ex._LEAF_MEMO.clear()  # nothing remembered from the candidates above
     ex._RECORD_MEMO.clear()
+    ex._SETTINGS_MEMO.clear()
     ex._trace = timed("torch.fx symbolic trace", ex._trace)
     ex._run_node = timed("meta kernels (leaves not memoised or analytic)", ex._run_node)
     try:
