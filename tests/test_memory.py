@@ -75,4 +75,52 @@ def test_math_attention_keeps_the_softmax_output_not_every_stage_of_its_scores()
         {"matmul", "div", "softmax", "masked_fill", "triu"} <= set(by_kind)
     q = batch * seq * dim * 4
     expected = q + by_kind["softmax"].bytes_written + by_kind["triu"].bytes_written
-    assert memory_terms(ops, "training").activations_bytes == expected
+    assert memory_terms(ops, "training").saved_bytes == expected
+
+
+def test_training_peak_follows_backward_not_the_sum_of_saved_tensors_and_gradients() -> None:
+    """Backward frees saved activations while parameter gradients appear: a step whose parameters
+    outweigh its activations peaks at the end of backward, below parameters + gradients + saved."""
+    from gpurec.ops.memory import memory_terms
+
+    def blk(n: int) -> int:
+        return -(-n // 512) * 512
+
+    width, layers, batch = 512, 4, 64
+    net = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width, bias=False), nn.Tanh())])
+    t = memory_terms(extract_operations(net, (batch, width), mode="training", keep_sources=False), "training")
+    act = blk(batch * width * 4)
+    assert t.saved_bytes == (layers + 1) * act  # each Linear's input and each Tanh's output, not its input
+    # at the first Linear's backward every gradient exists; alive beside them: the step's input
+    # and result, the result's gradient and the gradient of the first Linear's output
+    assert t.activations_bytes == 4 * act
+    # with activations far larger than the parameters, the peak is at backward's start instead:
+    # everything saved (less the step's input and result, counted apart) and both gradients
+    big = memory_terms(extract_operations(net, (16384, width), mode="training", keep_sources=False), "training")
+    big_act = blk(16384 * width * 4)
+    # in the last Linear's backward: x, the result and its gradient, the three saved Tanh outputs
+    # before it, the gradients of that Linear's output and input (8 activations), and the first
+    # parameter gradient already made; less than the saved sum with every gradient
+    assert 8 * big_act < big.activations_bytes + 2 * big.params_bytes < 8 * big_act + 2 * big.params_bytes
+
+
+def test_a_tied_lm_head_holds_the_embedding_once_and_dropout_zero_is_its_input() -> None:
+    """F.linear(x, tok.weight) reuses the embedding's weight; nn.Dropout(0.0) returns its input."""
+    from gpurec.ops.memory import memory_terms
+
+    class Tied(nn.Module):
+        def __init__(self, p: float) -> None:
+            super().__init__()
+            self.tok = nn.Embedding(1000, 64)
+            self.drop = nn.Dropout(p)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(self.drop(self.tok(ids)), self.tok.weight)
+
+    def terms(p: float):  # noqa: ANN202
+        ops = extract_operations(Tied(p), (4, 32), mode="training", dtype=torch.long, keep_sources=False)
+        return memory_terms(ops, "training")
+
+    assert terms(0.0).params_bytes == 1000 * 64 * 4
+    # p = 0.1 keeps a one-byte mask and a new output; p = 0 neither
+    assert terms(0.0).saved_bytes < terms(0.1).saved_bytes

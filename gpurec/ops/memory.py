@@ -47,13 +47,15 @@ NO_SAVE_KINDS = VIEW_KINDS | frozenset({
 })
 # Operations whose backward needs their output (activations computed from the result).
 SAVES_OUTPUT_KINDS = frozenset({"ReLU", "relu", "ReLU6", "Sigmoid", "sigmoid", "Tanh", "tanh", "Softmax", "softmax",
-                                "Hardtanh", "ELU"})
+                                "LogSoftmax", "log_softmax", "Hardtanh", "ELU"})
 # In place, their backward needs only the result: nothing beyond the result is kept.  Any
 # other in-place operation whose backward reads its input keeps a copy of it.
 INPLACE_RESULT_KINDS = frozenset({"ReLU", "relu", "relu_", "LeakyReLU", "leaky_relu", "ELU", "elu", "Sigmoid",
                                   "sigmoid", "Tanh", "tanh", "Dropout", "dropout"})
-# Operations whose backward needs their output but none of their inputs.
-OUTPUT_ONLY_KINDS = frozenset({"Softmax", "softmax", "LogSoftmax", "log_softmax"})
+# Operations whose backward needs their output but none of their inputs (keeping a tanh's input
+# as well kept one more activation-sized tensor per GPT-2 GELU).
+OUTPUT_ONLY_KINDS = frozenset({"Softmax", "softmax", "LogSoftmax", "log_softmax", "ReLU", "relu", "Sigmoid",
+                               "sigmoid", "Tanh", "tanh"})
 # Operations that save only their tensor arguments after the first (masked_fill keeps the mask).
 SAVES_LATER_INPUTS_KINDS = frozenset({"masked_fill", "masked_fill_"})
 # Arithmetic with one tensor and a Python number saves nothing (the number is a constant).
@@ -111,6 +113,7 @@ class MemoryTerms:
     conv_io_bytes: int
     matmul_io_bytes: int
     rnn_bytes: int
+    saved_bytes: int = 0  # training: everything autograd keeps for backward (all of it alive at once)
 
 
 @dataclass(frozen=True)
@@ -165,19 +168,61 @@ def _io_bytes(op: Any) -> int:
     return ins + int(op.bytes_written)
 
 
-def _param_bytes(ops: Sequence[Any]) -> int:
-    """Each module's parameters once (a module called several times holds one copy)."""
-    seen: set[str] = set()
-    total = 0
+def _param_keys(ops: Sequence[Any]) -> list[str | None]:
+    """Which parameters each operation uses, as one key per set of parameters (None: none).
+
+    A module called several times holds one copy.  A function given a parameter (``F.linear(x,
+    self.tok.weight)``, a tied LM head) is taken to reuse the module parameter of the same shape
+    when one exists: counting it again added the token embedding twice (0.1-0.3 GB per GPT)."""
+    module_shapes: dict[tuple[int, ...], str] = {}
+    keys: list[str | None] = []
     for op in ops:
         if not op.params:
+            keys.append(None)
             continue
-        key = op.name if op.category == "module" else f"{op.node or op.name}"
-        if key in seen:
+        settings = op.settings or {}
+        if op.category == "module":
+            for shape in (settings.get("param_shapes") or {}).values():
+                module_shapes.setdefault(tuple(int(x) for x in shape), op.name)
+            keys.append(op.name)
+            continue
+        shapes = [tuple(int(x) for x in a["param"]) for a in settings.get("args", [])
+                  if isinstance(a, dict) and isinstance(a.get("param"), list)]
+        tied = [module_shapes[s] for s in shapes if s in module_shapes]
+        keys.append(tied[0] if tied and len(tied) == len(shapes) else f"{op.node or op.name}")
+    return keys
+
+
+def _param_bytes(ops: Sequence[Any]) -> int:
+    """Each set of parameters once (:func:`_param_keys`)."""
+    seen: set[str] = set()
+    total = 0
+    for op, key in zip(ops, _param_keys(ops), strict=True):
+        if key is None or key in seen:
             continue
         seen.add(key)
         total += int(op.params) * _param_element_bytes(op)
     return total
+
+
+def _param_grads_at(ops: Sequence[Any]) -> list[int]:
+    """Bytes of parameter gradients that appear at each operation's backward: a module's
+    gradient is allocated by the backward of its last call (backward runs in reverse)."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, (op, key) in enumerate(zip(ops, _param_keys(ops), strict=True)):
+        if key is not None:
+            first.setdefault(key, int(op.params) * _param_element_bytes(op))
+            last[key] = i
+    at = [0] * len(ops)
+    for key, i in last.items():
+        at[i] += first[key]
+    return at
+
+
+def _returns_its_input(op: Any) -> bool:
+    """A dropout with p = 0 returns its input itself: no new tensor, no mask."""
+    return op.kind.lower().startswith("dropout") and float((op.settings or {}).get("p", 0.5) or 0.0) == 0.0
 
 
 def _attention_buffers(op: Any) -> int:
@@ -241,10 +286,61 @@ def step_memory(ops: Sequence[Any], mode: str | None = None, fit: MemoryFit | No
 
 
 def analytic_memory(t: MemoryTerms) -> StepMemory:
-    """The analytic part alone: parameters, gradients, activations (and in training the
-    gradient in flight, the largest activation once more); a lower bound of the peak."""
-    extra = t.largest_bytes if t.mode == "training" else 0
-    return StepMemory(t.mode, t.params_bytes, t.grads_bytes, t.activations_bytes + extra)
+    """The analytic part alone: parameters, gradients and activations (in training, the
+    step's timeline peak beyond parameters and their gradients); a lower bound of the peak."""
+    return StepMemory(t.mode, t.params_bytes, t.grads_bytes, t.activations_bytes)
+
+
+def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], born: dict[str, int],
+                   last_use: dict[str, int], released: dict[str, int], internal: list[int],
+                   needs_grad: set[str], inputs: set[str], out: str | None) -> int:
+    """The largest memory alive at once over a training step's forward and backward.
+
+    Why: parameter gradients appear while backward frees the saved activations, so the peak is
+    not their sum: a small batch peaks at the end of backward (every gradient, few activations),
+    a large one at its start (every saved activation).  Always alive: parameters, the step's
+    inputs, its result and the preallocated gradient of the result.  Forward: saved tensors
+    from their birth on, other tensors from birth to last use.  Backward, in reverse: a saved
+    tensor until the backward of the earliest operation that saved it, a tensor's gradient from
+    the backward of its last user to that of its maker, each parameter gradient from the
+    backward of its last call on, each operation's own saved buffers until its backward."""
+    n = len(ops)
+    base = params + sum(size_of[r] for r in inputs)
+    if out is not None and out not in inputs:
+        base += 2 * size_of.get(out, 0)  # the result and its gradient, made before the step
+    fwd = [0] * (n + 1)
+    for root, size in size_of.items():
+        if root in inputs or root == out:
+            continue
+        start = born[root]
+        end = n - 1 if root in released else last_use.get(root, start)
+        fwd[start] += size
+        fwd[max(end, start) + 1] -= size
+    peak = live = 0
+    for i in range(n):
+        live += fwd[i] + internal[i]
+        peak = max(peak, base + live)
+    # backward, operation n - 1 down to 0: alloc[i] appears as operation i's backward starts,
+    # free[i] goes once it ends
+    alloc, free = [0] * n, [0] * n
+    live = sum(internal)
+    for root, size in size_of.items():
+        if root in inputs or root == out:
+            continue
+        if root in released:
+            live += size
+            if released[root] >= 0:
+                free[released[root]] += size
+        if root in needs_grad and born[root] < last_use.get(root, born[root]):
+            alloc[last_use[root]] += size
+            free[born[root]] += size
+    for i, nbytes in enumerate(_param_grads_at(ops)):
+        alloc[i] += nbytes
+    for i in range(n - 1, -1, -1):
+        live += alloc[i]
+        peak = max(peak, base + live)
+        live -= free[i] + internal[i]
+    return peak
 
 
 def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
@@ -260,6 +356,9 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     inputs: set[str] = set()  # the step's inputs: the caller holds them for the whole step
     transient = [0] * len(ops)  # bytes an operation allocates and frees inside itself (inference)
     clone_bytes = conv_io = matmul_io = rnn = 0
+    released: dict[str, int] = {}  # saved storage -> the operation whose backward frees it (-1: never)
+    internal = [0] * len(ops)  # bytes an operation keeps inside itself for its backward (masks, copies)
+    needs_grad: set[str] = set()  # storages that carry a gradient in backward
     for i, op in enumerate(ops):
         for j, src in enumerate(op.input_nodes):
             root = storage_of.get(src)
@@ -276,29 +375,40 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
                 if i == 0:
                     inputs.add(root)
             last_use[root] = i
-        if op.input_nodes and (op.in_place or op.kind in VIEW_KINDS):
+        if op.input_nodes and (op.in_place or op.kind in VIEW_KINDS or _returns_its_input(op)):
             storage_of[op.node] = storage_of[op.input_nodes[0]]
         else:
             storage_of[op.node] = op.node
             size_of[op.node] = _block(int(op.bytes_written))
             born[op.node] = i
             last_use[op.node] = max(last_use.get(op.node, i), i)
-        kept_roots.update(storage_of[src] for src in _saved_inputs(op))
+        saved_now = [storage_of[src] for src in _saved_inputs(op)]
+        if op.params or op.kind == "autocast_cast" and not op.input_nodes or \
+                any(storage_of.get(src) in needs_grad for src in op.input_nodes):
+            needs_grad.add(storage_of[op.node])
         if op.in_place and op.input_nodes and op.kind not in INPLACE_RESULT_KINDS and op.kind not in NO_SAVE_KINDS:
             clone_bytes += _block(int(op.bytes_written))  # autograd's copy of the input it overwrites
+            internal[i] += _block(int(op.bytes_written))
         conv_io = max(conv_io, _io_bytes(op)) if op.kind in CONV_KINDS else conv_io
         matmul_io = max(matmul_io, _io_bytes(op)) if op.kind in MATMUL_KINDS else matmul_io
         rnn += _rnn_bytes(op)
         if op.kind in SAVES_OUTPUT_KINDS:
-            kept_roots.add(storage_of[op.node])
-        if op.kind == "autocast_cast" and not op.input_nodes:  # a weight's low-precision copy, saved for backward
-            kept_roots.add(storage_of[op.node])
+            saved_now.append(storage_of[op.node])
+        for root in saved_now:
+            released.setdefault(root, i)  # backward frees it after the earliest operation that saved it
+        if op.kind == "autocast_cast" and not op.input_nodes:
+            # a weight's low-precision copy: autocast caches it for the whole step
+            saved_now.append(storage_of[op.node])
+            released[storage_of[op.node]] = -1
+        kept_roots.update(saved_now)
         if op.kind == "MultiheadAttention":  # a leaf that keeps q, k, v and the attention output inside
             mask_bytes += 4 * int(op.bytes_written)
+            internal[i] += 4 * int(op.bytes_written)
             transient[i] = _attention_buffers(op)
-        if op.kind.lower().startswith("dropout") and op.bytes_written:
+        if op.kind.lower().startswith("dropout") and op.bytes_written and not _returns_its_input(op):
             out_elements = sum(_numel(s) for s in op.output_shapes)
             mask_bytes += out_elements
+            internal[i] += _block(out_elements)
     if ops:  # the step's result and inputs stay alive
         out = storage_of.get(ops[-1].node, ops[-1].node)
         last_use[out] = len(ops)
@@ -306,8 +416,11 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             last_use[root] = len(ops)
     largest = max(size_of.values(), default=0)
     if mode == "training":
-        kept = sum(size_of[root] for root in kept_roots) + mask_bytes + clone_bytes
-        return MemoryTerms(mode, params, params, kept, largest, conv_io, matmul_io, rnn)
+        saved = sum(size_of[root] for root in kept_roots) + mask_bytes + clone_bytes
+        peak = _training_peak(ops, params, size_of, born, last_use, released, internal, needs_grad,
+                              inputs, storage_of.get(ops[-1].node, ops[-1].node) if ops else None)
+        return MemoryTerms(mode, params, params, max(peak - 2 * params, 0), largest, conv_io, matmul_io, rnn,
+                           saved)
     # Liveness: a tensor holds memory from the operation that makes it to its last user.
     delta = [0] * (len(ops) + 2)
     for node, size in size_of.items():
