@@ -34,25 +34,38 @@ def test_estimate_is_within_15_percent_of_measured_peaks() -> None:
         assert abs(est / measured_gb - 1) <= 0.15, (model, batch, mode, est, measured_gb)
 
 
+class _SelfAttention(nn.Module):
+    def __init__(self, need_weights: bool) -> None:
+        super().__init__()
+        self.mha, self.need_weights = nn.MultiheadAttention(64, 4, batch_first=True), need_weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mha(x, x, x, need_weights=self.need_weights)[0]
+
+
 def test_attention_scores_grow_with_the_square_of_the_sequence() -> None:
-    """Multi-head attention's own buffers in inference: scores and softmax are heads x L x L."""
-    mha = nn.MultiheadAttention(64, 4, batch_first=True)
-
-    class Self(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.mha = mha
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.mha(x, x, x, need_weights=False)[0]
-
-    def act(seq: int) -> int:
-        return step_memory(extract_operations(Self(), (2, seq, 64), keep_sources=False)).activations_bytes
+    """Multi-head attention's own buffers in inference on the math path (weights asked for, or
+    a sequence length not a multiple of 8): scores and softmax are heads x L x L."""
+    def act(seq: int, need_weights: bool) -> int:
+        ops = extract_operations(_SelfAttention(need_weights), (2, seq, 64), keep_sources=False)
+        return step_memory(ops).activations_bytes
 
     out = 2 * 64 * 4  # one token's output bytes x batch
-    for seq in (16, 32):
+    for seq in (197, 50):  # ViT's token counts
         # input, output, 4 outputs' worth of projections, 2 x (batch x heads x L x L) scores
-        assert act(seq) == 6 * out * seq + 2 * 2 * 4 * seq * seq * 4
+        assert act(seq, False) == 6 * out * seq + 2 * 2 * 4 * seq * seq * 4
+    # asked for the weights, the math path at any length (its averaged weights are an output too)
+    assert act(64, True) >= 6 * out * 64 + 2 * 2 * 4 * 64 * 64 * 4
+
+
+def test_fused_attention_holds_no_score_matrix() -> None:
+    """need_weights=False on sequences of a multiple of 8 tokens (BERT-like encoders): a fused
+    kernel, 8 outputs' worth inside the attention (projection, q/k/v, output, its copy), linear
+    in the sequence; the math path's scores put BERT inference up to 61% above its peaks."""
+    out = 2 * 64 * 4
+    for seq in (16, 512):
+        ops = extract_operations(_SelfAttention(False), (2, seq, 64), keep_sources=False)
+        assert step_memory(ops).activations_bytes == 10 * out * seq  # + the input and the output
 
 
 def test_math_attention_keeps_the_softmax_output_not_every_stage_of_its_scores() -> None:
