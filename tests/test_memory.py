@@ -137,3 +137,18 @@ def test_a_tied_lm_head_holds_the_embedding_once_and_dropout_zero_is_its_input()
     assert terms(0.0).params_bytes == 1000 * 64 * 4
     # p = 0.1 keeps a one-byte mask and a new output; p = 0 neither
     assert terms(0.0).saved_bytes < terms(0.1).saved_bytes
+
+
+def test_autocast_weight_copies_live_until_their_layers_backward_not_the_whole_step() -> None:
+    """Steps run autocast with its cast cache off: a weight's bf16 copy is held only by the layer
+    that saved it, so at the end of backward (every fp32 gradient made) one copy is left, not all."""
+    from gpurec.ops.memory import memory_terms
+
+    width, layers = 1024, 4
+    net = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(layers)])
+    ops = extract_operations(net, (2, width), mode="training", keep_sources=False, precision="bf16-mixed")
+    assert sum(op.kind == "autocast_cast" and not op.input_nodes for op in ops) == layers
+    t = memory_terms(ops, "training")
+    copy = width * width * 2
+    assert t.params_bytes == layers * width * width * 4
+    assert copy <= t.activations_bytes < 2 * copy  # the first layer's copy (and small activations)
