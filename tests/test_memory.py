@@ -152,3 +152,26 @@ def test_autocast_weight_copies_live_until_their_layers_backward_not_the_whole_s
     copy = width * width * 2
     assert t.params_bytes == layers * width * width * 4
     assert copy <= t.activations_bytes < 2 * copy  # the first layer's copy (and small activations)
+
+
+def test_rnn_workspace_counts_in_inference_only_above_the_peak_it_meets() -> None:
+    """cuDNN's RNN workspace lives during the RNN's call: a language model whose vocabulary head
+    peaks later adds nothing; training keeps the reserve space for backward (the whole term)."""
+    from gpurec.ops.memory import memory_terms
+
+    class LM(nn.Module):
+        def __init__(self, vocab: int) -> None:
+            super().__init__()
+            self.rnn, self.head = nn.LSTM(64, 64, batch_first=True), nn.Linear(64, vocab)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.log_softmax(self.head(self.rnn(x)[0]), dim=-1)
+
+    def terms(vocab: int, mode: str):  # noqa: ANN202
+        return memory_terms(extract_operations(LM(vocab), (8, 32, 64), mode=mode, keep_sources=False), mode)
+
+    big_head, small_head = terms(50_000, "inference"), terms(4, "inference")
+    assert big_head.rnn_bytes == small_head.rnn_bytes == 8 * 32 * 64 * 4 * 4
+    assert big_head.rnn_term_bytes == 0  # the head's logits outweigh the workspace
+    assert 0 < small_head.rnn_term_bytes <= small_head.rnn_bytes
+    assert terms(50_000, "training").rnn_term_bytes == big_head.rnn_bytes
