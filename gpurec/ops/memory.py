@@ -9,9 +9,14 @@ The estimate follows what PyTorch keeps alive, without running anything:
   from the operation that makes it to its last user, views and in-place operations share
   their input's storage, the step's inputs and result stay alive, and multi-head attention
   adds what it allocates inside itself;
-- training: every activation some operation keeps for backward (a convolution keeps its
-  input, a ReLU its output; an addition keeps neither), plus the largest activation again
-  for the gradient being computed; dropout keeps a one-byte mask per element.
+- training: the largest memory alive at once over the step's timeline.  Forward keeps every
+  activation some operation saves for backward (a convolution keeps its input, a ReLU its
+  output; an addition keeps neither; dropout a one-byte mask per element).  Backward runs the
+  operations in reverse, freeing each saved tensor after the backward of the earliest
+  operation that saved it, while the gradients of the activations pass through and the
+  parameter gradients appear; the step's result and its preallocated gradient stay alive
+  throughout.  A small batch so peaks at the end of backward, a large one at its start;
+  autocast's weight copies (cast cache off, as measured) live until their layer's backward.
 
 - an in-place operation whose backward needs its input (ReLU6/Hardtanh, SiLU, Hardswish,
   GELU) makes autograd keep a copy of that input (``original_self``); ReLU, sigmoid and tanh
@@ -20,7 +25,7 @@ The estimate follows what PyTorch keeps alive, without running anything:
 
 That analytic part is what autograd and liveness say.  What they do not say (the cuBLAS and
 cuDNN workspaces every step holds, a convolution's or matmul's scratch space, cuDNN's RNN
-reserve space and workspace, the backward pass's gradients alive at once) is a small set of
+reserve space and workspace) is a small set of
 terms (:class:`MemoryTerms`) whose coefficients are fitted on measured peaks of the training
 architectures only (:mod:`gpurec.model.fitting.memory_fit`, saved as ``models/memory.json``) and
 applied by :func:`step_memory` when a :class:`MemoryFit` is given.  Without one the estimate
