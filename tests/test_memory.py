@@ -175,3 +175,22 @@ def test_rnn_workspace_counts_in_inference_only_above_the_peak_it_meets() -> Non
     assert big_head.rnn_term_bytes == 0  # the head's logits outweigh the workspace
     assert 0 < small_head.rnn_term_bytes <= small_head.rnn_bytes
     assert terms(50_000, "training").rnn_term_bytes == big_head.rnn_bytes
+
+
+def test_swin_window_attention_keeps_its_scores_inside() -> None:
+    """Swin's shifted-window attention is one leaf: training keeps four outputs' worth and the
+    softmax (tokens x heads x window^2) inside it, so twice the heads keep that much more."""
+    import dataclasses
+
+    from gpurec.ops.memory import memory_terms
+
+    ops = extract_operations("swin_t", (1, 3, 224, 224), mode="training", keep_sources=False)
+    i = next(j for j, op in enumerate(ops) if op.kind == "shifted_window_attention")
+    op = ops[i]
+    tokens, heads, window2 = 56 * 56, op.input_shapes[1][1], op.input_shapes[1][2]
+    assert (heads, window2) == (3, 49)
+    more = dataclasses.replace(op, input_shapes=[op.input_shapes[0], [1, 2 * heads, window2, window2]])
+    base = memory_terms(ops, "training").saved_bytes
+    grown = memory_terms([*ops[:i], more, *ops[i + 1:]], "training").saved_bytes - base
+    assert abs(grown - tokens * heads * window2 * 4) < 512  # in 512-byte blocks
+    assert base - memory_terms([*ops[:i], *ops[i + 1:]], "training").saved_bytes >= 4 * op.bytes_written
