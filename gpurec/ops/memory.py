@@ -264,14 +264,11 @@ def _window_attention_buffers(op: Any) -> tuple[int, int]:
     return 4 * out_bytes + scores, 5 * out_bytes + 2 * scores
 
 
-def _consumer_of_cast(ops: Sequence[Any], i: int) -> int:
-    """The operation a weight cast ``ops[i]`` (node ``NAME.castK``) was made for: the next one
-    whose node is NAME, else the next operation."""
-    owner = str(ops[i].node).rsplit(".cast", 1)[0]
-    for j in range(i + 1, len(ops)):
-        if ops[j].node == owner:
-            return j
-    return min(i + 1, len(ops) - 1)
+def _consumer_of_cast(ops: Sequence[Any], i: int, index_of: dict[str, int]) -> int:
+    """The operation a weight cast ``ops[i]`` (node ``NAME.castK``) was made for: the one after
+    it whose node is NAME (``index_of``: node -> last index), else the next operation."""
+    j = index_of.get(str(ops[i].node).rsplit(".cast", 1)[0], -1)
+    return j if j > i else min(i + 1, len(ops) - 1)
 
 
 def _returns_its_input(op: Any) -> bool:
@@ -421,6 +418,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     released: dict[str, int] = {}  # saved storage -> the operation whose backward frees it (-1: never)
     internal = [0] * len(ops)  # bytes an operation keeps inside itself for its backward (masks, copies)
     needs_grad: set[str] = set()  # storages that carry a gradient in backward
+    index_of: dict[str, int] | None = None  # node -> index, built at the first weight cast
     for i, op in enumerate(ops):
         for j, src in enumerate(op.input_nodes):
             root = storage_of.get(src)
@@ -465,7 +463,9 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             # cast cache off, so nothing else holds it (kept to the step's end, the copies put
             # bf16-mixed training at batch 1 15-22% above its peaks)
             saved_now.append(storage_of[op.node])
-            released[storage_of[op.node]] = _consumer_of_cast(ops, i)
+            if index_of is None:
+                index_of = {str(o.node): j for j, o in enumerate(ops)}
+            released[storage_of[op.node]] = _consumer_of_cast(ops, i, index_of)
         kept_roots.update(saved_now)
         if op.kind == "shifted_window_attention":
             kept_inside, transient[i] = _window_attention_buffers(op)
