@@ -34,25 +34,38 @@ def test_estimate_is_within_15_percent_of_measured_peaks() -> None:
         assert abs(est / measured_gb - 1) <= 0.15, (model, batch, mode, est, measured_gb)
 
 
+class _SelfAttention(nn.Module):
+    def __init__(self, need_weights: bool) -> None:
+        super().__init__()
+        self.mha, self.need_weights = nn.MultiheadAttention(64, 4, batch_first=True), need_weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mha(x, x, x, need_weights=self.need_weights)[0]
+
+
 def test_attention_scores_grow_with_the_square_of_the_sequence() -> None:
-    """Multi-head attention's own buffers in inference: scores and softmax are heads x L x L."""
-    mha = nn.MultiheadAttention(64, 4, batch_first=True)
-
-    class Self(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.mha = mha
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.mha(x, x, x, need_weights=False)[0]
-
-    def act(seq: int) -> int:
-        return step_memory(extract_operations(Self(), (2, seq, 64), keep_sources=False)).activations_bytes
+    """Multi-head attention's own buffers in inference on the math path (weights asked for, or
+    a sequence length not a multiple of 8): scores and softmax are heads x L x L."""
+    def act(seq: int, need_weights: bool) -> int:
+        ops = extract_operations(_SelfAttention(need_weights), (2, seq, 64), keep_sources=False)
+        return step_memory(ops).activations_bytes
 
     out = 2 * 64 * 4  # one token's output bytes x batch
-    for seq in (16, 32):
+    for seq in (197, 50):  # ViT's token counts
         # input, output, 4 outputs' worth of projections, 2 x (batch x heads x L x L) scores
-        assert act(seq) == 6 * out * seq + 2 * 2 * 4 * seq * seq * 4
+        assert act(seq, False) == 6 * out * seq + 2 * 2 * 4 * seq * seq * 4
+    # asked for the weights, the math path at any length (its averaged weights are an output too)
+    assert act(64, True) >= 6 * out * 64 + 2 * 2 * 4 * 64 * 64 * 4
+
+
+def test_fused_attention_holds_no_score_matrix() -> None:
+    """need_weights=False on sequences of a multiple of 8 tokens (BERT-like encoders): a fused
+    kernel, 8 outputs' worth inside the attention (projection, q/k/v, output, its copy), linear
+    in the sequence; the math path's scores put BERT inference up to 61% above its peaks."""
+    out = 2 * 64 * 4
+    for seq in (16, 512):
+        ops = extract_operations(_SelfAttention(False), (2, seq, 64), keep_sources=False)
+        assert step_memory(ops).activations_bytes == 10 * out * seq  # + the input and the output
 
 
 def test_math_attention_keeps_the_softmax_output_not_every_stage_of_its_scores() -> None:
@@ -75,4 +88,109 @@ def test_math_attention_keeps_the_softmax_output_not_every_stage_of_its_scores()
         {"matmul", "div", "softmax", "masked_fill", "triu"} <= set(by_kind)
     q = batch * seq * dim * 4
     expected = q + by_kind["softmax"].bytes_written + by_kind["triu"].bytes_written
-    assert memory_terms(ops, "training").activations_bytes == expected
+    assert memory_terms(ops, "training").saved_bytes == expected
+
+
+def test_training_peak_follows_backward_not_the_sum_of_saved_tensors_and_gradients() -> None:
+    """Backward frees saved activations while parameter gradients appear: a step whose parameters
+    outweigh its activations peaks at the end of backward, below parameters + gradients + saved."""
+    from gpurec.ops.memory import memory_terms
+
+    def blk(n: int) -> int:
+        return -(-n // 512) * 512
+
+    width, layers, batch = 512, 4, 64
+    net = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width, bias=False), nn.Tanh())])
+    t = memory_terms(extract_operations(net, (batch, width), mode="training", keep_sources=False), "training")
+    act = blk(batch * width * 4)
+    assert t.saved_bytes == (layers + 1) * act  # each Linear's input and each Tanh's output, not its input
+    # at the first Linear's backward every gradient exists; alive beside them: the step's input
+    # and result, the result's gradient and the gradient of the first Linear's output
+    assert t.activations_bytes == 4 * act
+    # with activations far larger than the parameters, the peak is at backward's start instead:
+    # everything saved (less the step's input and result, counted apart) and both gradients
+    big = memory_terms(extract_operations(net, (16384, width), mode="training", keep_sources=False), "training")
+    big_act = blk(16384 * width * 4)
+    # in the last Linear's backward: x, the result and its gradient, the three saved Tanh outputs
+    # before it, the gradients of that Linear's output and input (8 activations), and the first
+    # parameter gradient already made; less than the saved sum with every gradient
+    assert 8 * big_act < big.activations_bytes + 2 * big.params_bytes < 8 * big_act + 2 * big.params_bytes
+
+
+def test_a_tied_lm_head_holds_the_embedding_once_and_dropout_zero_is_its_input() -> None:
+    """F.linear(x, tok.weight) reuses the embedding's weight; nn.Dropout(0.0) returns its input."""
+    from gpurec.ops.memory import memory_terms
+
+    class Tied(nn.Module):
+        def __init__(self, p: float) -> None:
+            super().__init__()
+            self.tok = nn.Embedding(1000, 64)
+            self.drop = nn.Dropout(p)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(self.drop(self.tok(ids)), self.tok.weight)
+
+    def terms(p: float):  # noqa: ANN202
+        ops = extract_operations(Tied(p), (4, 32), mode="training", dtype=torch.long, keep_sources=False)
+        return memory_terms(ops, "training")
+
+    assert terms(0.0).params_bytes == 1000 * 64 * 4
+    # p = 0.1 keeps a one-byte mask and a new output; p = 0 neither
+    assert terms(0.0).saved_bytes < terms(0.1).saved_bytes
+
+
+def test_autocast_weight_copies_live_until_their_layers_backward_not_the_whole_step() -> None:
+    """Steps run autocast with its cast cache off: a weight's bf16 copy is held only by the layer
+    that saved it, so at the end of backward (every fp32 gradient made) one copy is left, not all."""
+    from gpurec.ops.memory import memory_terms
+
+    width, layers = 1024, 4
+    net = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(layers)])
+    ops = extract_operations(net, (2, width), mode="training", keep_sources=False, precision="bf16-mixed")
+    assert sum(op.kind == "autocast_cast" and not op.input_nodes for op in ops) == layers
+    t = memory_terms(ops, "training")
+    copy = width * width * 2
+    assert t.params_bytes == layers * width * width * 4
+    assert copy <= t.activations_bytes < 2 * copy  # the first layer's copy (and small activations)
+
+
+def test_rnn_workspace_counts_in_inference_only_above_the_peak_it_meets() -> None:
+    """cuDNN's RNN workspace lives during the RNN's call: a language model whose vocabulary head
+    peaks later adds nothing; training keeps the reserve space for backward (the whole term)."""
+    from gpurec.ops.memory import memory_terms
+
+    class LM(nn.Module):
+        def __init__(self, vocab: int) -> None:
+            super().__init__()
+            self.rnn, self.head = nn.LSTM(64, 64, batch_first=True), nn.Linear(64, vocab)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.log_softmax(self.head(self.rnn(x)[0]), dim=-1)
+
+    def terms(vocab: int, mode: str):  # noqa: ANN202
+        return memory_terms(extract_operations(LM(vocab), (8, 32, 64), mode=mode, keep_sources=False), mode)
+
+    big_head, small_head = terms(50_000, "inference"), terms(4, "inference")
+    assert big_head.rnn_bytes == small_head.rnn_bytes == 8 * 32 * 64 * 4 * 4
+    assert big_head.rnn_term_bytes == 0  # the head's logits outweigh the workspace
+    assert 0 < small_head.rnn_term_bytes <= small_head.rnn_bytes
+    assert terms(50_000, "training").rnn_term_bytes == big_head.rnn_bytes
+
+
+def test_swin_window_attention_keeps_its_scores_inside() -> None:
+    """Swin's shifted-window attention is one leaf: training keeps four outputs' worth and the
+    softmax (tokens x heads x window^2) inside it, so twice the heads keep that much more."""
+    import dataclasses
+
+    from gpurec.ops.memory import memory_terms
+
+    ops = extract_operations("swin_t", (1, 3, 224, 224), mode="training", keep_sources=False)
+    i = next(j for j, op in enumerate(ops) if op.kind == "shifted_window_attention")
+    op = ops[i]
+    tokens, heads, window2 = 56 * 56, op.input_shapes[1][1], op.input_shapes[1][2]
+    assert (heads, window2) == (3, 49)
+    more = dataclasses.replace(op, input_shapes=[op.input_shapes[0], [1, 2 * heads, window2, window2]])
+    base = memory_terms(ops, "training").saved_bytes
+    grown = memory_terms([*ops[:i], more, *ops[i + 1:]], "training").saved_bytes - base
+    assert abs(grown - tokens * heads * window2 * 4) < 512  # in 512-byte blocks
+    assert base - memory_terms([*ops[:i], *ops[i + 1:]], "training").saved_bytes >= 4 * op.bytes_written

@@ -47,7 +47,7 @@ def test_in_place_activation_keeps_a_copy_only_when_backward_needs_its_input(act
     batch = 32
     with_act = memory_terms(extract_operations(net, (batch, 64), mode="training", keep_sources=False), "training")
     ref = memory_terms(extract_operations(base, (batch, 64), mode="training", keep_sources=False), "training")
-    assert with_act.activations_bytes - ref.activations_bytes == copies * blk(batch * 256 * 4)
+    assert with_act.saved_bytes - ref.saved_bytes == copies * blk(batch * 256 * 4)
 
 
 @pytest.mark.parametrize("kind, gates", [(nn.LSTM, 4), (nn.GRU, 3)])

@@ -523,7 +523,7 @@ def test_step_memory_matches_known_pytorch_figures() -> None:
 
 def test_step_memory_liveness_views_and_in_place() -> None:
     """Inference peak is the largest set alive at once; views and in-place ops add no storage."""
-    from gpurec.ops.memory import step_memory
+    from gpurec.ops.memory import memory_terms, step_memory
 
     class Chain(nn.Module):
         def __init__(self) -> None:
@@ -546,8 +546,13 @@ def test_step_memory_liveness_views_and_in_place() -> None:
     assert mem.params_bytes == (100 * 1000 + 1000 * 10) * 4
     assert mem.activations_bytes == blk(8 * 100 * 4) + blk(8 * 1000 * 4) + blk(8 * 10 * 4)
     train = step_memory(extract_operations(Chain(), (8, 100), mode="training", keep_sources=False))
-    # kept: x (by a), a's output (by ReLU, its output in place, and by b); plus the largest once more
-    assert train.activations_bytes == blk(8 * 100 * 4) + 2 * blk(8 * 1000 * 4)
+    # the parameters (1.76 MB) outweigh the activations, so training peaks in a's backward, with
+    # every parameter gradient: then x, the result and its preallocated gradient, and the
+    # gradient of a's output are alive (a's output itself was freed after ReLU's backward)
+    assert train.activations_bytes == blk(8 * 100 * 4) + 2 * blk(8 * 10 * 4) + blk(8 * 1000 * 4)
+    # autograd keeps x (by a) and a's output (by ReLU, its output in place, and by b)
+    assert memory_terms(extract_operations(Chain(), (8, 100), mode="training", keep_sources=False)).saved_bytes \
+        == blk(8 * 100 * 4) + blk(8 * 1000 * 4)
 
 
 def test_shipped_model_names_are_torchvisions() -> None:

@@ -247,7 +247,7 @@ def test_recommend_applies_the_predictors_fitted_memory_terms() -> None:
     """The fitted floor (models/memory.json through the predictor) is part of the memory that must fit."""
     from gpurec.ops.memory import MemoryFit
 
-    terms = {"floor_bytes": 30e9, "activations": 1.0, "largest": 1.0, "conv_io": 0.0, "matmul_io": 0.0, "rnn": 0.0}
+    terms = {"floor_bytes": 30e9, "activations": 1.0, "largest": 0.0, "conv_io": 0.0, "matmul_io": 0.0, "rnn": 0.0}
     p = FakePredictor(speed={H100: 1.0, L4: 0.5})
     plain = recommend("resnet50", (8, 3, 224, 224), mode="training", objective="time", gpus=["L4", "H100"],
                       predictor=p, batch_search=False)

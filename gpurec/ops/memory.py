@@ -9,9 +9,14 @@ The estimate follows what PyTorch keeps alive, without running anything:
   from the operation that makes it to its last user, views and in-place operations share
   their input's storage, the step's inputs and result stay alive, and multi-head attention
   adds what it allocates inside itself;
-- training: every activation some operation keeps for backward (a convolution keeps its
-  input, a ReLU its output; an addition keeps neither), plus the largest activation again
-  for the gradient being computed; dropout keeps a one-byte mask per element.
+- training: the largest memory alive at once over the step's timeline.  Forward keeps every
+  activation some operation saves for backward (a convolution keeps its input, a ReLU its
+  output; an addition keeps neither; dropout a one-byte mask per element).  Backward runs the
+  operations in reverse, freeing each saved tensor after the backward of the earliest
+  operation that saved it, while the gradients of the activations pass through and the
+  parameter gradients appear; the step's result and its preallocated gradient stay alive
+  throughout.  A small batch so peaks at the end of backward, a large one at its start;
+  autocast's weight copies (cast cache off, as measured) live until their layer's backward.
 
 - an in-place operation whose backward needs its input (ReLU6/Hardtanh, SiLU, Hardswish,
   GELU) makes autograd keep a copy of that input (``original_self``); ReLU, sigmoid and tanh
@@ -20,7 +25,7 @@ The estimate follows what PyTorch keeps alive, without running anything:
 
 That analytic part is what autograd and liveness say.  What they do not say (the cuBLAS and
 cuDNN workspaces every step holds, a convolution's or matmul's scratch space, cuDNN's RNN
-reserve space and workspace, the backward pass's gradients alive at once) is a small set of
+reserve space and workspace) is a small set of
 terms (:class:`MemoryTerms`) whose coefficients are fitted on measured peaks of the training
 architectures only (:mod:`gpurec.model.fitting.memory_fit`, saved as ``models/memory.json``) and
 applied by :func:`step_memory` when a :class:`MemoryFit` is given.  Without one the estimate
@@ -47,13 +52,15 @@ NO_SAVE_KINDS = VIEW_KINDS | frozenset({
 })
 # Operations whose backward needs their output (activations computed from the result).
 SAVES_OUTPUT_KINDS = frozenset({"ReLU", "relu", "ReLU6", "Sigmoid", "sigmoid", "Tanh", "tanh", "Softmax", "softmax",
-                                "Hardtanh", "ELU"})
+                                "LogSoftmax", "log_softmax", "Hardtanh", "ELU"})
 # In place, their backward needs only the result: nothing beyond the result is kept.  Any
 # other in-place operation whose backward reads its input keeps a copy of it.
 INPLACE_RESULT_KINDS = frozenset({"ReLU", "relu", "relu_", "LeakyReLU", "leaky_relu", "ELU", "elu", "Sigmoid",
                                   "sigmoid", "Tanh", "tanh", "Dropout", "dropout"})
-# Operations whose backward needs their output but none of their inputs.
-OUTPUT_ONLY_KINDS = frozenset({"Softmax", "softmax", "LogSoftmax", "log_softmax"})
+# Operations whose backward needs their output but none of their inputs (keeping a tanh's input
+# as well kept one more activation-sized tensor per GPT-2 GELU).
+OUTPUT_ONLY_KINDS = frozenset({"Softmax", "softmax", "LogSoftmax", "log_softmax", "ReLU", "relu", "Sigmoid",
+                               "sigmoid", "Tanh", "tanh"})
 # Operations that save only their tensor arguments after the first (masked_fill keeps the mask).
 SAVES_LATER_INPUTS_KINDS = frozenset({"masked_fill", "masked_fill_"})
 # Arithmetic with one tensor and a Python number saves nothing (the number is a constant).
@@ -111,6 +118,18 @@ class MemoryTerms:
     conv_io_bytes: int
     matmul_io_bytes: int
     rnn_bytes: int
+    saved_bytes: int = 0  # training: everything autograd keeps for backward (all of it alive at once)
+    # inference: how far the cuDNN RNN workspaces (rnn_bytes at each RNN call, freed after it) lift
+    # the liveness peak; None where not computed (then the whole rnn_bytes)
+    rnn_excess_bytes: int | None = None
+
+    @property
+    def rnn_term_bytes(self) -> int:
+        """What the fitted ``rnn`` coefficient multiplies: in training cuDNN's reserve space, kept
+        for backward, adds to the peak; in inference the workspace lives only during the RNN's
+        call, so only what it adds above the peak counts (a language model peaks at its head,
+        after the RNN: the whole term put LSTM LMs up to 36% above their peaks)."""
+        return self.rnn_bytes if self.rnn_excess_bytes is None or self.mode == "training" else self.rnn_excess_bytes
 
 
 @dataclass(frozen=True)
@@ -128,7 +147,7 @@ class MemoryFit:
             raise KeyError(f"the memory fit has no coefficients for mode {t.mode!r} (has {sorted(self.terms)}): "
                            "refit it with `gpurec tools fit-memory`")
         activations = c["activations"] * t.activations_bytes + c["largest"] * t.largest_bytes
-        workspace = c["conv_io"] * t.conv_io_bytes + c["matmul_io"] * t.matmul_io_bytes + c["rnn"] * t.rnn_bytes
+        workspace = c["conv_io"] * t.conv_io_bytes + c["matmul_io"] * t.matmul_io_bytes + c["rnn"] * t.rnn_term_bytes
         return StepMemory(t.mode, t.params_bytes, t.grads_bytes, int(round(activations)),
                           int(round(c["floor_bytes"])), int(round(workspace)))
 
@@ -165,19 +184,96 @@ def _io_bytes(op: Any) -> int:
     return ins + int(op.bytes_written)
 
 
-def _param_bytes(ops: Sequence[Any]) -> int:
-    """Each module's parameters once (a module called several times holds one copy)."""
-    seen: set[str] = set()
-    total = 0
+def _param_keys(ops: Sequence[Any]) -> list[str | None]:
+    """Which parameters each operation uses, as one key per set of parameters (None: none).
+
+    A module called several times holds one copy.  A function given a parameter (``F.linear(x,
+    self.tok.weight)``, a tied LM head) is taken to reuse the module parameter of the same shape
+    when one exists: counting it again added the token embedding twice (0.1-0.3 GB per GPT)."""
+    module_shapes: dict[tuple[int, ...], str] = {}
+    keys: list[str | None] = []
     for op in ops:
         if not op.params:
+            keys.append(None)
             continue
-        key = op.name if op.category == "module" else f"{op.node or op.name}"
-        if key in seen:
+        settings = op.settings or {}
+        if op.category == "module":
+            for shape in (settings.get("param_shapes") or {}).values():
+                module_shapes.setdefault(tuple(int(x) for x in shape), op.name)
+            keys.append(op.name)
+            continue
+        shapes = [tuple(int(x) for x in a["param"]) for a in settings.get("args", [])
+                  if isinstance(a, dict) and isinstance(a.get("param"), list)]
+        tied = [module_shapes[s] for s in shapes if s in module_shapes]
+        keys.append(tied[0] if tied and len(tied) == len(shapes) else f"{op.node or op.name}")
+    return keys
+
+
+def _param_bytes(ops: Sequence[Any]) -> int:
+    """Each set of parameters once (:func:`_param_keys`)."""
+    seen: set[str] = set()
+    total = 0
+    for op, key in zip(ops, _param_keys(ops), strict=True):
+        if key is None or key in seen:
             continue
         seen.add(key)
         total += int(op.params) * _param_element_bytes(op)
     return total
+
+
+def _param_grads_at(ops: Sequence[Any]) -> tuple[list[int], list[int]]:
+    """Bytes of parameter gradients that appear at each operation's backward, and bytes alive
+    only during it.  A parameter's gradient is allocated by the backward of its last call
+    (backward runs in reverse); each earlier call of a shared parameter (a tied LM head's
+    embedding) makes a new gradient and its sum with the one held: two more parameter-sized
+    buffers while it runs (without them GPT training at batch 1 read 0.2-0.4 GB low)."""
+    size: dict[str, int] = {}
+    last: dict[str, int] = {}
+    calls: dict[str, list[int]] = {}
+    for i, (op, key) in enumerate(zip(ops, _param_keys(ops), strict=True)):
+        if key is not None:
+            size.setdefault(key, int(op.params) * _param_element_bytes(op))
+            last[key] = i
+            calls.setdefault(key, []).append(i)
+    at, during = [0] * len(ops), [0] * len(ops)
+    for key, i in last.items():
+        at[i] += size[key]
+        for j in calls[key][:-1]:
+            if ops[j].category != "module" or ops[j].name != ops[i].name:  # another module or function
+                during[j] += 2 * size[key]
+    return at, during
+
+
+def _window_attention_buffers(op: Any) -> tuple[int, int]:
+    """Bytes Swin's shifted-window attention (one leaf) keeps inside for backward, and holds at
+    its peak in inference.  Per window it runs the math path: the windows of its input, the
+    packed q/k/v (three outputs' worth), q scaled, the scores plus position bias and their
+    softmax (tokens x heads x window^2 each), the output before its projection.  Training keeps
+    the packed q/k/v (k and v are views of it) and the projection's input, four outputs'
+    worth, and the softmax; inference holds five outputs' worth and two score
+    tensors at once.  Without them swin_t training read 19-28% and Swin inference up to 40%
+    below the measured peaks (the counts of outputs' worth were checked against swin_t's
+    peaks, a training architecture; swin_s is held out)."""
+    out_bytes = _block(int(op.bytes_written))
+    out = op.output_shapes[0] if op.output_shapes else []
+    bias = op.input_shapes[1] if len(op.input_shapes) > 1 else []
+    if len(out) < 2 or len(bias) != 4 or not out[-1]:
+        return 4 * out_bytes, 5 * out_bytes
+    tokens = _numel(out) // int(out[-1])
+    scores = _block(tokens * int(bias[1]) * int(bias[2]) * _ELEMENT_BYTES.get(op.dtype, 4))
+    return 4 * out_bytes + scores, 5 * out_bytes + 2 * scores
+
+
+def _consumer_of_cast(ops: Sequence[Any], i: int, index_of: dict[str, int]) -> int:
+    """The operation a weight cast ``ops[i]`` (node ``NAME.castK``) was made for: the one after
+    it whose node is NAME (``index_of``: node -> last index), else the next operation."""
+    j = index_of.get(str(ops[i].node).rsplit(".cast", 1)[0], -1)
+    return j if j > i else min(i + 1, len(ops) - 1)
+
+
+def _returns_its_input(op: Any) -> bool:
+    """A dropout with p = 0 returns its input itself: no new tensor, no mask."""
+    return op.kind.lower().startswith("dropout") and float((op.settings or {}).get("p", 0.5) or 0.0) == 0.0
 
 
 def _attention_buffers(op: Any) -> int:
@@ -198,6 +294,14 @@ def _attention_buffers(op: Any) -> int:
     batch, tgt = (q[0], q[1]) if batch_first else (q[1], q[0])
     src = k[1] if batch_first else k[0]
     heads = int(settings.get("num_heads", 1) or 1)
+    kwargs = settings.get("kwargs") or {}
+    if kwargs.get("need_weights") is False and int(tgt) % 8 == 0 and int(src) % 8 == 0:
+        # A fused kernel (no heads x L x S matrix): the packed projection and q, k, v rearranged
+        # (three outputs' worth each), the attention output and its reshaped copy.  The measured
+        # peaks show this for BERT-like encoders (sequences 64-512: within 6% instead of up to 61%
+        # above) and the math path for ViT's 197 and 50 tokens; which sequence lengths take which
+        # path is read from those peaks, not from PyTorch's dispatch rules.
+        return 8 * out_bytes
     scores = int(batch) * heads * int(tgt) * int(src) * _ELEMENT_BYTES.get(op.dtype, 4)
     return 4 * out_bytes + 2 * scores
 
@@ -241,10 +345,60 @@ def step_memory(ops: Sequence[Any], mode: str | None = None, fit: MemoryFit | No
 
 
 def analytic_memory(t: MemoryTerms) -> StepMemory:
-    """The analytic part alone: parameters, gradients, activations (and in training the
-    gradient in flight, the largest activation once more); a lower bound of the peak."""
-    extra = t.largest_bytes if t.mode == "training" else 0
-    return StepMemory(t.mode, t.params_bytes, t.grads_bytes, t.activations_bytes + extra)
+    """The analytic part alone: parameters, gradients and activations (in training, the
+    step's timeline peak beyond parameters and their gradients); a lower bound of the peak."""
+    return StepMemory(t.mode, t.params_bytes, t.grads_bytes, t.activations_bytes)
+
+
+def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], born: dict[str, int],
+                   last_use: dict[str, int], released: dict[str, int], internal: list[int],
+                   needs_grad: set[str], inputs: set[str], out: str | None) -> int:
+    """The largest memory alive at once over a training step's forward and backward.
+
+    Why: parameter gradients appear while backward frees the saved activations, so the peak is
+    not their sum: a small batch peaks at the end of backward (every gradient, few activations),
+    a large one at its start (every saved activation).  Always alive: parameters, the step's
+    inputs, its result and the preallocated gradient of the result.  Forward: saved tensors
+    from their birth on, other tensors from birth to last use.  Backward, in reverse: a saved
+    tensor until the backward of the earliest operation that saved it, a tensor's gradient from
+    the backward of its last user to that of its maker, each parameter gradient from the
+    backward of its last call on, each operation's own saved buffers until its backward."""
+    n = len(ops)
+    base = params + sum(size_of[r] for r in inputs)
+    if out is not None and out not in inputs:
+        base += 2 * size_of.get(out, 0)  # the result and its gradient, made before the step
+    fwd = [0] * (n + 1)
+    for root, size in size_of.items():
+        if root in inputs or root == out:
+            continue
+        start = born[root]
+        end = n - 1 if root in released else last_use.get(root, start)
+        fwd[start] += size
+        fwd[max(end, start) + 1] -= size
+    peak = live = 0
+    for i in range(n):
+        live += fwd[i] + internal[i]
+        peak = max(peak, base + live)
+    # backward, operation n - 1 down to 0: alloc[i] appears as operation i's backward starts,
+    # free[i] goes once it ends
+    alloc, free = [0] * n, [0] * n
+    live = sum(internal)
+    for root, size in size_of.items():
+        if root in inputs or root == out:
+            continue
+        if root in released:
+            live += size
+            if released[root] >= 0:
+                free[released[root]] += size
+        if root in needs_grad and born[root] < last_use.get(root, born[root]):
+            alloc[last_use[root]] += size
+            free[born[root]] += size
+    grads_at, accumulating = _param_grads_at(ops)
+    for i in range(n - 1, -1, -1):
+        live += alloc[i] + grads_at[i]
+        peak = max(peak, base + live + accumulating[i])
+        live -= free[i] + internal[i]
+    return peak
 
 
 def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
@@ -259,7 +413,12 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     mask_bytes = 0  # kept inside operations: dropout masks, attention internals
     inputs: set[str] = set()  # the step's inputs: the caller holds them for the whole step
     transient = [0] * len(ops)  # bytes an operation allocates and frees inside itself (inference)
+    rnn_during = [0] * len(ops)  # a cuDNN RNN's workspace term, during its call
     clone_bytes = conv_io = matmul_io = rnn = 0
+    released: dict[str, int] = {}  # saved storage -> the operation whose backward frees it (-1: never)
+    internal = [0] * len(ops)  # bytes an operation keeps inside itself for its backward (masks, copies)
+    needs_grad: set[str] = set()  # storages that carry a gradient in backward
+    index_of: dict[str, int] | None = None  # node -> index, built at the first weight cast
     for i, op in enumerate(ops):
         for j, src in enumerate(op.input_nodes):
             root = storage_of.get(src)
@@ -276,29 +435,50 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
                 if i == 0:
                     inputs.add(root)
             last_use[root] = i
-        if op.input_nodes and (op.in_place or op.kind in VIEW_KINDS):
+        if op.input_nodes and (op.in_place or op.kind in VIEW_KINDS or _returns_its_input(op)):
             storage_of[op.node] = storage_of[op.input_nodes[0]]
         else:
             storage_of[op.node] = op.node
             size_of[op.node] = _block(int(op.bytes_written))
             born[op.node] = i
             last_use[op.node] = max(last_use.get(op.node, i), i)
-        kept_roots.update(storage_of[src] for src in _saved_inputs(op))
+        saved_now = [storage_of[src] for src in _saved_inputs(op)]
+        if op.params or op.kind == "autocast_cast" and not op.input_nodes or \
+                any(storage_of.get(src) in needs_grad for src in op.input_nodes):
+            needs_grad.add(storage_of[op.node])
         if op.in_place and op.input_nodes and op.kind not in INPLACE_RESULT_KINDS and op.kind not in NO_SAVE_KINDS:
             clone_bytes += _block(int(op.bytes_written))  # autograd's copy of the input it overwrites
+            internal[i] += _block(int(op.bytes_written))
         conv_io = max(conv_io, _io_bytes(op)) if op.kind in CONV_KINDS else conv_io
         matmul_io = max(matmul_io, _io_bytes(op)) if op.kind in MATMUL_KINDS else matmul_io
         rnn += _rnn_bytes(op)
+        rnn_during[i] = _rnn_bytes(op)
         if op.kind in SAVES_OUTPUT_KINDS:
-            kept_roots.add(storage_of[op.node])
-        if op.kind == "autocast_cast" and not op.input_nodes:  # a weight's low-precision copy, saved for backward
-            kept_roots.add(storage_of[op.node])
+            saved_now.append(storage_of[op.node])
+        for root in saved_now:
+            released.setdefault(root, i)  # backward frees it after the earliest operation that saved it
+        if op.kind == "autocast_cast" and not op.input_nodes:
+            # a weight's low-precision copy, made for the operation after it (``conv1.cast0`` for
+            # ``conv1``), which saves it for its backward; measured steps run autocast with its
+            # cast cache off, so nothing else holds it (kept to the step's end, the copies put
+            # bf16-mixed training at batch 1 15-22% above its peaks)
+            saved_now.append(storage_of[op.node])
+            if index_of is None:
+                index_of = {str(o.node): j for j, o in enumerate(ops)}
+            released[storage_of[op.node]] = _consumer_of_cast(ops, i, index_of)
+        kept_roots.update(saved_now)
+        if op.kind == "shifted_window_attention":
+            kept_inside, transient[i] = _window_attention_buffers(op)
+            mask_bytes += kept_inside
+            internal[i] += kept_inside
         if op.kind == "MultiheadAttention":  # a leaf that keeps q, k, v and the attention output inside
             mask_bytes += 4 * int(op.bytes_written)
+            internal[i] += 4 * int(op.bytes_written)
             transient[i] = _attention_buffers(op)
-        if op.kind.lower().startswith("dropout") and op.bytes_written:
+        if op.kind.lower().startswith("dropout") and op.bytes_written and not _returns_its_input(op):
             out_elements = sum(_numel(s) for s in op.output_shapes)
             mask_bytes += out_elements
+            internal[i] += _block(out_elements)
     if ops:  # the step's result and inputs stay alive
         out = storage_of.get(ops[-1].node, ops[-1].node)
         last_use[out] = len(ops)
@@ -306,16 +486,20 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             last_use[root] = len(ops)
     largest = max(size_of.values(), default=0)
     if mode == "training":
-        kept = sum(size_of[root] for root in kept_roots) + mask_bytes + clone_bytes
-        return MemoryTerms(mode, params, params, kept, largest, conv_io, matmul_io, rnn)
+        saved = sum(size_of[root] for root in kept_roots) + mask_bytes + clone_bytes
+        peak = _training_peak(ops, params, size_of, born, last_use, released, internal, needs_grad,
+                              inputs, storage_of.get(ops[-1].node, ops[-1].node) if ops else None)
+        return MemoryTerms(mode, params, params, max(peak - 2 * params, 0), largest, conv_io, matmul_io, rnn,
+                           saved)
     # Liveness: a tensor holds memory from the operation that makes it to its last user.
     delta = [0] * (len(ops) + 2)
     for node, size in size_of.items():
         start = max(born[node], 0)
         delta[start] += size
         delta[max(last_use.get(node, born[node]), start) + 1] -= size
-    peak = live = 0
+    peak = live = with_rnn = 0
     for i in range(len(ops)):
         live += delta[i]
         peak = max(peak, live + transient[i])
-    return MemoryTerms(mode, params, 0, peak, largest, conv_io, matmul_io, rnn)
+        with_rnn = max(with_rnn, live + transient[i] + rnn_during[i])
+    return MemoryTerms(mode, params, 0, peak, largest, conv_io, matmul_io, rnn, rnn_excess_bytes=with_rnn - peak)

@@ -915,13 +915,16 @@ def memory_section(data_root: Path | str | None = None, fit: Any = None, extract
     (training / held-out architectures), family and mode."""
     L = ["## Peak memory", "",
          "`gpurec.ops.memory` estimates a step's peak memory without running it; `recommend` and `predict` use it "
-         "for `fits`. The analytic part is parameters, gradients in training, the activations alive at once "
-         "(inference) or kept for backward (training: inputs of convolutions and matmuls, outputs of ReLU, "
-         "sigmoid and tanh, a copy of the input of an in-place activation whose backward needs it), each tensor "
-         "in the allocator's 512-byte blocks. The fitted terms add what the analytic part cannot say: a fixed "
-         "floor per mode (cuBLAS and cuDNN workspaces), scratch space proportional to the largest convolution's "
-         "and matmul's inputs plus outputs, the gradient in flight in training, and cuDNN's RNN reserve space "
-         "and workspace (layers x directions x sequence x batch x hidden x gates x element bytes). Their "
+         "for `fits`. The analytic part is parameters and the most memory alive at once: in inference the "
+         "activations alive at once; in training the step's timeline, forward keeping what autograd saves "
+         "(inputs of convolutions and matmuls, outputs of ReLU, sigmoid and tanh, a copy of the input of an "
+         "in-place activation whose backward needs it), then backward freeing each saved tensor after its last "
+         "backward user while activation and parameter gradients appear, with the step's result and its "
+         "gradient alive throughout. Each tensor takes the allocator's 512-byte blocks. The fitted terms add "
+         "what the analytic part cannot say: a fixed floor per mode (cuBLAS and cuDNN workspaces), scratch "
+         "space proportional to the largest convolution's and matmul's inputs plus outputs, and cuDNN's RNN "
+         "reserve space (training) and workspace (inference: only what it adds above the peak) (layers x "
+         "directions x sequence x batch x hidden x gates x element bytes). Their "
          "coefficients are fitted on the training architectures' trusted peaks only (`gpurec tools fit-memory`, "
          "`models/memory.json`). Network rows record the allocator's peak over one step after warm-up "
          "(`peak_memory_bytes`, `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`). "
@@ -938,7 +941,7 @@ def memory_section(data_root: Path | str | None = None, fit: Any = None, extract
         names = ("floor_bytes", "activations", "largest", "conv_io", "matmul_io", "rnn")
         lines = [row([mode, f"{c['floor_bytes'] / 1e6:.1f}", *(f"{c[n]:.3f}" for n in names[1:])])
                  for mode, c in sorted(fit.terms.items())]
-        L += table(["mode", "floor MB", "activations", "gradient in flight", "largest conv in+out",
+        L += table(["mode", "floor MB", "activations", "largest activation", "largest conv in+out",
                     "largest matmul in+out", "cuDNN RNN"], lines) + [""]
         prov = fit.provenance
         fitted = "; ".join(f"{mode}: {v['rows']} rows ({', '.join(f'{k} {n}' for k, n in v['by_family'].items())})"
