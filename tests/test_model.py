@@ -110,8 +110,10 @@ def test_correction_is_keyed_by_precision() -> None:
 
     assert correction_mode("training", "fp32") == "training" and correction_mode("training", None) == "training"
     assert correction_mode("training", "bf16-mixed") == "training|bf16-mixed"
+    from gpurec.model.network import MIN_PRECISION_NETWORKS
+
     rng = np.random.default_rng(3)
-    n = 12
+    n = 2 * MIN_PRECISION_NETWORKS
     t = rng.uniform(1, 5, 4 * n)
     offsets = np.arange(0, 4 * n + 1, 4)
     sums = aggregate(t, np.full(len(t), 300.0), offsets, 0.02)
@@ -119,16 +121,24 @@ def test_correction_is_keyed_by_precision() -> None:
     modes = np.array(["training"] * (n // 2) + ["training|bf16-mixed"] * (n - n // 2))
     fp32 = modes == "training"
     fp32_only = fit_correction(sums.take(fp32), np.full(n // 2, "H100"), modes[fp32], sums.sum_time_ms[fp32] * 1.1,
-                               measured_w[fp32], "scale", "none")
+                               measured_w[fp32], "scale", "none", specific=())
     measured = np.where(modes == "training", 1.1, 1.6) * sums.sum_time_ms
-    both = fit_correction(sums, np.full(n, "H100"), modes, measured, measured_w, "scale", "none")
+    both = fit_correction(sums, np.full(n, "H100"), modes, measured, measured_w, "scale", "none", specific=())
     assert both.time_coef["*|training"]["scale"] == pytest.approx(1.1, rel=0.02)
     assert both.time_coef["*|training|bf16-mixed"]["scale"] == pytest.approx(1.6, rel=0.02)
     assert fp32_only.time_coef["*|training"]["scale"] == pytest.approx(both.time_coef["*|training"]["scale"])
     one = sums.take([0])
     assert both.apply(one, "H100", "training|bf16-mixed")[2] == "*|training|bf16-mixed"
-    assert both.apply(one, "H100", "training|fp16-mixed")[2] == "*|training"  # no fp16-mixed correction yet
     assert Correction.identity().apply(one, "H100", "training|bf16-mixed")[2] == "identity"
+    assert both.apply(one, "H100", "training|fp16-mixed")[2] == "*|training|bf16-mixed"  # its sibling's
+    few = np.array(["training"] * (n - 5) + ["training|bf16"] * 5)
+    sparse = fit_correction(sums, np.full(n, "H100"), few, measured, measured_w, "scale", "none", specific=())
+    assert "*|training|bf16" not in sparse.time_coef  # 5 networks are too few for a correction of its own
+    assert sparse.apply(one, "H100", "training|bf16")[2] == "*|training"
+    # a correction fitted before the minimum (an earlier model file) is passed over the same way
+    old = Correction("scale", "none", {"*|training": {"scale": 1.0}, "*|training|bf16": {"scale": 2.0}},
+                     {"*|training": {}, "*|training|bf16": {}}, {"*|training": 50, "*|training|bf16": 12})
+    assert old.apply(one, "H100", "training|bf16")[2] == "*|training"
     t_each, _, keys = both.apply_each(sums.take([0, 1]), "H100", ["training", "training|bf16-mixed"])
     assert keys == ["*|training", "*|training|bf16-mixed"]
     assert t_each[1] / sums.sum_time_ms[1] == pytest.approx(both.time_coef["*|training|bf16-mixed"]["scale"])

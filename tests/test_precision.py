@@ -301,15 +301,20 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-def test_a_module_cast_to_bf16_is_predicted_as_bf16_and_says_it_is_unmeasured(predictor) -> None:  # noqa: ANN001
+def test_a_module_cast_to_bf16_is_predicted_as_bf16_and_an_unmeasured_cast_says_so(predictor) -> None:  # noqa: ANN001
+    """bf16 (cast) rows are in the shipped models' data; fp16 (cast) rows are not, so an fp16
+    module is predicted at fp16 and warns that no row of its precision was measured."""
     from gpurec.ops.coverage import UnmeasuredPrecisionWarning
 
     fp32 = predictor.predict(MLP(), (256, 1024), gpu="H100")
     assert fp32.precision == "fp32" and fp32.precision_measured
-    with pytest.warns(UnmeasuredPrecisionWarning, match="no bf16 rows"):
-        bf16 = predictor.predict(MLP().bfloat16(), (256, 1024), gpu="H100")
-    assert bf16.precision == "bf16" and not bf16.precision_measured
+    bf16 = predictor.predict(MLP().bfloat16(), (256, 1024), gpu="H100")
+    assert bf16.precision == "bf16" and bf16.precision_measured == ("bf16" in predictor.precisions_measured)
     assert bf16.gpu_time_ms < fp32.gpu_time_ms  # tensor-core peak and half the bytes
+    assert "fp16" not in predictor.precisions_measured
+    with pytest.warns(UnmeasuredPrecisionWarning, match="no fp16 rows"):
+        fp16 = predictor.predict(MLP().half(), (256, 1024), gpu="H100")
+    assert fp16.precision == "fp16" and not fp16.precision_measured
 
 
 def test_a_precision_contradicting_the_parameters_is_refused(predictor) -> None:  # noqa: ANN001
@@ -357,9 +362,11 @@ def test_fp16_and_bf16_differ_where_the_gpu_differs(predictor) -> None:  # noqa:
         warnings.simplefilter("ignore", UnmeasuredPrecisionWarning)
         t = {(g, p): predictor.predict("resnet50", (32, 3, 224, 224), gpu=g, precision=p).gpu_time_ms
              for g in ("V100", "H100") for p in ("fp16-mixed", "bf16-mixed")}
-    # a V100 has fp16 tensor cores and no bf16 ones; an H100 has both at one rate
+    # a V100 has fp16 tensor cores and no bf16 ones; an H100 has both at one peak rate, and the
+    # H100's measured networks differ by little (bf16-mixed / fp16-mixed: median 1.05, at most 1.40
+    # over 24 pairs; resnet50 b32 inference 4.13 / 3.76 ms)
     assert t[("V100", "bf16-mixed")] > 1.5 * t[("V100", "fp16-mixed")]
-    assert t[("H100", "bf16-mixed")] == pytest.approx(t[("H100", "fp16-mixed")], rel=0.05)
+    assert 0.95 < t[("H100", "bf16-mixed")] / t[("H100", "fp16-mixed")] < 1.3
 
 
 def test_memory_follows_precision() -> None:

@@ -287,6 +287,13 @@ def apply_power(s: NetworkSums, coef: dict[str, float]) -> np.ndarray:
     return out
 
 
+# A precision's own network correction needs this many networks: fitted on 12 fp16-mixed or bf16
+# networks it scored worse leave-one-family-out than the fp32 one it replaced (time 20.9 -> 24.4%).
+MIN_PRECISION_NETWORKS = 30
+# Where a precision has too few networks, the one whose networks run the same operations and casts.
+PRECISION_SIBLING = {"fp16-mixed": "bf16-mixed", "fp16": "bf16"}
+
+
 def correction_mode(mode: str, precision: str | None = None) -> str:
     """The key a network's correction is fitted and looked up under: its step mode, and its
     precision where that is not fp32 (autocast's casts, fused kernels and tensor-core tiles make the
@@ -305,11 +312,16 @@ class Correction:
     n_rows: dict[str, int]
 
     def lookup(self, gpu: str, mode: str) -> tuple[dict[str, float], dict[str, float], str]:
-        """Coefficients of ``mode`` (a correction_mode(): the precision's own where it has one,
-        else its step mode's, which were fitted on fp32 networks)."""
+        """Coefficients of ``mode`` (a correction_mode()): the precision's own where it was fitted
+        on at least MIN_PRECISION_NETWORKS networks, else its sibling's (fp16-mixed takes
+        bf16-mixed's: the same autocast casts and fusions), else its step mode's (fp32 networks)."""
         keys = [f"{gpu}|{mode}", f"*|{mode}"]
         if "|" in mode:
-            base = mode.split("|", 1)[0]
+            base, precision = mode.split("|", 1)
+            sibling = PRECISION_SIBLING.get(precision)
+            if sibling:
+                keys += [f"{gpu}|{base}|{sibling}", f"*|{base}|{sibling}"]
+            keys = [k for k in keys if self.n_rows.get(k, 0) >= MIN_PRECISION_NETWORKS]
             keys += [f"{gpu}|{base}", f"*|{base}"]
         for key in keys:
             if key in self.time_coef:
@@ -371,6 +383,8 @@ def fit_correction(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, time_ms:
     gpus, modes = np.asarray(gpus), np.asarray(modes)
     for mode in sorted(set(modes.tolist())):
         sel = modes == mode
+        if "|" in mode and sel.sum() < MIN_PRECISION_NETWORKS:
+            continue  # too few networks of this precision: lookup falls back (Correction.lookup)
         if sel.sum() >= min_rows_pooled:
             key = f"*|{mode}"
             tc[key] = fit_time(s.take(sel), time_ms[sel], time_variant, ridge)
