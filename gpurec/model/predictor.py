@@ -685,7 +685,8 @@ class Predictor:
         else:
             w = bounded_power(w, idle_w, limit_w)
             t, t_net, w_net, keys, sums = self._cross_time(distinct, spread, block, offsets, mode, nvml, anchor, w,
-                                                           (classes, idle_w, limit_w), mixed, cmodes)
+                                                           (classes, idle_w, limit_w), mixed=mixed,
+                                                           cmodes=cmodes)
             hit = np.zeros(len(t), dtype=bool)
         # The correction rescales each network's GPU work; the timeline then places it behind the host.
         factor = np.repeat(t_net / np.maximum(sums.sum_time_ms, 1e-12), np.diff(offsets))
@@ -739,8 +740,7 @@ class Predictor:
 
     def _cross_time(self, distinct: OpBlock, spread: Any, block: OpBlock, offsets: np.ndarray, mode: str,
                     nvml: str, anchor: str, w: np.ndarray, power: tuple[Any, float, float] | None = None,
-                    mixed: bool = False, cmodes: list[str] | None = None
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], Any]:
+                    *, mixed: bool, cmodes: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], Any]:
         """GPU time on a GPU without host-free measurements: the anchor's (its measured operations
         and its whole-network correction included) times, per operation, the cross-GPU model's
         ratio (gpurec.model.crossgpu) of this GPU to the anchor.  A GPU no worse than the anchor
@@ -755,7 +755,6 @@ class Predictor:
         if mixed:
             t_a = free_consumer_held(t_a, block.kinds)
         sums_a = aggregate(t_a, np.ones_like(t_a), offsets, self.small_op_ms, hit_a)
-        cmodes = cmodes if cmodes is not None else [mode] * (len(offsets) - 1)
         t_net_a, _, keys_a = self.correction.apply_each(sums_a, a_nvml, cmodes)
         table = op_table_from_block(distinct)
         cross = self.crossgpu
