@@ -330,8 +330,12 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     atomic_write_file(path, lambda tmp: tmp.write_bytes(data))
 
 
-def atomic_write_json(path: Path | str, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+def atomic_write_json(path: Path | str, obj: Any, compact: bool = False) -> None:
+    """``compact``: no indentation (plans: indented, three of them took the working tree past the
+    64 MiB a device call carries)."""
+    text = json.dumps(obj, separators=(",", ":"), sort_keys=True, default=str) if compact else \
+        json.dumps(obj, indent=2, sort_keys=True, default=str)
+    atomic_write_text(path, text + "\n")
 
 
 def read_spec(cls: type[T], path: Path | str, what: str) -> T:

@@ -172,7 +172,7 @@ def _write(out: Path | str, items: Sequence[Any]) -> dict[str, int]:
 
     from gpurec.dataset.store import atomic_write_json
 
-    atomic_write_json(Path(out), {"torch": torch.__version__, "items": [w.as_dict() for w in items]})
+    atomic_write_json(Path(out), {"torch": torch.__version__, "items": [w.as_dict() for w in items]}, compact=True)
     kinds: dict[str, int] = {"items": len(items)}
     for w in items:
         kinds[w.item] = kinds.get(w.item, 0) + 1
@@ -203,7 +203,7 @@ def write_peaks_plan(out: Path | str = PEAKS_PLAN) -> dict[str, int]:
 
     sets = model_input_sets(DATASET_ARCHS, DATASET_BATCH_SIZES) + model_input_sets(TEST_ARCHS, TEST_BATCH_SIZES)
     items = peak_items(sets, MODES)
-    atomic_write_json(Path(out), {"torch": torch.__version__, "items": [w.as_dict() for w in items]})
+    atomic_write_json(Path(out), {"torch": torch.__version__, "items": [w.as_dict() for w in items]}, compact=True)
     return {"items": len(items), "peak": len(items)}
 
 NETWORK_PEAKS_PLAN = Path("datasets") / "plans" / "peaks_networks.json"
@@ -268,7 +268,7 @@ def write_targeted_plan(out: Path | str = TARGETED_PLAN, main: Path | str | None
     if main is not None and Path(main).is_file():
         known = {f"{w['item']}:{w['key']}:{w['mode']}" for w in json.loads(Path(main).read_text())["items"]}
     items = [w for w in items if w.id not in known]
-    atomic_write_json(Path(out), {"torch": torch.__version__, "items": [w.as_dict() for w in items]})
+    atomic_write_json(Path(out), {"torch": torch.__version__, "items": [w.as_dict() for w in items]}, compact=True)
     kinds: dict[str, int] = {"items": len(items), "in_main_plan_left_out": len(known) and
                              sum(1 for w in build_plan(synth, MODES, networks=False, operations=True)
                                  if w.id in known)}
