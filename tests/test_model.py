@@ -551,3 +551,28 @@ def test_regressors_follow_the_sklearn_estimator_contract() -> None:
     assert clone(RooflineLinearModel()).get_params() == {}
     routed = clone(Routed(lambda: XGBModel(num_rounds=3), min_rows=10))
     assert routed.min_rows == 10 and routed.models_ == {}
+
+
+def test_correction_variant_is_chosen_per_serving_mode() -> None:
+    """fp32 networks that a scale alone corrects keep that variant even when bf16-mixed networks
+    need an intercept as well; fp16-mixed networks, too few for their own, are scored with (and
+    served by) bf16-mixed's correction."""
+    from gpurec.model.network import MIN_PRECISION_NETWORKS, aggregate, correction_cv, fit_correction
+
+    rng = np.random.default_rng(5)
+    n_fp32, n_bf16, n_fp16 = 40, MIN_PRECISION_NETWORKS + 10, 6  # >= the minimum in every fold too
+    n = n_fp32 + n_bf16 + n_fp16
+    t = rng.uniform(1, 5, 4 * n)
+    sums = aggregate(t, np.full(len(t), 300.0), np.arange(0, 4 * n + 1, 4), 0.02)
+    modes = np.array(["training"] * n_fp32 + ["training|bf16-mixed"] * n_bf16 + ["training|fp16-mixed"] * n_fp16)
+    measured = np.where(modes == "training", 1.2 * sums.sum_time_ms, 1.5 * sums.sum_time_ms + 2.0)
+    measured *= 1 + 0.002 * rng.standard_normal(n)
+    gpus, power = np.full(n, "H100"), np.full(n, 300.0)
+    cv = correction_cv(sums, gpus, modes, np.arange(n) % 7, measured, power, specific=())
+    assert cv["chosen"]["time"] == {"training": "scale", "training|bf16-mixed": "scale+intercept"}
+    assert cv["by_mode"]["training|bf16-mixed"]["n"] == n_bf16 + n_fp16
+    assert np.mean(np.abs(cv["oof_time_ms"] / measured - 1)) < 0.01
+    c = fit_correction(sums, gpus, modes, measured, power, cv["chosen"]["time"], cv["chosen"]["power"], specific=())
+    assert c.time_coef["*|training"]["intercept_ms"] == 0.0
+    assert c.time_coef["*|training|bf16-mixed"]["intercept_ms"] == pytest.approx(2.0, abs=0.5)  # ridge-shrunk
+    assert c.apply(sums.take([n - 1]), "H100", "training|fp16-mixed")[2] == "*|training|bf16-mixed"

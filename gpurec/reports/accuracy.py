@@ -31,6 +31,13 @@ MODELS = ("xgboost", "random_forest", "roofline_linear")
 LABEL = {"xgboost": "XGBoost", "random_forest": "RandomForest", "roofline_linear": "roofline + linear"}
 
 
+def variant_text(v: Any) -> str:
+    """A chosen correction variant: one for every mode (older model files) or one per mode."""
+    if isinstance(v, dict):
+        return "; ".join(f"`{m}` `{x}`" for m, x in sorted(v.items()))
+    return f"`{v}`"
+
+
 def pct(x: Any, digits: int = 1) -> str:
     return "—" if x is None else f"{x:.{digits}f}%"
 
@@ -784,27 +791,43 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
 
     nc = rep.get("network_correction", {})
     if nc.get("available"):
+        serving = nc.get("mape_by_serving_mode") or {}
         L += ["### What each correction term buys", "",
               f"Cross-validated MAPE over {nc['n_networks']} networks in {nc['n_families']} families "
-              "(lower is better); the chosen variant is the simplest within 1% of the best.", ""]
+              "(lower is better). Each serving mode (the correction mode whose coefficients a network gets: its "
+              "own precision's with enough networks, else its sibling's or its step mode's) chooses its own "
+              "variant on the networks it serves, the simplest within 1% of the best (**bold**).", ""]
         def by_size(d: dict[str, list[str]]) -> list[str]:
             return sorted(d, key=lambda v: (len(d[v]), v))
 
-        tl = [row([f"time: {v}", ", ".join(nc["time_variants"][v]) or "(none)", pct(nc["mape_by_variant"]["time"][v]),
-                   "**chosen**" if v == nc["chosen"]["time"] else ""]) for v in by_size(nc["time_variants"])]
-        pl = [row([f"power: {v}", ", ".join(nc["power_variants"][v]) or "(none)",
-                   pct(nc["mape_by_variant"]["power"][v]), "**chosen**" if v == nc["chosen"]["power"] else ""])
+        def chosen_in(kind: str, v: str, mode: str | None) -> bool:
+            c = nc["chosen"][kind]
+            return c == v if isinstance(c, str) else mode is not None and c.get(mode) == v
+
+        def cells(kind: str, v: str) -> list[str]:
+            out = [pct(nc["mape_by_variant"][kind][v])]
+            out[0] += " **chosen**" if not serving and chosen_in(kind, v, None) else ""
+            for m, d in sorted(serving.items()):
+                cell = pct(d[kind][v])
+                out.append(f"**{cell}**" if chosen_in(kind, v, m) else cell)
+            return out
+
+        tl = [row([f"time: {v}", ", ".join(nc["time_variants"][v]) or "(none)", *cells("time", v)])
+              for v in by_size(nc["time_variants"])]
+        pl = [row([f"power: {v}", ", ".join(nc["power_variants"][v]) or "(none)", *cells("power", v)])
               for v in by_size(nc["power_variants"])]
         en = nc["mape_by_variant"]["energy"]
-        el = [row(["energy: none", "—", pct(en.get("none")), ""]),
-              row(["energy: chosen", "—", pct(en.get("chosen")), ""])]
-        L += table(["variant", "fitted terms", "MAPE", ""], tl + pl + el)
+        blank = [""] * len(serving)
+        el = [row(["energy: none", "—", pct(en.get("none")), *blank]),
+              row(["energy: chosen", "—", pct(en.get("chosen")), *blank])]
+        L += table(["variant", "fitted terms", "MAPE, all",
+                    *(f"`{m}` ({d['n']})" for m, d in sorted(serving.items()))], tl + pl + el)
         per_mode = nc.get("by_correction_mode") or {}
         if per_mode:
-            L += ["", "Per correction mode (step mode, and the precision where not fp32: each precision is fitted "
-                  "on its own networks and falls back to its step mode's fp32 correction where it has none), the "
-                  "same leave-one-family-out networks before (op sum) and after the chosen correction. The "
-                  "tables above and below keep to fp32 networks.", ""]
+            L += ["", "Per correction mode (step mode, and the precision where not fp32: a precision gets a "
+                  "correction of its own from 30 networks on, else its sibling's (fp16-mixed takes bf16-mixed's) "
+                  "or its step mode's fp32 one), the same leave-one-family-out networks before (op sum) and "
+                  "after the chosen correction. The tables above and below keep to fp32 networks.", ""]
             L += table(["correction mode", "networks", "time, op sum", "time, corrected", "energy, op sum",
                         "energy, corrected"],
                        [row([f"`{m}`", str(d["n"]), pct(d["raw_time_mape"]), pct(d.get("corrected_time_mape")),
@@ -1283,7 +1306,7 @@ def energy_section(energy: dict[str, Any] | None, manifest: dict[str, Any]) -> l
     coef = manifest.get("network_correction", {})
     pc = coef.get("power_coef", {})
     L += ["### Energy inside networks", "",
-          f"Chosen power correction: `{coef.get('power_variant', '?')}` (the variants and their "
+          f"Chosen power correction: {variant_text(coef.get('power_variant', '?'))} (the variants and their "
           "leave-one-family-out MAPE are in *What each correction term buys* above). In the `kinds` variants "
           "each power class's dynamic energy (above idle) is scaled by its own factor, fitted on the training "
           "architectures' host-free network energy; a factor above 1 says the class draws more power inside "

@@ -282,6 +282,7 @@ def network_correction(p: Prepared, net_oof: dict[str, tuple[np.ndarray, Network
                                     cfg.min_networks_gpu, 3, cfg.correction_ridge, specific)
         corr_report = {"available": "chosen" in cv, "n_networks": int(len(rows)),
                        "n_families": cv["n_groups"], "mape_by_variant": {k: cv[k] for k in ("time", "power", "energy")},
+                       "mape_by_serving_mode": cv.get("by_mode", {}),
                        "chosen": chosen, "time_variants": {k: list(v) for k, v in TIME_VARIANTS.items()},
                        "power_variants": {k: list(v) for k, v in POWER_VARIANTS.items()}}
         f = fp32_rows(p, rows)
@@ -293,8 +294,8 @@ def network_correction(p: Prepared, net_oof: dict[str, tuple[np.ndarray, Network
             ratios_t = t[f] / oof_t
             ratios_e = (t[f] * w[f]) / (oof_t * oof_w)
             n = lofo["xgboost"]["network_corrected"]["overall"]
-            log(f"  network correction time '{chosen['time']}', power '{chosen['power']}': "
-                f"time MAPE {cv['time']['none']:.1f}% -> {cv['time'][chosen['time']]:.1f}%, "
+            log(f"  network correction time {chosen['time']}, power {chosen['power']}: "
+                f"time MAPE {cv['time']['none']:.1f}% -> {cv['time']['chosen']:.1f}%, "
                 f"energy {cv['energy']['none']:.1f}% -> {cv['energy']['chosen']:.1f}% [{n['n']} networks]")
         else:
             lofo["xgboost"]["network_records"] = records(sums.take(f), sums.sum_time_ms[f], sums.power_ops_w[f], p,
