@@ -31,6 +31,17 @@ MODELS = ("xgboost", "random_forest", "roofline_linear")
 LABEL = {"xgboost": "XGBoost", "random_forest": "RandomForest", "roofline_linear": "roofline + linear"}
 
 
+def kernel_free_note(b: dict[str, Any]) -> str:
+    """Which rows the per-operation scores leave out (reports trained before the rule: none)."""
+    kf = b.get("kernel_free_rows")
+    if not kf:
+        return " Every operation row is scored, kernel-free ones (views) included."
+    med = kf.get("median_measured_ms")
+    return (f" Scored on operations that launch a kernel: {kf['n']} kernel-free rows (views, reshapes; median "
+            f"measured {1e3 * med:.2f} µs, the timer's floor) are left out, since the predictor gives them no "
+            "GPU time by rule." if med is not None else " Every operation row launches a kernel.")
+
+
 def variant_text(v: Any) -> str:
     """A chosen correction variant: one for every mode (older model files) or one per mode."""
     if isinstance(v, dict):
@@ -775,7 +786,8 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
     # validations
     L += ["## Per-operation error", "",
           "Grouped K-fold by operation signature (no operation in both train and test folds); "
-          "energy = predicted power × predicted time, compared with measured energy per call.", ""]
+          "energy = predicted power × predicted time, compared with measured energy per call."
+          + kernel_free_note(rep.get("grouped_kfold", {}).get("xgboost", {})), ""]
     L += table(["validation", "model", "GPU", "mode", *HEAD],
                render_error_rows(tabs["per_operation"], ("validation", "model")))
     L += ["", "Leave-one-family-out takes every operation that occurs in any model of the held-out family "
