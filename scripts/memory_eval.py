@@ -59,6 +59,7 @@ def main() -> None:
     terms = [memory_terms(ops[(r.set_key, r.mode, r.precision)], r.mode) for r in table.itertuples(index=False)]
     print(f"memory_terms over {len(terms)} rows: {time.perf_counter() - t0:.2f} s", file=sys.stderr)
     fit = fit_memory(table, terms) if a.refit else load_memory_fit("models")
+    assert fit is not None
     if a.refit:
         for m, c in fit.terms.items():
             print(m, {k: round(v, 4) if k != "floor_bytes" else round(v / 1e6, 1) for k, v in c.items()})
