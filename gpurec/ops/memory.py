@@ -39,6 +39,7 @@ is the analytic part alone, a lower bound of ``torch.cuda.max_memory_allocated``
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -180,7 +181,7 @@ class MemoryFit:
 
 
 def _numel(shape: Sequence[int]) -> int:
-    return math.prod(int(s) for s in shape)
+    return math.prod(map(int, shape))
 
 
 def _block(nbytes: int) -> int:
@@ -259,21 +260,21 @@ def _param_keys(ops: Sequence[Any]) -> list[str | None]:
         settings = op.settings or {}
         if op.category == "module":
             for shape in (settings.get("param_shapes") or {}).values():
-                module_shapes.setdefault(tuple(int(x) for x in shape), op.name)
+                module_shapes.setdefault(tuple(map(int, shape)), op.name)
             keys.append(op.name)
             continue
-        shapes = [tuple(int(x) for x in a["param"]) for a in settings.get("args", [])
+        shapes = [tuple(map(int, a["param"])) for a in settings.get("args", [])
                   if isinstance(a, dict) and isinstance(a.get("param"), list)]
         tied = [module_shapes[s] for s in shapes if s in module_shapes]
         keys.append(tied[0] if tied and len(tied) == len(shapes) else f"{op.node or op.name}")
     return keys
 
 
-def _param_bytes(ops: Sequence[Any]) -> int:
-    """Each set of parameters once (:func:`_param_keys`)."""
+def _param_bytes(ops: Sequence[Any], keys: Sequence[str | None] | None = None) -> int:
+    """Each set of parameters once (:func:`_param_keys`; ``keys`` when already computed)."""
     seen: set[str] = set()
     total = 0
-    for op, key in zip(ops, _param_keys(ops), strict=True):
+    for op, key in zip(ops, _param_keys(ops) if keys is None else keys, strict=True):
         if key is None or key in seen:
             continue
         seen.add(key)
@@ -281,7 +282,7 @@ def _param_bytes(ops: Sequence[Any]) -> int:
     return total
 
 
-def _param_grads_at(ops: Sequence[Any]) -> tuple[list[int], list[int]]:
+def _param_grads_at(ops: Sequence[Any], keys: Sequence[str | None] | None = None) -> tuple[list[int], list[int]]:
     """Bytes of parameter gradients that appear at each operation's backward, and bytes alive
     only during it.  A parameter's gradient is allocated by the backward of its last call
     (backward runs in reverse); each earlier call of a shared parameter (a tied LM head's
@@ -290,7 +291,7 @@ def _param_grads_at(ops: Sequence[Any]) -> tuple[list[int], list[int]]:
     size: dict[str, int] = {}
     last: dict[str, int] = {}
     calls: dict[str, list[int]] = {}
-    for i, (op, key) in enumerate(zip(ops, _param_keys(ops), strict=True)):
+    for i, (op, key) in enumerate(zip(ops, _param_keys(ops) if keys is None else keys, strict=True)):
         if key is not None:
             size.setdefault(key, int(op.params) * _param_element_bytes(op))
             last[key] = i
@@ -329,6 +330,12 @@ def _consumer_of_cast(ops: Sequence[Any], i: int, index_of: dict[str, int]) -> i
     it whose node is NAME (``index_of``: node -> last index), else the next operation."""
     j = index_of.get(str(ops[i].node).rsplit(".cast", 1)[0], -1)
     return j if j > i else min(i + 1, len(ops) - 1)
+
+
+@functools.lru_cache(maxsize=512)
+def _is_dropout_kind(kind: str) -> bool:
+    """Dropout of any flavour (``Dropout``, ``dropout``, ``Dropout2d``, ...), cached per kind name."""
+    return kind.lower().startswith("dropout")
 
 
 def _returns_its_input(op: Any) -> bool:
@@ -413,7 +420,8 @@ def analytic_memory(t: MemoryTerms) -> StepMemory:
 def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], born: dict[str, int],
                    last_use: dict[str, int], released: dict[str, int], internal: list[int],
                    needs_grad: set[str], inputs: set[str], out: str | None,
-                   rnn: tuple[list[int], list[int], list[int], list[int]] | None = None) -> tuple[int, int]:
+                   rnn: tuple[list[int], list[int], list[int], list[int]] | None = None,
+                   param_keys: Sequence[str | None] | None = None) -> tuple[int, int]:
     """The largest memory alive at once over a training step's forward and backward.
 
     Why: parameter gradients appear while backward frees the saved activations, so the peak is
@@ -445,8 +453,12 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
     for i in range(n):
         live += fwd[i] + internal[i]
         kept += reserve[i]
-        peak = max(peak, base + live + fwd_copy[i])
-        with_rnn = max(with_rnn, base + live + fwd_copy[i] + kept + workspace[i])
+        now = base + live + fwd_copy[i]
+        if now > peak:
+            peak = now
+        now += kept + workspace[i]
+        if now > with_rnn:
+            with_rnn = now
     # backward, operation n - 1 down to 0: alloc[i] appears as operation i's backward starts,
     # free[i] goes once it ends
     alloc, free = [0] * n, [0] * n
@@ -461,12 +473,15 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
         if root in needs_grad and born[root] < last_use.get(root, born[root]):
             alloc[last_use[root]] += size
             free[born[root]] += size
-    grads_at, accumulating = _param_grads_at(ops)
+    grads_at, accumulating = _param_grads_at(ops, param_keys)
     for i in range(n - 1, -1, -1):
         live += alloc[i] + grads_at[i]
         now = base + live + accumulating[i] + bwd_copy[i]
-        peak = max(peak, now)
-        with_rnn = max(with_rnn, now + kept + workspace[i])
+        if now > peak:
+            peak = now
+        now += kept + workspace[i]
+        if now > with_rnn:
+            with_rnn = now
         live -= free[i] + internal[i]
         kept -= reserve[i]
     return peak, max(with_rnn, peak)
@@ -475,7 +490,8 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
 def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     """The analytic terms of a step's peak (:class:`MemoryTerms`), from ``ops`` in execution order."""
     mode = mode or (ops[0].mode if ops else "inference")
-    params = _param_bytes(ops)
+    param_keys = _param_keys(ops)
+    params = _param_bytes(ops, param_keys)
     storage_of: dict[str, str] = {}  # node -> the node whose storage it uses
     size_of: dict[str, int] = {}  # storage node -> bytes
     born: dict[str, int] = {}
@@ -495,7 +511,9 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     needs_grad: set[str] = set()  # storages that carry a gradient in backward
     index_of: dict[str, int] | None = None  # node -> index, built at the first weight cast
     for i, op in enumerate(ops):
-        for j, src in enumerate(op.input_nodes):
+        kind, nodes = op.kind, op.input_nodes
+        dropout = _is_dropout_kind(kind)
+        for j, src in enumerate(nodes):
             root = storage_of.get(src)
             if root is None and last_rnn >= 0 and src.startswith("getitem") and j < len(op.input_shapes) \
                     and ops[last_rnn].output_shapes and list(op.input_shapes[j]) == list(ops[last_rnn].output_shapes[0]):
@@ -515,33 +533,35 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
                 if i == 0:
                     inputs.add(root)
             last_use[root] = i
-        if op.input_nodes and (op.in_place or op.kind in VIEW_KINDS or _returns_its_input(op)):
-            storage_of[op.node] = storage_of[op.input_nodes[0]]
+        if nodes and (op.in_place or kind in VIEW_KINDS or dropout and _returns_its_input(op)):
+            storage_of[op.node] = storage_of[nodes[0]]
         else:
             storage_of[op.node] = op.node
             size_of[op.node] = _block(int(op.bytes_written))
             born[op.node] = i
             last_use[op.node] = max(last_use.get(op.node, i), i)
         saved_now = [storage_of[src] for src in _saved_inputs(op)]
-        if op.params or op.kind == "autocast_cast" and not op.input_nodes or \
-                any(storage_of.get(src) in needs_grad for src in op.input_nodes):
+        if op.params or kind == "autocast_cast" and not nodes or \
+                any(storage_of.get(src) in needs_grad for src in nodes):
             needs_grad.add(storage_of[op.node])
-        if op.in_place and op.input_nodes and op.kind not in INPLACE_RESULT_KINDS and op.kind not in NO_SAVE_KINDS:
+        if op.in_place and nodes and kind not in INPLACE_RESULT_KINDS and kind not in NO_SAVE_KINDS:
             clone_bytes += _block(int(op.bytes_written))  # autograd's copy of the input it overwrites
             internal[i] += _block(int(op.bytes_written))
-        conv_io = max(conv_io, _io_bytes(op)) if op.kind in CONV_KINDS else conv_io
-        matmul_io = max(matmul_io, _io_bytes(op)) if op.kind in MATMUL_KINDS else matmul_io
-        rnn += _rnn_bytes(op)
-        if op.kind in RNN_KINDS:
+        if kind in CONV_KINDS:
+            conv_io = max(conv_io, _io_bytes(op))
+        elif kind in MATMUL_KINDS:
+            matmul_io = max(matmul_io, _io_bytes(op))
+        elif kind in RNN_KINDS:
+            rnn += _rnn_bytes(op)
             last_rnn = i
             rnn_during[i], rnn_reserve[i], fwd_copy[i], bwd_copy[i] = _rnn_buffers(op)
             bwd_copy[i] += fwd_copy[i]  # the backward copies the input again, beside the gradient
             transient[i] += fwd_copy[i]
-        if op.kind in SAVES_OUTPUT_KINDS:
+        if kind in SAVES_OUTPUT_KINDS:
             saved_now.append(storage_of[op.node])
         for root in saved_now:
             released.setdefault(root, i)  # backward frees it after the earliest operation that saved it
-        if op.kind == "autocast_cast" and not op.input_nodes:
+        if kind == "autocast_cast" and not nodes:
             # a weight's low-precision copy, made for the operation after it (``conv1.cast0`` for
             # ``conv1``), which saves it for its backward; measured steps run autocast with its
             # cast cache off, so nothing else holds it (kept to the step's end, the copies put
@@ -551,15 +571,15 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
                 index_of = {str(o.node): j for j, o in enumerate(ops)}
             released[storage_of[op.node]] = _consumer_of_cast(ops, i, index_of)
         kept_roots.update(saved_now)
-        if op.kind == "shifted_window_attention":
+        if kind == "shifted_window_attention":
             kept_inside, transient[i] = _window_attention_buffers(op)
             mask_bytes += kept_inside
             internal[i] += kept_inside
-        if op.kind == "MultiheadAttention":  # a leaf that keeps q, k, v and the attention output inside
+        elif kind == "MultiheadAttention":  # a leaf that keeps q, k, v and the attention output inside
             mask_bytes += 4 * int(op.bytes_written)
             internal[i] += 4 * int(op.bytes_written)
             transient[i] = _attention_buffers(op)
-        if op.kind.lower().startswith("dropout") and op.bytes_written and not _returns_its_input(op):
+        elif dropout and op.bytes_written and not _returns_its_input(op):
             out_elements = sum(_numel(s) for s in op.output_shapes)
             mask_bytes += out_elements
             internal[i] += _block(out_elements)
@@ -573,7 +593,8 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
         saved = sum(size_of[root] for root in kept_roots) + mask_bytes + clone_bytes
         peak, with_rnn = _training_peak(ops, params, size_of, born, last_use, released, internal, needs_grad,
                                         inputs, storage_of.get(ops[-1].node, ops[-1].node) if ops else None,
-                                        (fwd_copy, bwd_copy, rnn_during, rnn_reserve) if last_rnn >= 0 else None)
+                                        (fwd_copy, bwd_copy, rnn_during, rnn_reserve) if last_rnn >= 0 else None,
+                                        param_keys)
         return MemoryTerms(mode, params, params, max(peak - 2 * params, 0), largest, conv_io, matmul_io, rnn,
                            saved, rnn_excess_bytes=with_rnn - peak)
     # Liveness: a tensor holds memory from the operation that makes it to its last user.
@@ -583,8 +604,12 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
         delta[start] += size
         delta[max(last_use.get(node, born[node]), start) + 1] -= size
     peak = live = with_rnn = 0
-    for i in range(len(ops)):
+    for i in range(len(ops)):  # (comparisons, not max(): this loop runs for every candidate ranked)
         live += delta[i]
-        peak = max(peak, live + transient[i])
-        with_rnn = max(with_rnn, live + transient[i] + rnn_during[i])
+        now = live + transient[i]
+        if now > peak:
+            peak = now
+        now += rnn_during[i]
+        if now > with_rnn:
+            with_rnn = now
     return MemoryTerms(mode, params, 0, peak, largest, conv_io, matmul_io, rnn, rnn_excess_bytes=with_rnn - peak)
