@@ -510,6 +510,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     internal = [0] * len(ops)  # bytes an operation keeps inside itself for its backward (masks, copies)
     needs_grad: set[str] = set()  # storages that carry a gradient in backward
     index_of: dict[str, int] | None = None  # node -> index, built at the first weight cast
+    training = mode == "training"
     for i, op in enumerate(ops):
         kind, nodes = op.kind, op.input_nodes
         dropout = _is_dropout_kind(kind)
@@ -540,13 +541,6 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             size_of[op.node] = _block(int(op.bytes_written))
             born[op.node] = i
             last_use[op.node] = max(last_use.get(op.node, i), i)
-        saved_now = [storage_of[src] for src in _saved_inputs(op)]
-        if op.params or kind == "autocast_cast" and not nodes or \
-                any(storage_of.get(src) in needs_grad for src in nodes):
-            needs_grad.add(storage_of[op.node])
-        if op.in_place and nodes and kind not in INPLACE_RESULT_KINDS and kind not in NO_SAVE_KINDS:
-            clone_bytes += _block(int(op.bytes_written))  # autograd's copy of the input it overwrites
-            internal[i] += _block(int(op.bytes_written))
         if kind in CONV_KINDS:
             conv_io = max(conv_io, _io_bytes(op))
         elif kind in MATMUL_KINDS:
@@ -557,6 +551,27 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             rnn_during[i], rnn_reserve[i], fwd_copy[i], bwd_copy[i] = _rnn_buffers(op)
             bwd_copy[i] += fwd_copy[i]  # the backward copies the input again, beside the gradient
             transient[i] += fwd_copy[i]
+        if kind == "shifted_window_attention":
+            kept_inside, transient[i] = _window_attention_buffers(op)
+            mask_bytes += kept_inside
+            internal[i] += kept_inside
+        elif kind == "MultiheadAttention":  # a leaf that keeps q, k, v and the attention output inside
+            mask_bytes += 4 * int(op.bytes_written)
+            internal[i] += 4 * int(op.bytes_written)
+            transient[i] = _attention_buffers(op)
+        if not training:  # what autograd keeps and which tensors carry a gradient: training only
+            continue
+        if dropout and op.bytes_written and not _returns_its_input(op):
+            out_elements = sum(_numel(s) for s in op.output_shapes)
+            mask_bytes += out_elements
+            internal[i] += _block(out_elements)
+        saved_now = [storage_of[src] for src in _saved_inputs(op)]
+        if op.params or kind == "autocast_cast" and not nodes or \
+                any(storage_of.get(src) in needs_grad for src in nodes):
+            needs_grad.add(storage_of[op.node])
+        if op.in_place and nodes and kind not in INPLACE_RESULT_KINDS and kind not in NO_SAVE_KINDS:
+            clone_bytes += _block(int(op.bytes_written))  # autograd's copy of the input it overwrites
+            internal[i] += _block(int(op.bytes_written))
         if kind in SAVES_OUTPUT_KINDS:
             saved_now.append(storage_of[op.node])
         for root in saved_now:
@@ -571,18 +586,6 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
                 index_of = {str(o.node): j for j, o in enumerate(ops)}
             released[storage_of[op.node]] = _consumer_of_cast(ops, i, index_of)
         kept_roots.update(saved_now)
-        if kind == "shifted_window_attention":
-            kept_inside, transient[i] = _window_attention_buffers(op)
-            mask_bytes += kept_inside
-            internal[i] += kept_inside
-        elif kind == "MultiheadAttention":  # a leaf that keeps q, k, v and the attention output inside
-            mask_bytes += 4 * int(op.bytes_written)
-            internal[i] += 4 * int(op.bytes_written)
-            transient[i] = _attention_buffers(op)
-        elif dropout and op.bytes_written and not _returns_its_input(op):
-            out_elements = sum(_numel(s) for s in op.output_shapes)
-            mask_bytes += out_elements
-            internal[i] += _block(out_elements)
     if ops:  # the step's result and inputs stay alive
         out = storage_of.get(ops[-1].node, ops[-1].node)
         last_use[out] = len(ops)
