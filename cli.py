@@ -1162,6 +1162,35 @@ def tools_fit_memory(
     _print_json(_guard(write_memory_fit, models, data)["terms"])
 
 
+@tools_app.command("memory-eval")
+def tools_memory_eval(
+    models: Path = typer.Option(Path("models"), "--models", help="where memory.json is"),
+    data: Path = typer.Option(None, "--data", help="dataset root (default: datasets/)"),
+    refit: bool = typer.Option(False, "--refit", help="refit the coefficients in memory (nothing written)"),
+    arch: str = typer.Option("", "--arch", help="also list every trusted peak of architectures with this prefix"),
+) -> None:
+    """The peak-memory estimate against the trusted measured peaks, per group (extracted networks
+    cached under out/: minutes the first time, seconds after)."""
+    from gpurec.model.fitting.memory_eval import TARGET_PCT, evaluate_memory
+
+    res = _guard(evaluate_memory, models, data, refit)
+    if refit:
+        _print_json(res["coefficients"])
+    if arch:
+        rows = [{**r, "measured_gb": f"{r['measured_bytes'] / 1e9:.3f}", "estimated_gb": f"{r['estimated_bytes'] / 1e9:.3f}",
+                 "error": f"{r['error_pct']:+.1f}%", "rnn_gb": f"{r['rnn_term_bytes'] / 1e9:.3f}"}
+                for r in res["rows"] if r["arch"].startswith(arch)]
+        _table(rows, [("set_key", "set"), ("mode", "mode"), ("precision", "precision"), ("measured_gb", "measured GB"),
+                      ("estimated_gb", "estimated GB"), ("error", "error"), ("rnn_gb", "RNN term GB")],
+               wrap=("set_key",))
+    groups = [{**g, "mae": f"{g['mean_abs_error_pct']:.1f}%"} for g in res["groups"]]
+    _table(groups, [("split", "split"), ("family", "family"), ("mode", "mode"), ("precision", "precision"),
+                    ("rows", "rows"), ("within", f"within {TARGET_PCT:g}%"), ("mae", "mean abs error")], wrap=("family",))
+    for split in ("training", "held-out"):
+        gs = [g for g in res["groups"] if g["split"] == split]
+        typer.echo(f"{split}: {sum(g['within'] for g in gs)} of {sum(g['rows'] for g in gs)} within {TARGET_PCT:g}%")
+
+
 @tools_app.command("error-sources")
 def tools_error_sources(
     models: Path = typer.Option(Path("models"), "--models", help="the trained models to judge"),

@@ -92,6 +92,8 @@ SPECS: dict[str, EncoderSpec | DecoderSpec | RecurrentSpec] = {
     "gru_lm_2x256": RecurrentSpec("GRU", 256, 2, False, "lm"),
     "lstm_cls_bi_1x256": RecurrentSpec("LSTM", 256, 1, True, "max", embed=128),
     "gru_cls_bi_3x512": RecurrentSpec("GRU", 512, 3, True, "mean", embed=256),
+    "lstm_lm_4x384": RecurrentSpec("LSTM", 384, 4, False, "lm"),
+    "gru_lm_3x640": RecurrentSpec("GRU", 640, 3, False, "lm", embed=320),
     # held-out test architectures
     "bert_d384_pre": EncoderSpec(384, 6, 6, norm_first=True, attention="torch"),
     "gpt_d768": DecoderSpec(768, 12, 6, attention="sdpa", gelu="tanh"),

@@ -156,7 +156,7 @@ def test_autocast_weight_copies_live_until_their_layers_backward_not_the_whole_s
 
 def test_rnn_workspace_counts_in_inference_only_above_the_peak_it_meets() -> None:
     """cuDNN's RNN workspace lives during the RNN's call: a language model whose vocabulary head
-    peaks later adds nothing; training keeps the reserve space for backward (the whole term)."""
+    peaks later adds nothing (training: tests/test_memory_rnn.py)."""
     from gpurec.ops.memory import memory_terms
 
     class LM(nn.Module):
@@ -173,8 +173,7 @@ def test_rnn_workspace_counts_in_inference_only_above_the_peak_it_meets() -> Non
     big_head, small_head = terms(50_000, "inference"), terms(4, "inference")
     assert big_head.rnn_bytes == small_head.rnn_bytes == 8 * 32 * 64 * 4 * 4
     assert big_head.rnn_term_bytes == 0  # the head's logits outweigh the workspace
-    assert 0 < small_head.rnn_term_bytes <= small_head.rnn_bytes
-    assert terms(50_000, "training").rnn_term_bytes == big_head.rnn_bytes
+    assert small_head.rnn_term_bytes > 0
 
 
 def test_swin_window_attention_keeps_its_scores_inside() -> None:

@@ -66,7 +66,7 @@ def test_cudnn_rnn_term_scales_with_layers_directions_sequence_batch_hidden_and_
         t = memory_terms(extract_operations(Net(), (batch, seq, 16), mode=mode, keep_sources=False), mode)
         assert t.rnn_bytes == layers * 2 * seq * batch * hidden * gates * 4
         fit = MemoryFit({mode: _coefs(rnn=2.0)}, {"rows": {}})
-        assert fit.apply(t).workspace_bytes == 2 * t.rnn_bytes  # cuDNN's reserve space / workspace
+        assert fit.apply(t).workspace_bytes == 2 * t.rnn_term_bytes > 0  # cuDNN's reserve space / workspace
     # a model without an RNN has none
     assert memory_terms(extract_operations(nn.Linear(4, 4), (2, 4), keep_sources=False)).rnn_bytes == 0
 

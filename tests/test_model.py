@@ -171,7 +171,9 @@ def test_training_report_and_files(trained: tuple[Path, dict]) -> None:
     assert {"xgboost", "sklearn", "torch", "gpurec"} <= set(manifest["versions"])
     # all three validations, with baselines beside XGBoost
     for kind in ("xgboost", "random_forest", "roofline_linear"):
-        assert report["grouped_kfold"][kind]["overall"]["n"] == report["rows"]["operations"]
+        # scored on the rows that launch a kernel; the kernel-free ones (flatten) are counted apart
+        free = report["grouped_kfold"][kind]["kernel_free_rows"]["n"]
+        assert report["grouped_kfold"][kind]["overall"]["n"] + free == report["rows"]["operations"]
         assert "per_op" in report["leave_one_family_out"][kind]
     assert report["leave_one_gpu_out"]["available"] is True
     assert "network_corrected" in report["leave_one_family_out"]["xgboost"]
@@ -576,3 +578,22 @@ def test_correction_variant_is_chosen_per_serving_mode() -> None:
     assert c.time_coef["*|training"]["intercept_ms"] == 0.0
     assert c.time_coef["*|training|bf16-mixed"]["intercept_ms"] == pytest.approx(2.0, abs=0.5)  # ridge-shrunk
     assert c.apply(sums.take([n - 1]), "H100", "training|fp16-mixed")[2] == "*|training|bf16-mixed"
+
+
+def test_per_operation_scores_leave_kernel_free_rows_out() -> None:
+    """A view's measured time is the timer's floor and the predictor gives it no GPU time: the
+    per-operation scores keep to rows that launch a kernel and count the others apart."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from gpurec.model.fitting.validation import kernel_free_summary, launching_rows
+
+    ops = pd.DataFrame({"_t_gpu": [0.5, 0.00002, 0.2, 0.00004]})
+    p = SimpleNamespace(ops=ops, kernel_free=np.array([False, True, False, True]))
+    assert launching_rows(p).tolist() == [True, False, True, False]
+    assert kernel_free_summary(p) == {"n": 2, "median_measured_ms": pytest.approx(0.00003)}
+    assert kernel_free_summary(p, np.array([0, 2])) == {"n": 0, "median_measured_ms": None}
+    assert kernel_free_summary(p, np.array([2, 3]))["n"] == 1
+    unknown = SimpleNamespace(ops=ops, kernel_free=None)  # data prepared before the flag: every row scored
+    assert launching_rows(unknown).all()

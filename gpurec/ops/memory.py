@@ -23,9 +23,14 @@ The estimate follows what PyTorch keeps alive, without running anything:
   in place need only their result and keep nothing more;
 - every tensor is rounded up to the caching allocator's 512-byte blocks.
 
+- a cuDNN RNN (LSTM, GRU) keeps its input and its output for backward, and PyTorch's
+  ``_cudnn_rnn`` copies a batch-first input to sequence-first during each forward and backward
+  call, and the output's gradient during backward (:func:`_rnn_buffers`).
+
 That analytic part is what autograd and liveness say.  What they do not say (the cuBLAS and
 cuDNN workspaces every step holds, a convolution's or matmul's scratch space, cuDNN's RNN
-reserve space and workspace) is a small set of
+reserve space and workspace, placed on the step's timeline by rules read off measured peaks:
+RNN_WORKSPACE_LAYERS) is a small set of
 terms (:class:`MemoryTerms`) whose coefficients are fitted on measured peaks of the training
 architectures only (:mod:`gpurec.model.fitting.memory_fit`, saved as ``models/memory.json``) and
 applied by :func:`step_memory` when a :class:`MemoryFit` is given.  Without one the estimate
@@ -34,6 +39,7 @@ is the analytic part alone, a lower bound of ``torch.cuda.max_memory_allocated``
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,8 +57,9 @@ NO_SAVE_KINDS = VIEW_KINDS | frozenset({
     "triu", "tril",
 })
 # Operations whose backward needs their output (activations computed from the result).
+# (A cuDNN RNN keeps its output as well as its input: its backward reads both.)
 SAVES_OUTPUT_KINDS = frozenset({"ReLU", "relu", "ReLU6", "Sigmoid", "sigmoid", "Tanh", "tanh", "Softmax", "softmax",
-                                "LogSoftmax", "log_softmax", "Hardtanh", "ELU"})
+                                "LogSoftmax", "log_softmax", "Hardtanh", "ELU", "LSTM", "GRU", "RNN"})
 # In place, their backward needs only the result: nothing beyond the result is kept.  Any
 # other in-place operation whose backward reads its input keeps a copy of it.
 INPLACE_RESULT_KINDS = frozenset({"ReLU", "relu", "relu_", "LeakyReLU", "leaky_relu", "ELU", "elu", "Sigmoid",
@@ -67,6 +74,26 @@ SAVES_LATER_INPUTS_KINDS = frozenset({"masked_fill", "masked_fill_"})
 SCALAR_ARITH_KINDS = frozenset({"mul", "div", "truediv", "floordiv"})
 # Kinds that run on cuDNN's RNN kernels: gates per cell, for the reserve space and workspace.
 RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1, "RNN": 1}
+RNN_KINDS = frozenset({"LSTM", "GRU", "RNN"})
+# cuDNN's RNN buffers.  cuDNN does not document their sizes (cudnnGetRNNTempSpaceSizes only
+# reports them at run time), so these rules are READ OFF the trusted H100 peaks of the training
+# architectures (lstm_cls_bi_1x256 and gru_cls_bi_3x512, whose peaks sit inside the RNN, and the
+# LSTM/GRU language models), never off held-out ones:
+# - workspace (during each forward and backward call): RNN_WORKSPACE_LAYERS layers' worth of gate
+#   pre-activations per token (directions x hidden x gates x element bytes), whatever the number
+#   of layers (the layers run one after another and reuse it: the per-token slope of the
+#   inference peaks beyond the RNN's input, its copy and its output is 1.8x one layer's gates
+#   for lstm_cls_bi_1x256 and 2.1x for the 3-layer gru_cls_bi_3x512; counting every layer put the
+#   latter 40% above its peaks), plus a part that does not grow with the tokens,
+#   RNN_WORKSPACE_FIXED_TOKENS tokens' worth of every layer's gates (the peaks' intercepts: 22 MB
+#   for lstm_cls_bi_1x256, 0.10 GB for gru_cls_bi_3x512, beyond parameters and library floor);
+# - reserve space (training: kept from the forward to the RNN's backward): RNN_RESERVE_HIDDEN
+#   hidden-sized vectors per token, layer and direction: 5 for an LSTM (its 4 gates and the cell
+#   state), 7 for a GRU (the training peaks' per-token slopes beyond the workspace, the copies and
+#   the saved tensors); a plain RNN has no measured peak and is taken to keep its one gate.
+RNN_WORKSPACE_LAYERS = 2.0
+RNN_WORKSPACE_FIXED_TOKENS = 2600
+RNN_RESERVE_HIDDEN = {"LSTM": 5.0, "GRU": 7.0, "RNN_TANH": 1.0, "RNN_RELU": 1.0, "RNN": 1.0}
 # Kinds whose library call takes a scratch workspace (cuDNN convolution, cuBLAS matmul).
 CONV_KINDS = frozenset({"Conv1d", "Conv2d", "Conv3d", "conv1d", "conv2d", "conv3d", "ConvTranspose2d",
                         "conv_transpose2d"})
@@ -108,7 +135,9 @@ class MemoryTerms:
     (training); ``largest_bytes`` the largest activation (training: the gradient in flight);
     ``conv_io_bytes`` / ``matmul_io_bytes`` the inputs plus outputs of the largest convolution /
     matmul (their workspaces scale with them); ``rnn_bytes`` layers x directions x sequence x
-    batch x hidden x gates x element bytes summed over cuDNN RNNs (reserve space and workspace)."""
+    batch x hidden x gates x element bytes summed over cuDNN RNNs (their size, for reference);
+    ``rnn_excess_bytes`` how far cuDNN's RNN workspaces and reserve spaces, placed on the step's
+    timeline, lift its peak."""
 
     mode: str
     params_bytes: int
@@ -119,17 +148,16 @@ class MemoryTerms:
     matmul_io_bytes: int
     rnn_bytes: int
     saved_bytes: int = 0  # training: everything autograd keeps for backward (all of it alive at once)
-    # inference: how far the cuDNN RNN workspaces (rnn_bytes at each RNN call, freed after it) lift
-    # the liveness peak; None where not computed (then the whole rnn_bytes)
+    # how far the cuDNN RNN workspaces (during each call) and, in training, reserve spaces (forward
+    # to backward) lift the peak; None where not computed (then the whole rnn_bytes)
     rnn_excess_bytes: int | None = None
 
     @property
     def rnn_term_bytes(self) -> int:
-        """What the fitted ``rnn`` coefficient multiplies: in training cuDNN's reserve space, kept
-        for backward, adds to the peak; in inference the workspace lives only during the RNN's
-        call, so only what it adds above the peak counts (a language model peaks at its head,
-        after the RNN: the whole term put LSTM LMs up to 36% above their peaks)."""
-        return self.rnn_bytes if self.rnn_excess_bytes is None or self.mode == "training" else self.rnn_excess_bytes
+        """What the fitted ``rnn`` coefficient multiplies: what cuDNN's buffers add above the peak
+        where they live (a language model peaks at its head, after the RNN, where only the
+        reserve space is alive: the whole term put LSTM LMs up to 36% above their peaks)."""
+        return self.rnn_bytes if self.rnn_excess_bytes is None else self.rnn_excess_bytes
 
 
 @dataclass(frozen=True)
@@ -153,7 +181,7 @@ class MemoryFit:
 
 
 def _numel(shape: Sequence[int]) -> int:
-    return math.prod(int(s) for s in shape)
+    return math.prod(map(int, shape))
 
 
 def _block(nbytes: int) -> int:
@@ -174,6 +202,39 @@ def _rnn_bytes(op: Any) -> int:
     directions = 2 if settings.get("bidirectional") else 1
     hidden = int(settings.get("hidden_size", 0) or 0)
     return layers * directions * int(seq) * int(batch) * hidden * gates * _ELEMENT_BYTES.get(op.dtype, 4)
+
+
+def _rnn_buffers(op: Any) -> tuple[int, int, int, int]:
+    """A cuDNN RNN's buffers, in bytes: (workspace during each call, reserve space kept for
+    backward in training, PyTorch's copy of its input during each call, its copy of the
+    output's gradient during backward); zeros for other kinds.
+
+    The copies follow PyTorch's ``_cudnn_rnn`` (aten/src/ATen/native/cudnn/RNN.cpp): a
+    batch-first input is transposed to sequence-first and made contiguous (``x =
+    input.contiguous()``) in the forward and again in each backward call, and the backward takes
+    ``grad_output.contiguous()`` of the transposed gradient; at batch 1 the transposed tensor is
+    already contiguous and nothing is copied.  The workspace and reserve sizes are cuDNN's
+    (RNN_WORKSPACE_LAYERS, RNN_RESERVE_LAYERS, RNN_WORKSPACE_FIXED_TOKENS)."""
+    settings = op.settings or {}
+    gates = RNN_GATES.get(str(settings.get("mode", op.kind))) if op.kind in RNN_KINDS else None
+    if gates is None or not op.input_shapes or len(op.input_shapes[0]) != 3:
+        return 0, 0, 0, 0
+    x = op.input_shapes[0]
+    batch_first = bool(settings.get("batch_first"))
+    batch, seq = (x[0], x[1]) if batch_first else (x[1], x[0])
+    layers = int(settings.get("num_layers", 1) or 1)
+    directions = 2 if settings.get("bidirectional") else 1
+    hidden = int(settings.get("hidden_size", 0) or 0)
+    element = _ELEMENT_BYTES.get(op.dtype, 4)
+    layer_gates = directions * hidden * gates * element  # one layer's gate pre-activations per token
+    tokens = int(seq) * int(batch)
+    workspace = int(RNN_WORKSPACE_LAYERS * tokens * layer_gates + RNN_WORKSPACE_FIXED_TOKENS * layers * layer_gates)
+    reserve = int(RNN_RESERVE_HIDDEN[str(settings.get("mode", op.kind))] * tokens * layers * directions * hidden * element)
+    copies = batch_first and int(batch) > 1
+    x_copy = _block(_numel(x) * element) if copies else 0
+    out = op.output_shapes[0] if op.output_shapes else []
+    dy_copy = _block(_numel(out) * element) if copies and out else 0
+    return _block(workspace), _block(reserve), x_copy, dy_copy
 
 
 def _io_bytes(op: Any) -> int:
@@ -199,21 +260,21 @@ def _param_keys(ops: Sequence[Any]) -> list[str | None]:
         settings = op.settings or {}
         if op.category == "module":
             for shape in (settings.get("param_shapes") or {}).values():
-                module_shapes.setdefault(tuple(int(x) for x in shape), op.name)
+                module_shapes.setdefault(tuple(map(int, shape)), op.name)
             keys.append(op.name)
             continue
-        shapes = [tuple(int(x) for x in a["param"]) for a in settings.get("args", [])
+        shapes = [tuple(map(int, a["param"])) for a in settings.get("args", [])
                   if isinstance(a, dict) and isinstance(a.get("param"), list)]
         tied = [module_shapes[s] for s in shapes if s in module_shapes]
         keys.append(tied[0] if tied and len(tied) == len(shapes) else f"{op.node or op.name}")
     return keys
 
 
-def _param_bytes(ops: Sequence[Any]) -> int:
-    """Each set of parameters once (:func:`_param_keys`)."""
+def _param_bytes(ops: Sequence[Any], keys: Sequence[str | None] | None = None) -> int:
+    """Each set of parameters once (:func:`_param_keys`; ``keys`` when already computed)."""
     seen: set[str] = set()
     total = 0
-    for op, key in zip(ops, _param_keys(ops), strict=True):
+    for op, key in zip(ops, _param_keys(ops) if keys is None else keys, strict=True):
         if key is None or key in seen:
             continue
         seen.add(key)
@@ -221,7 +282,7 @@ def _param_bytes(ops: Sequence[Any]) -> int:
     return total
 
 
-def _param_grads_at(ops: Sequence[Any]) -> tuple[list[int], list[int]]:
+def _param_grads_at(ops: Sequence[Any], keys: Sequence[str | None] | None = None) -> tuple[list[int], list[int]]:
     """Bytes of parameter gradients that appear at each operation's backward, and bytes alive
     only during it.  A parameter's gradient is allocated by the backward of its last call
     (backward runs in reverse); each earlier call of a shared parameter (a tied LM head's
@@ -230,7 +291,7 @@ def _param_grads_at(ops: Sequence[Any]) -> tuple[list[int], list[int]]:
     size: dict[str, int] = {}
     last: dict[str, int] = {}
     calls: dict[str, list[int]] = {}
-    for i, (op, key) in enumerate(zip(ops, _param_keys(ops), strict=True)):
+    for i, (op, key) in enumerate(zip(ops, _param_keys(ops) if keys is None else keys, strict=True)):
         if key is not None:
             size.setdefault(key, int(op.params) * _param_element_bytes(op))
             last[key] = i
@@ -269,6 +330,12 @@ def _consumer_of_cast(ops: Sequence[Any], i: int, index_of: dict[str, int]) -> i
     it whose node is NAME (``index_of``: node -> last index), else the next operation."""
     j = index_of.get(str(ops[i].node).rsplit(".cast", 1)[0], -1)
     return j if j > i else min(i + 1, len(ops) - 1)
+
+
+@functools.lru_cache(maxsize=512)
+def _is_dropout_kind(kind: str) -> bool:
+    """Dropout of any flavour (``Dropout``, ``dropout``, ``Dropout2d``, ...), cached per kind name."""
+    return kind.lower().startswith("dropout")
 
 
 def _returns_its_input(op: Any) -> bool:
@@ -352,7 +419,9 @@ def analytic_memory(t: MemoryTerms) -> StepMemory:
 
 def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], born: dict[str, int],
                    last_use: dict[str, int], released: dict[str, int], internal: list[int],
-                   needs_grad: set[str], inputs: set[str], out: str | None) -> int:
+                   needs_grad: set[str], inputs: set[str], out: str | None,
+                   rnn: tuple[list[int], list[int], list[int], list[int]] | None = None,
+                   param_keys: Sequence[str | None] | None = None) -> tuple[int, int]:
     """The largest memory alive at once over a training step's forward and backward.
 
     Why: parameter gradients appear while backward frees the saved activations, so the peak is
@@ -362,8 +431,13 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
     from their birth on, other tensors from birth to last use.  Backward, in reverse: a saved
     tensor until the backward of the earliest operation that saved it, a tensor's gradient from
     the backward of its last user to that of its maker, each parameter gradient from the
-    backward of its last call on, each operation's own saved buffers until its backward."""
+    backward of its last call on, each operation's own saved buffers until its backward.
+
+    ``rnn`` (cuDNN RNNs only): per operation the copies PyTorch makes during its forward and
+    during its backward, cuDNN's workspace (during both) and reserve space (forward to
+    backward).  Returns the peak without the cuDNN buffers and the peak with them."""
     n = len(ops)
+    fwd_copy, bwd_copy, workspace, reserve = rnn if rnn is not None else ([0] * n,) * 4
     base = params + sum(size_of[r] for r in inputs)
     if out is not None and out not in inputs:
         base += 2 * size_of.get(out, 0)  # the result and its gradient, made before the step
@@ -375,10 +449,16 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
         end = n - 1 if root in released else last_use.get(root, start)
         fwd[start] += size
         fwd[max(end, start) + 1] -= size
-    peak = live = 0
+    peak = live = with_rnn = kept = 0
     for i in range(n):
         live += fwd[i] + internal[i]
-        peak = max(peak, base + live)
+        kept += reserve[i]
+        now = base + live + fwd_copy[i]
+        if now > peak:
+            peak = now
+        now += kept + workspace[i]
+        if now > with_rnn:
+            with_rnn = now
     # backward, operation n - 1 down to 0: alloc[i] appears as operation i's backward starts,
     # free[i] goes once it ends
     alloc, free = [0] * n, [0] * n
@@ -393,18 +473,25 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
         if root in needs_grad and born[root] < last_use.get(root, born[root]):
             alloc[last_use[root]] += size
             free[born[root]] += size
-    grads_at, accumulating = _param_grads_at(ops)
+    grads_at, accumulating = _param_grads_at(ops, param_keys)
     for i in range(n - 1, -1, -1):
         live += alloc[i] + grads_at[i]
-        peak = max(peak, base + live + accumulating[i])
+        now = base + live + accumulating[i] + bwd_copy[i]
+        if now > peak:
+            peak = now
+        now += kept + workspace[i]
+        if now > with_rnn:
+            with_rnn = now
         live -= free[i] + internal[i]
-    return peak
+        kept -= reserve[i]
+    return peak, max(with_rnn, peak)
 
 
 def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     """The analytic terms of a step's peak (:class:`MemoryTerms`), from ``ops`` in execution order."""
     mode = mode or (ops[0].mode if ops else "inference")
-    params = _param_bytes(ops)
+    param_keys = _param_keys(ops)
+    params = _param_bytes(ops, param_keys)
     storage_of: dict[str, str] = {}  # node -> the node whose storage it uses
     size_of: dict[str, int] = {}  # storage node -> bytes
     born: dict[str, int] = {}
@@ -413,15 +500,27 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     mask_bytes = 0  # kept inside operations: dropout masks, attention internals
     inputs: set[str] = set()  # the step's inputs: the caller holds them for the whole step
     transient = [0] * len(ops)  # bytes an operation allocates and frees inside itself (inference)
-    rnn_during = [0] * len(ops)  # a cuDNN RNN's workspace term, during its call
+    rnn_during = [0] * len(ops)  # a cuDNN RNN's workspace, during its call
+    rnn_reserve = [0] * len(ops)  # a cuDNN RNN's reserve space (training: forward to backward)
+    fwd_copy = [0] * len(ops)  # PyTorch's copies inside an RNN's forward
+    bwd_copy = [0] * len(ops)  # ... and inside its backward
+    last_rnn = -1  # the latest cuDNN RNN: the output a later ``getitem`` node indexes
     clone_bytes = conv_io = matmul_io = rnn = 0
     released: dict[str, int] = {}  # saved storage -> the operation whose backward frees it (-1: never)
     internal = [0] * len(ops)  # bytes an operation keeps inside itself for its backward (masks, copies)
     needs_grad: set[str] = set()  # storages that carry a gradient in backward
     index_of: dict[str, int] | None = None  # node -> index, built at the first weight cast
+    training = mode == "training"
     for i, op in enumerate(ops):
-        for j, src in enumerate(op.input_nodes):
+        kind, nodes = op.kind, op.input_nodes
+        dropout = _is_dropout_kind(kind)
+        for j, src in enumerate(nodes):
             root = storage_of.get(src)
+            if root is None and last_rnn >= 0 and src.startswith("getitem") and j < len(op.input_shapes) \
+                    and ops[last_rnn].output_shapes and list(op.input_shapes[j]) == list(ops[last_rnn].output_shapes[0]):
+                # ``y, h = rnn(x)``: extraction leaves the tuple's indexing out; y is the RNN's
+                # output (its storage, kept for backward, carrying a gradient), not a new tensor
+                root = storage_of[src] = storage_of[ops[last_rnn].node]
             if root is None:
                 # No operation made it: the network's input, or the output of a call that
                 # extraction leaves out (a dropout in eval returns its input). It is taken to
@@ -435,29 +534,49 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
                 if i == 0:
                     inputs.add(root)
             last_use[root] = i
-        if op.input_nodes and (op.in_place or op.kind in VIEW_KINDS or _returns_its_input(op)):
-            storage_of[op.node] = storage_of[op.input_nodes[0]]
+        if nodes and (op.in_place or kind in VIEW_KINDS or dropout and _returns_its_input(op)):
+            storage_of[op.node] = storage_of[nodes[0]]
         else:
             storage_of[op.node] = op.node
             size_of[op.node] = _block(int(op.bytes_written))
             born[op.node] = i
             last_use[op.node] = max(last_use.get(op.node, i), i)
+        if kind in CONV_KINDS:
+            conv_io = max(conv_io, _io_bytes(op))
+        elif kind in MATMUL_KINDS:
+            matmul_io = max(matmul_io, _io_bytes(op))
+        elif kind in RNN_KINDS:
+            rnn += _rnn_bytes(op)
+            last_rnn = i
+            rnn_during[i], rnn_reserve[i], fwd_copy[i], bwd_copy[i] = _rnn_buffers(op)
+            bwd_copy[i] += fwd_copy[i]  # the backward copies the input again, beside the gradient
+            transient[i] += fwd_copy[i]
+        if kind == "shifted_window_attention":
+            kept_inside, transient[i] = _window_attention_buffers(op)
+            mask_bytes += kept_inside
+            internal[i] += kept_inside
+        elif kind == "MultiheadAttention":  # a leaf that keeps q, k, v and the attention output inside
+            mask_bytes += 4 * int(op.bytes_written)
+            internal[i] += 4 * int(op.bytes_written)
+            transient[i] = _attention_buffers(op)
+        if not training:  # what autograd keeps and which tensors carry a gradient: training only
+            continue
+        if dropout and op.bytes_written and not _returns_its_input(op):
+            out_elements = sum(_numel(s) for s in op.output_shapes)
+            mask_bytes += out_elements
+            internal[i] += _block(out_elements)
         saved_now = [storage_of[src] for src in _saved_inputs(op)]
-        if op.params or op.kind == "autocast_cast" and not op.input_nodes or \
-                any(storage_of.get(src) in needs_grad for src in op.input_nodes):
+        if op.params or kind == "autocast_cast" and not nodes or \
+                any(storage_of.get(src) in needs_grad for src in nodes):
             needs_grad.add(storage_of[op.node])
-        if op.in_place and op.input_nodes and op.kind not in INPLACE_RESULT_KINDS and op.kind not in NO_SAVE_KINDS:
+        if op.in_place and nodes and kind not in INPLACE_RESULT_KINDS and kind not in NO_SAVE_KINDS:
             clone_bytes += _block(int(op.bytes_written))  # autograd's copy of the input it overwrites
             internal[i] += _block(int(op.bytes_written))
-        conv_io = max(conv_io, _io_bytes(op)) if op.kind in CONV_KINDS else conv_io
-        matmul_io = max(matmul_io, _io_bytes(op)) if op.kind in MATMUL_KINDS else matmul_io
-        rnn += _rnn_bytes(op)
-        rnn_during[i] = _rnn_bytes(op)
-        if op.kind in SAVES_OUTPUT_KINDS:
+        if kind in SAVES_OUTPUT_KINDS:
             saved_now.append(storage_of[op.node])
         for root in saved_now:
             released.setdefault(root, i)  # backward frees it after the earliest operation that saved it
-        if op.kind == "autocast_cast" and not op.input_nodes:
+        if kind == "autocast_cast" and not nodes:
             # a weight's low-precision copy, made for the operation after it (``conv1.cast0`` for
             # ``conv1``), which saves it for its backward; measured steps run autocast with its
             # cast cache off, so nothing else holds it (kept to the step's end, the copies put
@@ -467,18 +586,6 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
                 index_of = {str(o.node): j for j, o in enumerate(ops)}
             released[storage_of[op.node]] = _consumer_of_cast(ops, i, index_of)
         kept_roots.update(saved_now)
-        if op.kind == "shifted_window_attention":
-            kept_inside, transient[i] = _window_attention_buffers(op)
-            mask_bytes += kept_inside
-            internal[i] += kept_inside
-        if op.kind == "MultiheadAttention":  # a leaf that keeps q, k, v and the attention output inside
-            mask_bytes += 4 * int(op.bytes_written)
-            internal[i] += 4 * int(op.bytes_written)
-            transient[i] = _attention_buffers(op)
-        if op.kind.lower().startswith("dropout") and op.bytes_written and not _returns_its_input(op):
-            out_elements = sum(_numel(s) for s in op.output_shapes)
-            mask_bytes += out_elements
-            internal[i] += _block(out_elements)
     if ops:  # the step's result and inputs stay alive
         out = storage_of.get(ops[-1].node, ops[-1].node)
         last_use[out] = len(ops)
@@ -487,10 +594,12 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     largest = max(size_of.values(), default=0)
     if mode == "training":
         saved = sum(size_of[root] for root in kept_roots) + mask_bytes + clone_bytes
-        peak = _training_peak(ops, params, size_of, born, last_use, released, internal, needs_grad,
-                              inputs, storage_of.get(ops[-1].node, ops[-1].node) if ops else None)
+        peak, with_rnn = _training_peak(ops, params, size_of, born, last_use, released, internal, needs_grad,
+                                        inputs, storage_of.get(ops[-1].node, ops[-1].node) if ops else None,
+                                        (fwd_copy, bwd_copy, rnn_during, rnn_reserve) if last_rnn >= 0 else None,
+                                        param_keys)
         return MemoryTerms(mode, params, params, max(peak - 2 * params, 0), largest, conv_io, matmul_io, rnn,
-                           saved)
+                           saved, rnn_excess_bytes=with_rnn - peak)
     # Liveness: a tensor holds memory from the operation that makes it to its last user.
     delta = [0] * (len(ops) + 2)
     for node, size in size_of.items():
@@ -498,8 +607,12 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
         delta[start] += size
         delta[max(last_use.get(node, born[node]), start) + 1] -= size
     peak = live = with_rnn = 0
-    for i in range(len(ops)):
+    for i in range(len(ops)):  # (comparisons, not max(): this loop runs for every candidate ranked)
         live += delta[i]
-        peak = max(peak, live + transient[i])
-        with_rnn = max(with_rnn, live + transient[i] + rnn_during[i])
+        now = live + transient[i]
+        if now > peak:
+            peak = now
+        now += rnn_during[i]
+        if now > with_rnn:
+            with_rnn = now
     return MemoryTerms(mode, params, 0, peak, largest, conv_io, matmul_io, rnn, rnn_excess_bytes=with_rnn - peak)

@@ -31,6 +31,17 @@ MODELS = ("xgboost", "random_forest", "roofline_linear")
 LABEL = {"xgboost": "XGBoost", "random_forest": "RandomForest", "roofline_linear": "roofline + linear"}
 
 
+def kernel_free_note(b: dict[str, Any]) -> str:
+    """Which rows the per-operation scores leave out (reports trained before the rule: none)."""
+    kf = b.get("kernel_free_rows")
+    if not kf:
+        return " Every operation row is scored, kernel-free ones (views) included."
+    med = kf.get("median_measured_ms")
+    return (f" Scored on operations that launch a kernel: {kf['n']} kernel-free rows (views, reshapes; median "
+            f"measured {1e3 * med:.2f} µs, the timer's floor) are left out, since the predictor gives them no "
+            "GPU time by rule." if med is not None else " Every operation row launches a kernel.")
+
+
 def variant_text(v: Any) -> str:
     """A chosen correction variant: one for every mode (older model files) or one per mode."""
     if isinstance(v, dict):
@@ -775,7 +786,8 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
     # validations
     L += ["## Per-operation error", "",
           "Grouped K-fold by operation signature (no operation in both train and test folds); "
-          "energy = predicted power × predicted time, compared with measured energy per call.", ""]
+          "energy = predicted power × predicted time, compared with measured energy per call."
+          + kernel_free_note(rep.get("grouped_kfold", {}).get("xgboost", {})), ""]
     L += table(["validation", "model", "GPU", "mode", *HEAD],
                render_error_rows(tabs["per_operation"], ("validation", "model")))
     L += ["", "Leave-one-family-out takes every operation that occurs in any model of the held-out family "
@@ -941,13 +953,18 @@ def memory_section(data_root: Path | str | None = None, fit: Any = None, extract
          "for `fits`. The analytic part is parameters and the most memory alive at once: in inference the "
          "activations alive at once; in training the step's timeline, forward keeping what autograd saves "
          "(inputs of convolutions and matmuls, outputs of ReLU, sigmoid and tanh, a copy of the input of an "
-         "in-place activation whose backward needs it), then backward freeing each saved tensor after its last "
+         "in-place activation whose backward needs it, the input and output of an LSTM or GRU), then backward "
+         "freeing each saved tensor after its last "
          "backward user while activation and parameter gradients appear, with the step's result and its "
-         "gradient alive throughout. Each tensor takes the allocator's 512-byte blocks. The fitted terms add "
+         "gradient alive throughout; a batch-first LSTM or GRU copies its input during each call and its "
+         "output's gradient during backward (PyTorch's `_cudnn_rnn`). Each tensor takes the allocator's 512-byte "
+         "blocks. The fitted terms add "
          "what the analytic part cannot say: a fixed floor per mode (cuBLAS and cuDNN workspaces), scratch "
-         "space proportional to the largest convolution's and matmul's inputs plus outputs, and cuDNN's RNN "
-         "reserve space (training) and workspace (inference: only what it adds above the peak) (layers x "
-         "directions x sequence x batch x hidden x gates x element bytes). Their "
+         "space proportional to the largest convolution's and matmul's inputs plus outputs, and what cuDNN's RNN "
+         "buffers add above the peak where they live: the workspace during each call (two layers' gates per "
+         "token plus 2,600 tokens' worth of every layer's) and, in training, the reserve space from the forward "
+         "to the RNN's backward (5 hidden-sized vectors per token, layer and direction for an LSTM, 7 for a GRU); "
+         "cuDNN does not document these sizes, so they were read off the training architectures' peaks. Their "
          "coefficients are fitted on the training architectures' trusted peaks only (`gpurec tools fit-memory`, "
          "`models/memory.json`). Network rows record the allocator's peak over one step after warm-up "
          "(`peak_memory_bytes`, `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`). "

@@ -281,6 +281,7 @@ class Prepared:
     targets: dict[str, Any]
     report: dict[str, Any]
     net_kinds: np.ndarray | None = None  # per network operation: its kind (recurrent power class; consumer-held casts get no time)
+    kernel_free: np.ndarray | None = None  # per operation row: launches no kernel (None: not known)
 
 
 def prepare(data_root: Path | str | None, feature: FeatureConfig, time_target: str, gpu_time_source: str,
@@ -351,6 +352,7 @@ def prepare(data_root: Path | str | None, feature: FeatureConfig, time_target: s
         families=[row_families(s, m) for s, m in zip(ops["set_key"], ops.get("model_sets", ops["set_key"]),
                                                      strict=True)],
         kinds=matched.block.kinds.astype(str),
+        kernel_free=matched.block.kernel_free,
         range_values=np.stack([matched.block.column(f) for f in feature.range_features], axis=1)
         if len(ops) else np.zeros((0, len(feature.range_features))),
         host_rows=host_rows, host_y=np.log(host_ms[host_rows] / scales[host_rows]),

@@ -88,6 +88,26 @@ def predict_ops(models: dict[str, Routed], p: Prepared, rows: np.ndarray) -> tup
     return t, w
 
 
+def launching_rows(p: Prepared) -> np.ndarray:
+    """Operation rows that launch a kernel: the ones per-operation errors are scored on.  A view's
+    measured time is the timer's floor (well under a microsecond), and the predictor gives it no GPU
+    time by rule (Operation.kernel_free), so a model's answer for it says nothing and a 0.02-us
+    target turned one such row into a 5,000% error that outweighed thousands of real ones."""
+    if p.kernel_free is None:
+        return np.ones(len(p.ops), dtype=bool)
+    return ~np.asarray(p.kernel_free, dtype=bool)
+
+
+def kernel_free_summary(p: Prepared, rows: np.ndarray | None = None) -> dict[str, Any]:
+    """How many rows were left out of the per-operation scores as kernel-free, and their times."""
+    free = ~launching_rows(p)
+    if rows is not None:
+        free = free[rows]
+    t = p.ops["_t_gpu"].to_numpy(dtype=np.float64)
+    t = t if rows is None else t[rows]
+    return {"n": int(free.sum()), "median_measured_ms": float(np.median(t[free])) if free.any() else None}
+
+
 def predict_networks(models: dict[str, Routed], p: Prepared, net_rows: np.ndarray, small_op_ms: float,
                       lookup: MeasuredLookup | None = None) -> NetworkSums:
     """Raw per-network sums of per-op predictions for the selected network rows.
@@ -218,8 +238,10 @@ def leave_one_family_out(p: Prepared, suite: Suite, cfg: TrainConfig, log: Calla
             pt = np.concatenate([b for _, _, b, _ in parts])
             pw = np.concatenate([c for _, _, _, c in parts])
             fam_lab = np.concatenate([[f] * len(a) for f, a, _, _ in parts])
-            entry["per_op"] = breakdown(pt, pw, meas_t[idx], meas_w[idx], p.gpus[idx], p.modes[idx],
-                                        extra={"family": fam_lab})
+            k = launching_rows(p)[idx]
+            entry["per_op"] = breakdown(pt[k], pw[k], meas_t[idx][k], meas_w[idx][k], p.gpus[idx][k],
+                                        p.modes[idx][k], extra={"family": fam_lab[k]})
+            entry["per_op"]["kernel_free_rows"] = kernel_free_summary(p, idx)
         nparts = net_parts[kind]
         if nparts:
             rows = np.concatenate([r for r, _ in nparts])
@@ -361,9 +383,11 @@ def leave_one_gpu_out(p: Prepared, suite: Suite, cfg: TrainConfig,
             entry[kind] = {}
             if len(test_idx):
                 pt, pw = predict_ops(models, p, test_idx)
-                entry[kind]["per_op"] = breakdown(pt, pw, p.ops["_t_gpu"].to_numpy()[test_idx],
-                                                  p.ops["_p_gpu"].to_numpy()[test_idx], p.gpus[test_idx],
-                                                  p.modes[test_idx])
+                k = launching_rows(p)[test_idx]
+                entry[kind]["per_op"] = breakdown(pt[k], pw[k], p.ops["_t_gpu"].to_numpy()[test_idx][k],
+                                                  p.ops["_p_gpu"].to_numpy()[test_idx][k], p.gpus[test_idx][k],
+                                                  p.modes[test_idx][k])
+                entry[kind]["per_op"]["kernel_free_rows"] = kernel_free_summary(p, test_idx)
                 o = entry[kind]["per_op"]["overall"]
                 log(f"  {gpu} {kind:16s} per-op MAPE time {o['time']['mape']:.1f}% "
                     f"energy {o['energy']['mape']:.1f}%")
@@ -465,7 +489,9 @@ def grouped_kfold(p: Prepared, suite: Suite, cfg: TrainConfig, log: Callable[[st
             models = suite.fit(kind, p, train_idx)
             pt[test_idx], pw[test_idx] = predict_ops(models, p, test_idx)
         oof[kind] = (pt, pw)
-        kfold[kind] = breakdown(pt, pw, meas_t, meas_w, p.gpus, p.modes)
+        k = launching_rows(p)
+        kfold[kind] = breakdown(pt[k], pw[k], meas_t[k], meas_w[k], p.gpus[k], p.modes[k])
+        kfold[kind]["kernel_free_rows"] = kernel_free_summary(p)
         o = kfold[kind]["overall"]
         log(f"  {kind:16s} per-op MAPE time {o['time']['mape']:.1f}%  power {o['power']['mape']:.1f}%  "
             f"energy {o['energy']['mape']:.1f}%")
