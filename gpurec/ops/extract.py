@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -350,26 +351,81 @@ _DECOMPOSITIONS: dict[type, Any] = {
 _RECURRENT: tuple[type[nn.Module], ...] = (nn.LSTM, nn.GRU, nn.RNN)
 
 
-@functools.lru_cache(maxsize=64)
-def _build_torchvision_meta(name: str) -> nn.Module:
+class _SkipMetaInit(TorchFunctionMode):
+    """Weight initialisation (``nn.init`` and the in-place random and fill methods it calls) is
+    skipped on meta tensors: they hold no values, so it changes nothing but took about 40% of
+    building a torchvision model on meta (their meta kernels run as Python references).  The
+    tensor is returned as the in-place call would return it; any other call runs as it is."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if func in _META_INIT_SKIPPED:
+            # nn.init's own functions pass the tensor by keyword (handle_torch_function)
+            tensor = args[0] if args else kwargs.get("tensor")
+            if type(tensor) in (torch.Tensor, nn.Parameter) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+@functools.cache
+def _meta_init_functions() -> frozenset[Any]:
+    names = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+             "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
+    methods = ("normal_", "uniform_", "fill_", "zero_", "random_", "exponential_", "log_normal_", "cauchy_",
+               "geometric_", "bernoulli_")
+    return frozenset([getattr(nn.init, n) for n in names if hasattr(nn.init, n)]
+                     + [getattr(torch.Tensor, n) for n in methods if hasattr(torch.Tensor, n)])
+
+
+@contextlib.contextmanager
+def _building_on_meta() -> Any:
+    """Modules built inside are on meta, without weight initialisation (_SkipMetaInit)."""
+    global _META_INIT_SKIPPED
+    _META_INIT_SKIPPED = _meta_init_functions()
+    with torch.device("meta"), _SkipMetaInit():
+        yield
+
+
+_META_INIT_SKIPPED: frozenset[Any] = frozenset()
+# torchvision names that cannot be built on meta (built on CPU, then moved): see _build_meta
+_CPU_BUILT: set[str] = set()
+
+
+def _build_meta(name: str) -> nn.Module:
+    """A new meta instance of a torchvision (or gpurec.synthsets) model, not cached."""
     from gpurec.synthsets import SYNTH_BUILDERS, build_synthetic
 
     if name in SYNTH_BUILDERS:  # the hand-written architectures of gpurec.sets (SYNTH/SWEEP_ARCHS)
-        with torch.device("meta"):
+        with _building_on_meta():
             return build_synthetic(name)
     import torchvision.models as tvm
 
     kwargs: dict[str, Any] = {"weights": None}
     if name in ("googlenet", "inception_v3"):
         kwargs["init_weights"] = False
-    try:
-        with torch.device("meta"):
-            model = tvm.get_model(name, **kwargs)
-    except Exception:
-        # RegNets (and anything else that initialises with data-dependent ops) cannot be
-        # built under the meta device: build on CPU, then move.
-        model = tvm.get_model(name, **kwargs).to("meta")
-    return model
+    if name not in _CPU_BUILT:
+        try:
+            with _building_on_meta():
+                return tvm.get_model(name, **kwargs)
+        except Exception:
+            _CPU_BUILT.add(name)
+    # RegNets (and anything else that initialises with data-dependent ops) cannot be
+    # built under the meta device: build on CPU, then move.
+    return tvm.get_model(name, **kwargs).to("meta")
+
+
+@functools.lru_cache(maxsize=64)
+def _build_torchvision_meta(name: str) -> nn.Module:
+    """The meta model of ``name``, built once (copy it before changing it)."""
+    return _build_meta(name)
+
+
+def _fresh_meta(name: str) -> nn.Module:
+    """A meta model of ``name`` of one's own: built anew where it builds on meta (cheaper than a
+    deep copy of the cached one, with initialisation skipped), else a copy of the cached one."""
+    if name in _CPU_BUILT:
+        return copy.deepcopy(_build_torchvision_meta(name))
+    return _build_meta(name)
 
 
 def resolve_model(model: str | nn.Module) -> tuple[str, nn.Module]:
@@ -387,9 +443,9 @@ def resolve_model(model: str | nn.Module) -> tuple[str, nn.Module]:
     if is_sequence_arch(name):
         from gpurec import seqmodels
 
-        with torch.device("meta"):
+        with _building_on_meta():
             return name, seqmodels.build(name)
-    return name, copy.deepcopy(_build_torchvision_meta(name))
+    return name, _fresh_meta(name)
 
 
 def _meta_like(t: torch.Tensor) -> torch.Tensor:
@@ -501,11 +557,11 @@ def _trace_torchvision(name: str, training: bool) -> _Traced:
     if is_sequence_arch(name):
         from gpurec import seqmodels
 
-        with torch.device("meta"):
+        with _building_on_meta():
             root = seqmodels.build(name)
         root.train(training)
         return _trace(root)
-    root = copy.deepcopy(_build_torchvision_meta(name))
+    root = _fresh_meta(name)
     root.train(training)
     return _trace(root)
 
