@@ -1263,6 +1263,11 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             return {}
         return _map_nodes(a, lambda n: env[n.name])
 
+    def in_grad(node: torch.fx.Node) -> bool:
+        """Does any input of the node require grad (what a no-op or view passes on)?  Asked only
+        where needed: most calls are recorded, or copied from a record, without it."""
+        return any(grad.get(n.name, False) for n in node.all_input_nodes)
+
     def is_view_or_bookkeeping(node: torch.fx.Node, args: Any) -> bool:
         if node.op == "call_function" and node.target in _DROP_FUNCTIONS:
             return True
@@ -1299,11 +1304,9 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
                 _switch_autocast(node, precise, autocast_stack)
             continue
         args, kwargs = load(node.args), load(node.kwargs)
-        in_nodes = [n for n in node.all_input_nodes]
-        in_grad = any(grad.get(n.name, False) for n in in_nodes)
-        if is_view_or_bookkeeping(node, args):
+        if node.op != "call_module" and is_view_or_bookkeeping(node, args):
             env[node.name] = _run_node(modules, node, args, kwargs)
-            grad[node.name] = in_grad
+            grad[node.name] = in_grad(node)
             continue
         # Settings of a leaf module: computed once, used by the memo key and the record.
         named_params = _named_params(modules[node.target]) if node.op == "call_module" else []
@@ -1317,9 +1320,11 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             recorded = _RECORD_MEMO.get(record_key) if record_key is not None else None
             if recorded is not None:  # the same call recorded before: its operation, at this node
                 _RECORD_MEMO.move_to_end(record_key)
-                template, grad_out = recorded
-                env[node.name] = _run_counted(modules, node, args, kwargs, counter, training, settings,
-                                              key=leaf_key)[0]
+                template, grad_out, leaf = recorded
+                # the output from the leaf result kept with the record (a second memo look-up saved)
+                env[node.name] = (_made_output(leaf) if leaf is not None else
+                                  _run_counted(modules, node, args, kwargs, counter, training, settings,
+                                               key=leaf_key)[0])
                 grad[node.name] = grad_out
                 op = Operation.__new__(Operation)  # copy.copy of the dataclass, without its reduce protocol
                 op.__dict__.update(template.__dict__)
@@ -1337,14 +1342,14 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         if node.op == "call_module":
             mod = modules[node.target]
             if isinstance(mod, nn.Identity) or (not training and isinstance(mod, no_ops)):
-                grad[node.name] = in_grad  # no-ops: Identity always, dropout-likes in eval
+                grad[node.name] = in_grad(node)  # no-ops: Identity always, dropout-likes in eval
                 continue
             mod_params = [p for _, p in named_params]
             has_params = any(p.requires_grad for p in mod_params)
             kind = type(mod).__name__
         else:
             if node.op == "call_function" and _is_disabled_dropout(node.target, args, kwargs):
-                grad[node.name] = in_grad  # returns its input: no kernel
+                grad[node.name] = in_grad(node)  # returns its input: no kernel
                 continue
             kind = _function_kind(node)
         # Split the arguments into activation inputs, parameters and constants.
@@ -1358,7 +1363,7 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         has_params = has_params or split.has_params
         out_tensors = [t for t in _leaves(out) if _is_tensor(t)]
         if not out_tensors:
-            grad[node.name] = in_grad
+            grad[node.name] = in_grad(node)
             continue
         requires_grad = [bool(training and grad.get(n, False)) for n in act_nodes]
         # Only floating-point outputs carry gradients (a bool mask made from a float tensor does not).
@@ -1424,7 +1429,7 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             ops.extend(_apply_precision(op, precise, counter, split, modules[node.target] if node.op == "call_module"
                                         else None, out_tensors, explicit, keep_sources))
         if record_key is not None:
-            _remember_record(record_key, op, grad[node.name])
+            _remember_record(record_key, op, grad[node.name], _LEAF_MEMO.get(leaf_key))
         ops.append(op)
     return ops, None
 
@@ -1432,7 +1437,7 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
 # Operations of leaf module calls, by everything their record depends on (_record_key): a
 # repeated call (the same convolution, norm or activation on the same shape, in one network
 # or across NAS candidates) is copied from here, its signature and feature row with it.
-_RECORD_MEMO: collections.OrderedDict[Any, tuple[Operation, bool]] = collections.OrderedDict()
+_RECORD_MEMO: collections.OrderedDict[Any, tuple[Operation, bool, Any]] = collections.OrderedDict()
 _RECORD_MEMO_SIZE = 8192
 
 
@@ -1467,8 +1472,10 @@ def _record_key(leaf_key: Any, node: torch.fx.Node, env: dict[str, Any], grad: d
     return (leaf_key, dtype_name, trains, tuple(wiring)), act_names
 
 
-def _remember_record(key: Any, op: Operation, grad_out: bool) -> None:
-    """Keep a copy of ``op`` (its signature and feature row computed) for later calls of ``key``."""
+def _remember_record(key: Any, op: Operation, grad_out: bool, leaf: Any) -> None:
+    """Keep a copy of ``op`` (its signature and feature row computed) for later calls of ``key``,
+    with whether its output requires grad and its _LEAF_MEMO entry (None: the call's output is
+    not remembered, so a later call runs it again)."""
     from gpurec.ops.features import operation_feature_row
 
     template = copy.copy(op)
@@ -1477,7 +1484,7 @@ def _remember_record(key: Any, op: Operation, grad_out: bool) -> None:
     template.model = ""
     _ = template.signature  # cached on the instance, so every copy carries it
     template.__dict__["_feature_row"] = tuple(operation_feature_row(template))
-    _RECORD_MEMO[key] = (template, grad_out)
+    _RECORD_MEMO[key] = (template, grad_out, leaf)
     if len(_RECORD_MEMO) > _RECORD_MEMO_SIZE:
         _RECORD_MEMO.popitem(last=False)
 
@@ -1767,10 +1774,7 @@ def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, 
     hit = _LEAF_MEMO.get(key) if key is not None else None
     if hit is not None:
         _LEAF_MEMO.move_to_end(key)
-        spec, leaves, flops, aliased = hit
-        made = [torch.empty_strided(v[0], v[1], dtype=v[2], device="meta") if isinstance(v, tuple) else v
-                for v in leaves]
-        return (made[0] if spec is None else tree_unflatten(made, spec)), flops, aliased
+        return _made_output(hit), hit[2], hit[3]
     if key is not None:
         mod = modules[node.target]
         known = (_analytic_recurrent(mod, args, kwargs) if isinstance(mod, _RECURRENT)
@@ -1798,6 +1802,14 @@ def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, 
             if len(_LEAF_MEMO) > _LEAF_MEMO_SIZE:
                 _LEAF_MEMO.popitem(last=False)
     return out, flops, aliased
+
+
+def _made_output(hit: tuple[Any, list[Any], int, bool]) -> Any:
+    """The output of a remembered leaf call (a _LEAF_MEMO entry), as new meta tensors."""
+    spec, leaves = hit[0], hit[1]
+    made = [torch.empty_strided(v[0], v[1], dtype=v[2], device="meta") if isinstance(v, tuple) else v
+            for v in leaves]
+    return made[0] if spec is None else tree_unflatten(made, spec)
 
 
 def _aliases_input(out: Any, args: Any, kwargs: Any) -> bool:
