@@ -665,3 +665,19 @@ def test_meta_build_skips_initialisation_of_meta_tensors_only() -> None:
     assert lin.weight.is_meta and tuple(lin.weight.shape) == (5, 4) and lin.weight.requires_grad
     assert cpu.tolist() == [2.0, 2.0, 2.0]
     assert calls == [("fill_", "cpu"), ("normal_", "cpu")]  # only the CPU tensors' calls ran
+
+
+def test_structure_key_memo_keys_on_private_attributes_that_extra_repr_reads() -> None:
+    from gpurec.model.predictor import structure_key
+
+    class Scaled(nn.Module):
+        def __init__(self, k: int) -> None:
+            super().__init__()
+            self._k = k
+
+        def extra_repr(self) -> str:
+            return f"k={self._k}"
+
+    Scaled.__module__ = "torch.nn.modules.testing"  # remembered as torch.nn's own leaves are
+    assert structure_key(Scaled(2)) == structure_key(Scaled(2))
+    assert structure_key(Scaled(2)) != structure_key(Scaled(3))
