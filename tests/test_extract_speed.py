@@ -553,7 +553,6 @@ def test_predictions_with_shared_records_are_those_of_the_long_way(small_predict
     what extraction recording every call gives."""
     import warnings
 
-    import gpurec.ops
     import gpurec.ops.extract as ex
 
     frozen = random_mobilenet(6)
@@ -561,19 +560,19 @@ def test_predictions_with_shared_records_are_those_of_the_long_way(small_predict
     candidates = [(random_mobilenet(6), (2, 3, 64, 64)), (frozen, (2, 3, 64, 64)), (_Wired(), (2, 8, 6, 6)),
                   (random_mobilenet(8), (2, 3, 64, 64))]
     shared: list[bool] = []
-    real = ex.extract_operations
+    real = ex.extract_at_resolved_precision  # what predict extracts with (the precision resolved first)
 
     def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         shared.append(kwargs.get("shared_records", False))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(gpurec.ops, "extract_operations", spy)
+    monkeypatch.setattr(ex, "extract_at_resolved_precision", spy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # coverage warnings of the small fixture model
         small_predictor.clear_cache()
         fast = small_predictor.predict_many(candidates, mode=mode, gpu="H100")
         assert shared == [True] * len(candidates)
-        monkeypatch.setattr(gpurec.ops, "extract_operations",
+        monkeypatch.setattr(ex, "extract_at_resolved_precision",
                             lambda *a, **k: real(*a, **{**k, "shared_records": False}))
         small_predictor.clear_cache()
         slow = small_predictor.predict_many(candidates, mode=mode, gpu="H100")

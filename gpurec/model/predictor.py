@@ -531,7 +531,7 @@ class Predictor:
         if hit is not None:
             self._cache.move_to_end(key)
             return hit, shape
-        from gpurec.ops import extract_operations
+        from gpurec.ops.extract import extract_at_resolved_precision as extract_operations  # resolved above
 
         if self._sessions is not None and not self._sessions[1]:  # predict_many's first extraction
             from gpurec.ops.extract import tracing_session

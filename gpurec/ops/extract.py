@@ -1136,6 +1136,19 @@ def extract_operations(
         raise
     except ValueError as exc:
         raise ExtractionError(str(exc)) from None
+    return extract_at_resolved_precision(model, input_shape, mode, dtype, keep_sources, example_inputs, precision,
+                                         shared_records)
+
+
+def extract_at_resolved_precision(model: str | nn.Module, input_shape: Sequence[int] | None = None,
+                                  mode: str = "inference", dtype: torch.dtype = torch.float32,
+                                  keep_sources: bool = True, example_inputs: Any = None,
+                                  precision: str = DEFAULT_PRECISION, shared_records: bool = False) -> list[Operation]:
+    """extract_operations for a ``precision`` that ``gpurec.ops.precision.resolve_precision(model, ...)``
+    returned already (predict resolves it first): resolving it again walks every parameter of
+    the module a second time per fresh candidate.  Anything else: use extract_operations."""
+    if mode not in MODES:
+        raise ExtractionError(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
     with _EXTRACTION_LOCK:
         return _extract_operations(model, input_shape, mode, dtype, keep_sources, example_inputs, precision,
                                    shared_records and not keep_sources)
