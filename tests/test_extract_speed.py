@@ -543,7 +543,7 @@ def test_shared_records_are_the_records_of_the_long_way(make, shape, mode: str) 
         assert np.array_equal(a.values, b.values) and a.signatures == b.signatures and a.names == b.names
     from gpurec.ops.extract import _RECORD_MEMO
 
-    assert any(template.kind == "Conv2d" for template, _ in _RECORD_MEMO.values())
+    assert any(template.kind == "Conv2d" for template, *_ in _RECORD_MEMO.values())
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -553,7 +553,6 @@ def test_predictions_with_shared_records_are_those_of_the_long_way(small_predict
     what extraction recording every call gives."""
     import warnings
 
-    import gpurec.ops
     import gpurec.ops.extract as ex
 
     frozen = random_mobilenet(6)
@@ -561,19 +560,19 @@ def test_predictions_with_shared_records_are_those_of_the_long_way(small_predict
     candidates = [(random_mobilenet(6), (2, 3, 64, 64)), (frozen, (2, 3, 64, 64)), (_Wired(), (2, 8, 6, 6)),
                   (random_mobilenet(8), (2, 3, 64, 64))]
     shared: list[bool] = []
-    real = ex.extract_operations
+    real = ex.extract_at_resolved_precision  # what predict extracts with (the precision resolved first)
 
     def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         shared.append(kwargs.get("shared_records", False))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(gpurec.ops, "extract_operations", spy)
+    monkeypatch.setattr(ex, "extract_at_resolved_precision", spy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # coverage warnings of the small fixture model
         small_predictor.clear_cache()
         fast = small_predictor.predict_many(candidates, mode=mode, gpu="H100")
         assert shared == [True] * len(candidates)
-        monkeypatch.setattr(gpurec.ops, "extract_operations",
+        monkeypatch.setattr(ex, "extract_at_resolved_precision",
                             lambda *a, **k: real(*a, **{**k, "shared_records": False}))
         small_predictor.clear_cache()
         slow = small_predictor.predict_many(candidates, mode=mode, gpu="H100")
@@ -620,3 +619,64 @@ def test_coverage_by_kind_is_the_per_operation_rule() -> None:
     assert entry.covered.tolist() == expected_covered
     assert entry.reason.tolist() == expected_reason
     assert 0 < sum(expected_covered) < len(ops) and any("," in r for r in expected_reason)
+
+
+def _module_layout(m: nn.Module) -> tuple:
+    """Everything extraction reads of a built module: its tree, settings, tensors' shapes and flags."""
+    return (repr(m), [(n, type(s).__qualname__, s.training) for n, s in m.named_modules()],
+            [(n, tuple(p.shape), p.dtype, p.requires_grad, type(p), p.device.type) for n, p in m.named_parameters()],
+            [(n, tuple(b.shape), b.dtype, type(b), b.device.type) for n, b in m.named_buffers()])
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v3_small", "efficientnet_b0", "vit_b_16", "squeezenet1_1"])
+def test_meta_build_without_initialisation_is_the_initialised_build(name: str) -> None:
+    import torchvision.models as tvm
+
+    from gpurec.ops.extract import _fresh_meta
+
+    with torch.device("meta"):
+        initialised = tvm.get_model(name, weights=None)
+    assert _module_layout(_fresh_meta(name)) == _module_layout(initialised)
+
+
+def test_meta_build_skips_initialisation_of_meta_tensors_only() -> None:
+    from gpurec.ops.extract import _building_on_meta
+
+    calls: list[tuple[str, str]] = []
+    watched = {torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.fill_, nn.init.normal_, nn.init.uniform_,
+               nn.init.kaiming_uniform_, nn.init.constant_}
+
+    class Spy(torch.overrides.TorchFunctionMode):  # below the skipping mode: sees what it lets through
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            kwargs = kwargs or {}
+            if func in watched:
+                calls.append((func.__name__, (args[0] if args else kwargs["tensor"]).device.type))
+            return func(*args, **kwargs)
+
+    cpu = torch.zeros(3)
+    with Spy(), _building_on_meta():
+        lin = nn.Linear(4, 5)  # kaiming_uniform_ and uniform_ on meta: skipped
+        w = torch.empty(2, 2)
+        assert nn.init.normal_(w) is w and w.is_meta  # the tensor, as the in-place call returns it
+        assert nn.init.constant_(tensor=w, val=1.0) is w  # by keyword, as nn.init passes it on
+        cpu.fill_(2.0)  # a real tensor is filled
+        torch.nn.init.normal_(torch.empty(2, device="cpu"))
+    assert lin.weight.is_meta and tuple(lin.weight.shape) == (5, 4) and lin.weight.requires_grad
+    assert cpu.tolist() == [2.0, 2.0, 2.0]
+    assert calls == [("fill_", "cpu"), ("normal_", "cpu")]  # only the CPU tensors' calls ran
+
+
+def test_structure_key_memo_keys_on_private_attributes_that_extra_repr_reads() -> None:
+    from gpurec.model.predictor import structure_key
+
+    class Scaled(nn.Module):
+        def __init__(self, k: int) -> None:
+            super().__init__()
+            self._k = k
+
+        def extra_repr(self) -> str:
+            return f"k={self._k}"
+
+    Scaled.__module__ = "torch.nn.modules.testing"  # remembered as torch.nn's own leaves are
+    assert structure_key(Scaled(2)) == structure_key(Scaled(2))
+    assert structure_key(Scaled(2)) != structure_key(Scaled(3))

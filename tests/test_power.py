@@ -269,3 +269,34 @@ def test_per_kind_errors_at_a_precision_reads_that_precision_s_rows_only(shipped
     assert sum(r["n_ops"] for r in low.values()) == len(frames[0])
     fp32 = {r["kind"]: r for r in per_kind_errors(shipped, tmp_path, archs=["resnet18"])}
     assert fp32["conv (dense)"]["share_of_error"] == pytest.approx(1.0) and "autocast cast" not in fp32
+
+
+def test_power_correction_leaves_recurrent_layers_power_as_predicted() -> None:
+    """A 'scale' learnt on other networks must not cut a recurrent layer's dynamic power: the
+    correction acts on the rest of the network; model files fitted before keep their form."""
+    from gpurec.model.network import POWER_CLASSES, Correction, aggregate, apply_power, fit_power
+
+    rng = np.random.default_rng(4)
+    n_nets, per = 40, 20
+    t = rng.uniform(0.01, 2.0, n_nets * per)
+    w = rng.uniform(150, 600, n_nets * per)
+    rec = POWER_CLASSES.index("recurrent")
+    classes = rng.integers(0, len(POWER_CLASSES) - 1, n_nets * per)
+    classes[: 10 * per] = np.where(rng.random(10 * per) < 0.7, rec, classes[: 10 * per])  # 10 RNN networks
+    offsets = np.arange(0, n_nets * per + 1, per)
+    idle = 120.0
+    sums = aggregate(t, w, offsets, 0.02, power_classes=classes, idle_w=idle, limit_w=700.0)
+    rec_w = sums.dyn_energy_mj[:, rec] / sums.sum_time_ms
+    assert (rec_w[:10] > 50).all() and (rec_w[10:] == 0).all()
+    true_w = 0.7 * (sums.power_ops_w - rec_w) + rec_w
+    coef = fit_power(sums, true_w, "scale", ridge=1e-8, hold_recurrent=True)
+    assert coef["scale"] == pytest.approx(0.7, abs=1e-3)
+    held = apply_power(sums, coef, hold_recurrent=True)
+    assert held == pytest.approx(true_w, rel=1e-4)
+    assert (apply_power(sums, coef)[:10] < held[:10] - 0.25 * rec_w[:10]).all()  # the old form cuts it
+    c = Correction("none", "scale", {"*|inference": {}}, {"*|inference": coef}, {}, hold_recurrent=True)
+    assert c.apply(sums, "H100", "inference")[1] == pytest.approx(true_w, rel=1e-4)
+    assert Correction.from_dict(c.as_dict()).hold_recurrent
+    old = c.as_dict()
+    del old["hold_recurrent"]
+    assert not Correction.from_dict(old).hold_recurrent

@@ -303,20 +303,25 @@ def _module_text(m: nn.Module, t: type, skip: frozenset[str]) -> str:
     repr, attributes, parameter and buffer shapes.  Remembered for a torch.nn module without children whose attributes are all plain scalars or tuples and lists of them:
     a fresh candidate's convolutions and norms repeat ones seen before (the text is a function of
     exactly those, which the memo key holds), and building it was most of structure_key."""
-    from torch import nn
-
     d = m.__dict__
-    fast = t.__module__.startswith("torch.nn.") and t.__repr__ is nn.Module.__repr__ and not m._modules
-    if fast:
-        values = [d[k] for k in d if k not in skip]  # private ones too: the key may be finer than the text
+    fast = _TORCH_NN_PLAIN_REPR.get(t)
+    if fast is None:
+        fast = _TORCH_NN_PLAIN_REPR[t] = _is_torch_nn_with_plain_repr(t)
+    if fast and not m._modules:
+        names = tuple(d)
+        layout = (t, names)
+        kept = _NON_BOOKKEEPING.get(layout)
+        if kept is None:
+            if len(_NON_BOOKKEEPING) >= _MODULE_TEXT_MEMO_SIZE:
+                _NON_BOOKKEEPING.clear()
+            kept = _NON_BOOKKEEPING[layout] = tuple(k for k in names if k not in skip)
+        values = [d[k] for k in kept]  # private ones too: the key may be finer than the text
         for v in values:
             vt = type(v)
             if vt not in _SIMPLE_TYPES and not ((vt is tuple or vt is list) and all(type(x) in _SIMPLE_TYPES for x in v)):
-                fast = False
-                break
-    if fast:
+                return _module_text_computed(m, t, skip)
         # repr tells 1, True and 1.0 apart (== does not); the count splits parameters from buffers
-        key = (t, tuple(d), repr(values),
+        key = (t, names, repr(values),
                tuple([(k, None) if v is None else (k, tuple(v.shape), v.dtype, v.requires_grad)
                       for store in (m._parameters, m._buffers) for k, v in store.items()]),
                len(m._parameters))
@@ -329,6 +334,17 @@ def _module_text(m: nn.Module, t: type, skip: frozenset[str]) -> str:
     return _module_text_computed(m, t, skip)
 
 
+def _is_torch_nn_with_plain_repr(t: type) -> bool:
+    """A torch.nn class that keeps nn.Module's repr (its text is a function of its attributes)."""
+    from torch import nn
+
+    return t.__module__.startswith("torch.nn.") and t.__repr__ is nn.Module.__repr__
+
+
+# per class: _is_torch_nn_with_plain_repr (classes are few); per (class, attribute names): the
+# names that are not nn.Module's bookkeeping, in __dict__ order (bounded like the memo)
+_TORCH_NN_PLAIN_REPR: dict[type, bool] = {}
+_NON_BOOKKEEPING: dict[tuple[type, tuple[str, ...]], tuple[str, ...]] = {}
 # _module_text's memo (bounded: cleared when full)
 _MODULE_TEXT_MEMO: dict[tuple[Any, ...], str] = {}
 _MODULE_TEXT_MEMO_SIZE = 8192
@@ -515,7 +531,7 @@ class Predictor:
         if hit is not None:
             self._cache.move_to_end(key)
             return hit, shape
-        from gpurec.ops import extract_operations
+        from gpurec.ops.extract import extract_at_resolved_precision as extract_operations  # resolved above
 
         if self._sessions is not None and not self._sessions[1]:  # predict_many's first extraction
             from gpurec.ops.extract import tracing_session

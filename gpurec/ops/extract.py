@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -350,26 +351,81 @@ _DECOMPOSITIONS: dict[type, Any] = {
 _RECURRENT: tuple[type[nn.Module], ...] = (nn.LSTM, nn.GRU, nn.RNN)
 
 
-@functools.lru_cache(maxsize=64)
-def _build_torchvision_meta(name: str) -> nn.Module:
+class _SkipMetaInit(TorchFunctionMode):
+    """Weight initialisation (``nn.init`` and the in-place random and fill methods it calls) is
+    skipped on meta tensors: they hold no values, so it changes nothing but took about 40% of
+    building a torchvision model on meta (their meta kernels run as Python references).  The
+    tensor is returned as the in-place call would return it; any other call runs as it is."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if func in _META_INIT_SKIPPED:
+            # nn.init's own functions pass the tensor by keyword (handle_torch_function)
+            tensor = args[0] if args else kwargs.get("tensor")
+            if type(tensor) in (torch.Tensor, nn.Parameter) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+@functools.cache
+def _meta_init_functions() -> frozenset[Any]:
+    names = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+             "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
+    methods = ("normal_", "uniform_", "fill_", "zero_", "random_", "exponential_", "log_normal_", "cauchy_",
+               "geometric_", "bernoulli_")
+    return frozenset([getattr(nn.init, n) for n in names if hasattr(nn.init, n)]
+                     + [getattr(torch.Tensor, n) for n in methods if hasattr(torch.Tensor, n)])
+
+
+@contextlib.contextmanager
+def _building_on_meta() -> Any:
+    """Modules built inside are on meta, without weight initialisation (_SkipMetaInit)."""
+    global _META_INIT_SKIPPED
+    _META_INIT_SKIPPED = _meta_init_functions()
+    with torch.device("meta"), _SkipMetaInit():
+        yield
+
+
+_META_INIT_SKIPPED: frozenset[Any] = frozenset()
+# torchvision names that cannot be built on meta (built on CPU, then moved): see _build_meta
+_CPU_BUILT: set[str] = set()
+
+
+def _build_meta(name: str) -> nn.Module:
+    """A new meta instance of a torchvision (or gpurec.synthsets) model, not cached."""
     from gpurec.synthsets import SYNTH_BUILDERS, build_synthetic
 
     if name in SYNTH_BUILDERS:  # the hand-written architectures of gpurec.sets (SYNTH/SWEEP_ARCHS)
-        with torch.device("meta"):
+        with _building_on_meta():
             return build_synthetic(name)
     import torchvision.models as tvm
 
     kwargs: dict[str, Any] = {"weights": None}
     if name in ("googlenet", "inception_v3"):
         kwargs["init_weights"] = False
-    try:
-        with torch.device("meta"):
-            model = tvm.get_model(name, **kwargs)
-    except Exception:
-        # RegNets (and anything else that initialises with data-dependent ops) cannot be
-        # built under the meta device: build on CPU, then move.
-        model = tvm.get_model(name, **kwargs).to("meta")
-    return model
+    if name not in _CPU_BUILT:
+        try:
+            with _building_on_meta():
+                return tvm.get_model(name, **kwargs)
+        except Exception:
+            _CPU_BUILT.add(name)
+    # RegNets (and anything else that initialises with data-dependent ops) cannot be
+    # built under the meta device: build on CPU, then move.
+    return tvm.get_model(name, **kwargs).to("meta")
+
+
+@functools.lru_cache(maxsize=64)
+def _build_torchvision_meta(name: str) -> nn.Module:
+    """The meta model of ``name``, built once (copy it before changing it)."""
+    return _build_meta(name)
+
+
+def _fresh_meta(name: str) -> nn.Module:
+    """A meta model of ``name`` of one's own: built anew where it builds on meta (cheaper than a
+    deep copy of the cached one, with initialisation skipped), else a copy of the cached one."""
+    if name in _CPU_BUILT:
+        return copy.deepcopy(_build_torchvision_meta(name))
+    return _build_meta(name)
 
 
 def resolve_model(model: str | nn.Module) -> tuple[str, nn.Module]:
@@ -387,9 +443,9 @@ def resolve_model(model: str | nn.Module) -> tuple[str, nn.Module]:
     if is_sequence_arch(name):
         from gpurec import seqmodels
 
-        with torch.device("meta"):
+        with _building_on_meta():
             return name, seqmodels.build(name)
-    return name, copy.deepcopy(_build_torchvision_meta(name))
+    return name, _fresh_meta(name)
 
 
 def _meta_like(t: torch.Tensor) -> torch.Tensor:
@@ -501,11 +557,11 @@ def _trace_torchvision(name: str, training: bool) -> _Traced:
     if is_sequence_arch(name):
         from gpurec import seqmodels
 
-        with torch.device("meta"):
+        with _building_on_meta():
             root = seqmodels.build(name)
         root.train(training)
         return _trace(root)
-    root = copy.deepcopy(_build_torchvision_meta(name))
+    root = _fresh_meta(name)
     root.train(training)
     return _trace(root)
 
@@ -1080,6 +1136,19 @@ def extract_operations(
         raise
     except ValueError as exc:
         raise ExtractionError(str(exc)) from None
+    return extract_at_resolved_precision(model, input_shape, mode, dtype, keep_sources, example_inputs, precision,
+                                         shared_records)
+
+
+def extract_at_resolved_precision(model: str | nn.Module, input_shape: Sequence[int] | None = None,
+                                  mode: str = "inference", dtype: torch.dtype = torch.float32,
+                                  keep_sources: bool = True, example_inputs: Any = None,
+                                  precision: str = DEFAULT_PRECISION, shared_records: bool = False) -> list[Operation]:
+    """extract_operations for a ``precision`` that ``gpurec.ops.precision.resolve_precision(model, ...)``
+    returned already (predict resolves it first): resolving it again walks every parameter of
+    the module a second time per fresh candidate.  Anything else: use extract_operations."""
+    if mode not in MODES:
+        raise ExtractionError(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
     with _EXTRACTION_LOCK:
         return _extract_operations(model, input_shape, mode, dtype, keep_sources, example_inputs, precision,
                                    shared_records and not keep_sources)
@@ -1207,6 +1276,11 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             return {}
         return _map_nodes(a, lambda n: env[n.name])
 
+    def in_grad(node: torch.fx.Node) -> bool:
+        """Does any input of the node require grad (what a no-op or view passes on)?  Asked only
+        where needed: most calls are recorded, or copied from a record, without it."""
+        return any(grad.get(n.name, False) for n in node.all_input_nodes)
+
     def is_view_or_bookkeeping(node: torch.fx.Node, args: Any) -> bool:
         if node.op == "call_function" and node.target in _DROP_FUNCTIONS:
             return True
@@ -1243,11 +1317,9 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
                 _switch_autocast(node, precise, autocast_stack)
             continue
         args, kwargs = load(node.args), load(node.kwargs)
-        in_nodes = [n for n in node.all_input_nodes]
-        in_grad = any(grad.get(n.name, False) for n in in_nodes)
-        if is_view_or_bookkeeping(node, args):
+        if node.op != "call_module" and is_view_or_bookkeeping(node, args):
             env[node.name] = _run_node(modules, node, args, kwargs)
-            grad[node.name] = in_grad
+            grad[node.name] = in_grad(node)
             continue
         # Settings of a leaf module: computed once, used by the memo key and the record.
         named_params = _named_params(modules[node.target]) if node.op == "call_module" else []
@@ -1261,9 +1333,11 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             recorded = _RECORD_MEMO.get(record_key) if record_key is not None else None
             if recorded is not None:  # the same call recorded before: its operation, at this node
                 _RECORD_MEMO.move_to_end(record_key)
-                template, grad_out = recorded
-                env[node.name] = _run_counted(modules, node, args, kwargs, counter, training, settings,
-                                              key=leaf_key)[0]
+                template, grad_out, leaf = recorded
+                # the output from the leaf result kept with the record (a second memo look-up saved)
+                env[node.name] = (_made_output(leaf) if leaf is not None else
+                                  _run_counted(modules, node, args, kwargs, counter, training, settings,
+                                               key=leaf_key)[0])
                 grad[node.name] = grad_out
                 op = Operation.__new__(Operation)  # copy.copy of the dataclass, without its reduce protocol
                 op.__dict__.update(template.__dict__)
@@ -1281,14 +1355,14 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         if node.op == "call_module":
             mod = modules[node.target]
             if isinstance(mod, nn.Identity) or (not training and isinstance(mod, no_ops)):
-                grad[node.name] = in_grad  # no-ops: Identity always, dropout-likes in eval
+                grad[node.name] = in_grad(node)  # no-ops: Identity always, dropout-likes in eval
                 continue
             mod_params = [p for _, p in named_params]
             has_params = any(p.requires_grad for p in mod_params)
             kind = type(mod).__name__
         else:
             if node.op == "call_function" and _is_disabled_dropout(node.target, args, kwargs):
-                grad[node.name] = in_grad  # returns its input: no kernel
+                grad[node.name] = in_grad(node)  # returns its input: no kernel
                 continue
             kind = _function_kind(node)
         # Split the arguments into activation inputs, parameters and constants.
@@ -1302,7 +1376,7 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         has_params = has_params or split.has_params
         out_tensors = [t for t in _leaves(out) if _is_tensor(t)]
         if not out_tensors:
-            grad[node.name] = in_grad
+            grad[node.name] = in_grad(node)
             continue
         requires_grad = [bool(training and grad.get(n, False)) for n in act_nodes]
         # Only floating-point outputs carry gradients (a bool mask made from a float tensor does not).
@@ -1368,7 +1442,7 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             ops.extend(_apply_precision(op, precise, counter, split, modules[node.target] if node.op == "call_module"
                                         else None, out_tensors, explicit, keep_sources))
         if record_key is not None:
-            _remember_record(record_key, op, grad[node.name])
+            _remember_record(record_key, op, grad[node.name], _LEAF_MEMO.get(leaf_key))
         ops.append(op)
     return ops, None
 
@@ -1376,7 +1450,7 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
 # Operations of leaf module calls, by everything their record depends on (_record_key): a
 # repeated call (the same convolution, norm or activation on the same shape, in one network
 # or across NAS candidates) is copied from here, its signature and feature row with it.
-_RECORD_MEMO: collections.OrderedDict[Any, tuple[Operation, bool]] = collections.OrderedDict()
+_RECORD_MEMO: collections.OrderedDict[Any, tuple[Operation, bool, Any]] = collections.OrderedDict()
 _RECORD_MEMO_SIZE = 8192
 
 
@@ -1411,8 +1485,10 @@ def _record_key(leaf_key: Any, node: torch.fx.Node, env: dict[str, Any], grad: d
     return (leaf_key, dtype_name, trains, tuple(wiring)), act_names
 
 
-def _remember_record(key: Any, op: Operation, grad_out: bool) -> None:
-    """Keep a copy of ``op`` (its signature and feature row computed) for later calls of ``key``."""
+def _remember_record(key: Any, op: Operation, grad_out: bool, leaf: Any) -> None:
+    """Keep a copy of ``op`` (its signature and feature row computed) for later calls of ``key``,
+    with whether its output requires grad and its _LEAF_MEMO entry (None: the call's output is
+    not remembered, so a later call runs it again)."""
     from gpurec.ops.features import operation_feature_row
 
     template = copy.copy(op)
@@ -1421,7 +1497,7 @@ def _remember_record(key: Any, op: Operation, grad_out: bool) -> None:
     template.model = ""
     _ = template.signature  # cached on the instance, so every copy carries it
     template.__dict__["_feature_row"] = tuple(operation_feature_row(template))
-    _RECORD_MEMO[key] = (template, grad_out)
+    _RECORD_MEMO[key] = (template, grad_out, leaf)
     if len(_RECORD_MEMO) > _RECORD_MEMO_SIZE:
         _RECORD_MEMO.popitem(last=False)
 
@@ -1711,10 +1787,7 @@ def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, 
     hit = _LEAF_MEMO.get(key) if key is not None else None
     if hit is not None:
         _LEAF_MEMO.move_to_end(key)
-        spec, leaves, flops, aliased = hit
-        made = [torch.empty_strided(v[0], v[1], dtype=v[2], device="meta") if isinstance(v, tuple) else v
-                for v in leaves]
-        return (made[0] if spec is None else tree_unflatten(made, spec)), flops, aliased
+        return _made_output(hit), hit[2], hit[3]
     if key is not None:
         mod = modules[node.target]
         known = (_analytic_recurrent(mod, args, kwargs) if isinstance(mod, _RECURRENT)
@@ -1742,6 +1815,14 @@ def _run_counted(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, 
             if len(_LEAF_MEMO) > _LEAF_MEMO_SIZE:
                 _LEAF_MEMO.popitem(last=False)
     return out, flops, aliased
+
+
+def _made_output(hit: tuple[Any, list[Any], int, bool]) -> Any:
+    """The output of a remembered leaf call (a _LEAF_MEMO entry), as new meta tensors."""
+    spec, leaves = hit[0], hit[1]
+    made = [torch.empty_strided(v[0], v[1], dtype=v[2], device="meta") if isinstance(v, tuple) else v
+            for v in leaves]
+    return made[0] if spec is None else tree_unflatten(made, spec)
 
 
 def _aliases_input(out: Any, args: Any, kwargs: Any) -> bool:
