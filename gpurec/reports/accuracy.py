@@ -1184,8 +1184,9 @@ def precision_section(prec: dict[str, Any] | None) -> list[str]:
          f"estimated at its own precision (`predict(..., precision=...)`). Target on unseen test architectures: "
          f"host-free time ≤ {tgt['time']:g}% and energy ≤ {tgt['energy']:g}% MAPE per mode. The training "
          "architectures' networks are shown for contrast: their operations at this precision are in the "
-         "training data, but no network at a precision other than fp32 enters the network correction, so "
-         "these networks are not fitted on as wholes.", ""]
+         "training data, and they are fitted on as wholes too, by the network correction of their precision "
+         "(its own from 30 networks on, else its sibling's or the fp32 one; see *What each correction term "
+         "buys*). The unseen test architectures' networks never enter any fit.", ""]
     for precision, p in prec["precisions"].items():
         L += [f"### {precision}", ""]
         lines = []
