@@ -5,7 +5,8 @@ seconds.  The extracted operations are cached (pickle, under out/, git-ignored) 
 mode, precision); the terms and the estimate are recomputed from them on every call.  With
 ``refit`` the coefficients are refitted in memory (nothing written) on the training
 architectures' trusted peaks, as ``gpurec tools fit-memory`` would, so a changed analytic part is
-judged with its own fit.  ``gpurec tools memory-eval`` renders it.
+judged with its own fit.  ``gpurec tools memory-eval`` renders it.  The cache is keyed by set only:
+delete it after changing gpurec.ops' extraction (memory rules are recomputed on every call).
 """
 
 from __future__ import annotations
