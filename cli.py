@@ -1169,8 +1169,8 @@ def tools_memory_eval(
     refit: bool = typer.Option(False, "--refit", help="refit the coefficients in memory (nothing written)"),
     arch: str = typer.Option("", "--arch", help="also list every trusted peak of architectures with this prefix"),
 ) -> None:
-    """The peak-memory estimate against the trusted measured peaks, per group (extracted networks
-    cached under out/: minutes the first time, seconds after)."""
+    """The peak-memory estimate against the trusted measured peaks, per group (extracts every
+    measured network: minutes)."""
     from gpurec.model.fitting.memory_eval import TARGET_PCT, evaluate_memory
 
     res = _guard(evaluate_memory, models, data, refit)

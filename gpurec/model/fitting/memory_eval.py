@@ -1,49 +1,43 @@
-"""Peak-memory estimate against the measured trusted peaks, per group, in seconds after the first run.
+"""Peak-memory estimate against the measured trusted peaks, per group.
 
 Why: extracting every measured network takes minutes; iterating on gpurec.ops.memory needs
-seconds.  The extracted operations are cached (pickle, under out/, git-ignored) per (set key,
-mode, precision); the terms and the estimate are recomputed from them on every call.  With
-``refit`` the coefficients are refitted in memory (nothing written) on the training
-architectures' trusted peaks, as ``gpurec tools fit-memory`` would, so a changed analytic part is
-judged with its own fit.  ``gpurec tools memory-eval`` renders it.  The cache is keyed by set only:
-delete it after changing gpurec.ops' extraction (memory rules are recomputed on every call).
+seconds.  The extracted operations are kept in this process per (set key, mode, precision)
+(``_OPERATIONS``; no file: the package loads no pickles), so a Python session that calls
+``evaluate_memory`` again after editing the memory rules and reloading gpurec.ops.memory gets the
+answer in seconds.  With ``refit`` the coefficients are refitted in memory (nothing written) on
+the training architectures' trusted peaks, as ``gpurec tools fit-memory`` would, so a changed
+analytic part is judged with its own fit.  ``gpurec tools memory-eval`` renders it (one run,
+minutes).
 """
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-DEFAULT_CACHE = Path("out/memory_eval_ops.pkl")
 TARGET_PCT = 15.0
+_OPERATIONS: dict[tuple[str, str, str], Any] = {}
 
 
-def cached_operations(table: Any, cache_path: Path = DEFAULT_CACHE,
-                      progress: Callable[[int, int], None] | None = None) -> dict[tuple[str, str, str], Any]:
-    """The extracted operations of every (set key, mode, precision) of ``table``, from the
-    cache where present; extracts the rest and rewrites the cache atomically."""
+def cached_operations(table: Any, progress: Callable[[int, int], None] | None = None
+                      ) -> dict[tuple[str, str, str], Any]:
+    """The extracted operations of every (set key, mode, precision) of ``table``, kept in this
+    process (extraction changes need a new process)."""
     from gpurec.ops import extract_operations
     from gpurec.sets import parse_set_key
 
-    cache = pickle.loads(cache_path.read_bytes()) if cache_path.exists() else {}
-    missing = sorted({(r.set_key, r.mode, r.precision) for r in table.itertuples(index=False)} - set(cache))
+    missing = sorted({(r.set_key, r.mode, r.precision) for r in table.itertuples(index=False)} - set(_OPERATIONS))
     for n, key in enumerate(missing):
         s = parse_set_key(key[0])
-        cache[key] = extract_operations(s.arch, s.input_shape, mode=key[1], keep_sources=False, precision=key[2])
+        _OPERATIONS[key] = extract_operations(s.arch, s.input_shape, mode=key[1], keep_sources=False,
+                                              precision=key[2])
         if progress is not None:
             progress(n + 1, len(missing))
-    if missing:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_path.with_suffix(".tmp")
-        tmp.write_bytes(pickle.dumps(cache))
-        tmp.replace(cache_path)
-    return cache
+    return _OPERATIONS
 
 
 def evaluate_memory(models_dir: Path | str = "models", data_root: Path | str | None = None, refit: bool = False,
-                    cache_path: Path = DEFAULT_CACHE,
                     progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Every trusted peak's estimate (``rows``: set key, mode, precision, split, family, measured
     and estimated bytes, error in %, the terms) and per (split, family, mode, precision) the count
@@ -54,7 +48,7 @@ def evaluate_memory(models_dir: Path | str = "models", data_root: Path | str | N
 
     table = peak_table(data_root)
     table = table[table["leftover_suspect"] == ""].reset_index(drop=True)
-    ops = cached_operations(table, cache_path, progress)
+    ops = cached_operations(table, progress)
     terms = [memory_terms(ops[(r.set_key, r.mode, r.precision)], r.mode) for r in table.itertuples(index=False)]
     fit = fit_memory(table, terms) if refit else load_memory_fit(models_dir)
     if fit is None:
