@@ -350,6 +350,50 @@ def test_h200_eager_rows_take_the_h100_gpu_share() -> None:
     assert h200_gpu_time_ms(pairs).tolist() == pytest.approx([0.9, 2.0, 3.0])
 
 
+def test_network_pairs_are_host_free_where_both_are_and_gpu_bound_eager_otherwise(monkeypatch) -> None:
+    import gpurec.dataset as dataset
+    from gpurec.model.fitting.crossgpu_fit import H100, H200, _gpu_bound_pairs
+
+    def row(gpu: str, key: str, time_ms: float, energy_mj: float, host_ms: float = 0.5,
+            gpu_time_ms: float = float("nan"), gpu_energy_mj: float = float("nan"), captured: bool = False) -> dict:
+        return {"gpu": gpu, "set_key": key, "mode": "training", "precision": "fp32", "time_ms": time_ms,
+                "energy_mj": energy_mj, "host_ms": host_ms, "gpu_time_ms": gpu_time_ms,
+                "gpu_energy_mj": gpu_energy_mj, "captured": captured}
+
+    nets = pd.DataFrame([
+        # host-free on both: the GPU times and energies, although the eager H200 step is host-bound
+        row(H100, "a:b8:r224", 10.0, 100.0, 9.0, 5.0, 60.0, True), row(H200, "a:b8:r224", 10.0, 90.0, 9.0, 4.5, 57.0, True),
+        # eager on the H200, GPU-bound on both: eager over eager
+        row(H100, "b:b8:r224", 10.0, 100.0, 1.0, 9.5, 95.0, True), row(H200, "b:b8:r224", 9.0, 95.0),
+        # eager on the H200 but host-bound there: no evidence of the GPUs' difference
+        row(H100, "c:b8:r224", 10.0, 100.0, 9.0, 9.5, 95.0, True), row(H200, "c:b8:r224", 9.0, 95.0),
+        # the H200 row has a GPU time but was not captured: judged as eager (GPU-bound here)
+        row(H100, "d:b8:r224", 10.0, 100.0, 1.0, 9.5, 95.0, True), row(H200, "d:b8:r224", 9.0, 95.0, 1.0, 4.0, 40.0),
+        # another precision never pairs
+        {**row(H100, "e:b8:r224", 10.0, 100.0, 1.0, 9.5, 95.0, True), "precision": "bf16-mixed"},
+        {**row(H200, "e:b8:r224", 9.0, 95.0, 1.0, 8.0, 80.0, True), "precision": "bf16-mixed"}])
+    monkeypatch.setattr(dataset, "load_dataset", lambda root=None, table="operations", **kw: nets)
+    m = _gpu_bound_pairs(None).set_index("set_key")
+    assert sorted(m.index) == ["a:b8:r224", "b:b8:r224", "d:b8:r224"]
+    assert m.loc["a:b8:r224", "basis"] == "host_free"
+    assert m.loc["a:b8:r224", "h200_ms"] / m.loc["a:b8:r224", "h100_ms"] == pytest.approx(0.9)
+    assert m.loc["a:b8:r224", "h200_energy"] / m.loc["a:b8:r224", "h100_energy"] == pytest.approx(0.95)
+    assert (m.loc["b:b8:r224", "basis"], m.loc["d:b8:r224", "basis"]) == ("eager", "eager")
+    assert m.loc["d:b8:r224", "h200_ms"] / m.loc["d:b8:r224", "h100_ms"] == pytest.approx(0.9)
+    assert m.loc["b:b8:r224", "h200_energy"] / m.loc["b:b8:r224", "h100_energy"] == pytest.approx(0.95)
+
+
+def test_h200_operation_pairs_take_host_free_and_eager_h200_rows() -> None:
+    from gpurec.model.fitting.crossgpu_fit import _pairs
+
+    f = pd.DataFrame({"op_signature": ["a", "a", "b", "b", "c", "d"],
+                      "mode": ["training"] * 6,
+                      "source": ["h100_host_free", "h200_host_free", "h100_host_free", "h200_eager",
+                                 "h200_host_free", "neusight"]})
+    h200, h100 = _pairs(f)
+    assert sorted(zip(h200.tolist(), h100.tolist(), strict=True)) == [(1, 0), (3, 2)]  # c has no H100 row
+
+
 def test_network_pairs_pull_the_h200_ratio_towards_the_measured_one() -> None:
     pytest.importorskip("torch")
     from gpurec.model.fitting.crossgpu_fit import H100, H200, CrossTable, NetworkPairs, fit
@@ -407,7 +451,7 @@ def test_ratio_section_reports_all_and_held_out_networks_in_time_and_energy() ->
                                net("alexnet:b8:r224", False, 2.0, None)],
              "h200_networks_leave_h200_out": [{"ratio_error_pp": -10.0}]}
     t = crossgpu_tables(cross)
-    everything, held = t["h200_summary"]
+    everything, held = t["h200_summary"]  # no basis (reports of before session 11): no basis rows
     assert (everything["networks"], held["networks"]) == (3, 1)
     assert everything["time_pp"] == pytest.approx(8 / 3) and everything["time_met"]
     assert everything["energy_pp"] == pytest.approx(4.0) and everything["energy_networks"] == 2
@@ -416,6 +460,12 @@ def test_ratio_section_reports_all_and_held_out_networks_in_time_and_energy() ->
     text = "\n".join(crossgpu_section(cross))
     assert "| held-out architectures only | 1 | 5.0 | -5.0 | **not met** | 6.0 | **not met** |" in text
     assert "off by 10.0 pp" in text
+    cross["h200_networks"][0]["basis"] = "host_free"
+    cross["h200_networks"][2]["basis"] = "eager"
+    everything, host_free, eager, held = crossgpu_tables(cross)["h200_summary"]
+    assert (host_free["label"], host_free["networks"], host_free["time_pp"]) == ("host-free on both", 1, 1.0)
+    assert (eager["networks"], eager["time_pp"]) == (2, pytest.approx(3.5))
+    assert "| resnet50:b8:r224 | inference |  | host_free |" in "\n".join(crossgpu_section(cross))
 
 
 def test_energy_noise_floor_counts_only_networks_that_ran_the_same_way(monkeypatch) -> None:

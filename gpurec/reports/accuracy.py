@@ -479,8 +479,12 @@ def crossgpu_tables(cross: dict[str, Any]) -> dict[str, Any]:
     nets = [r for r in cross.get("h200_networks", []) if r.get("pred_ratio") is not None]
     ratio_pp = [abs(r["ratio_error_pp"]) for r in nets]
     summary = []
-    for label, part in (("all GPU-bound networks", nets),
-                        ("held-out architectures only", [r for r in nets if r.get("held_out_arch")])):
+    parts = [("all networks measured on both", nets)]
+    host_free = [r for r in nets if r.get("basis") == "host_free"]
+    if host_free:  # reports from before the H200's host-free rows have no basis column
+        parts += [("host-free on both", host_free), ("eager, GPU-bound on both", [r for r in nets if r not in host_free])]
+    parts += [("held-out architectures only", [r for r in nets if r.get("held_out_arch")])]
+    for label, part in parts:
         time_pp = [abs(r["ratio_error_pp"]) for r in part]
         energy_pp = [abs(r["energy_ratio_error_pp"]) for r in part if r.get("energy_ratio_error_pp") is not None]
         product_pp = [abs(r["product_ratio_error_pp"]) for r in part if r.get("product_ratio_error_pp") is not None]
@@ -593,19 +597,24 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
           "Python call, so the host's dispatch is inside each number. The host floor is **excluded**: per GPU "
           "and operation the smallest latency is taken as the floor, rows below 3× it are host-dominated and "
           "left out, and the floor is subtracted from the rest (`gpurec/dataset/external.py`).",
-          "* **H200 eager rows** count where the GPU dominates: the same operation on the H100 has host-free / "
+          "* **H200 host-free rows** (from session 11): timed as CUDA-graph replays like the H100's; their target "
+          "is the measured GPU time.",
+          "* **H200 eager rows** (2026-11-26, where no host-free row of the operation exists) count where the GPU "
+          "dominates: the same operation on the H100 has host-free / "
           f"eager ≥ {info.get('gpu_dominated_h200', {}).get('h100_host_free_over_eager_min')} and the H200's "
           f"eager time is ≥ {info.get('gpu_dominated_h200', {}).get('h200_eager_over_h100_host_ms_min')}× the "
           "H100 host's issue time (eager back-to-back time is about max(host, GPU)). Their target is the eager "
           "time times the same operation's H100 host-free / eager time: back-to-back eager calls leave gaps "
           "between kernels even where the GPU dominates, and the H200 runs the same kernels.",
           f"* **H200/H100 network pairs**: {info.get('network_pairs', 0)} networks of the training architectures, "
-          "GPU-bound on both (rule below), enter the fit through their measured eager time ratio against the "
+          "host-free on both or GPU-bound on both (rule below), enter the fit through their measured time ratio "
+          "against the "
           "model's summed operation times (left out of the leave-the-H100-out and leave-the-H200-out folds).",
           ""]
     L += ["### Leave one GPU out, per operation kind (target ≤ 10% MAPE)", "",
           "Each GPU's rows predicted by the model fitted without that GPU; rows that are not host-dominated "
-          "(H100: host-free rows; H200: GPU-dominated eager rows). MAPE, with rows in brackets."
+          "(H100: host-free rows; H200: host-free rows, and GPU-dominated eager rows of operations without one). "
+          "MAPE, with rows in brackets."
           + _scored_floor_text(cross), ""]
     head = ["GPU", "all rows", "median APE", *t["groups"], "≤ 10%?"]
     lines = []
@@ -627,8 +636,11 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
              for r in t["public_gpu"]]
     L += table(["GPU", "models", "MAPE", "≤ 8%?"], lines) + [""]
     L += ["### H200 against H100 on collected networks GPU-bound on both (target ≤ 3 pp, time and energy)", "",
-          "Networks (fp32) whose H100 host-free / eager time ≥ 0.9 and whose H200 eager time ≥ 1.25× the H100 "
-          "step's host time. Measured: H200 eager / H100 eager, in time and in energy. Predicted time ratio: the "
+          "Networks (fp32) measured on both GPUs. Basis `host_free`: both timed as CUDA-graph replays (GPU time "
+          "and GPU energy of the step; the host is in neither number), measured ratio H200 / H100 of those. Basis "
+          "`eager` (H200 networks measured eager only): the H100's host-free / eager time ≥ 0.9 and the H200's "
+          "eager time ≥ 1.25× the H100 step's host time, measured ratio H200 eager / H100 eager, in time and "
+          "in energy. Predicted time ratio: the "
           "cross-GPU model's summed operation times, the model fitted with the H200's rows and network pairs of "
           "the training architectures, so networks of the held-out test architectures (`gpurec.sets.TEST_ARCHS`, "
           "marked 'yes') are the honest check. Predicted energy ratio: the predictor's GPU energy on each GPU "
@@ -636,20 +648,21 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
           "its network power is the H100's predicted power over idle on the H200's own idle floor, plus DRAM "
           f"energy per byte × the network's bytes over its shorter time: "
           f"{_energy_per_byte(cross)}). Predicted H200 time: the H100's "
-          "host-free network time × the time ratio, against the H200's eager time (GPU-bound, so about its GPU "
-          "time).", ""]
+          "host-free network time × the time ratio, against the H200's time on the pair's basis (GPU time, or "
+          "eager time of a GPU-bound step, about its GPU time).", ""]
     if t["h200_networks"]:
         def pct(v: Any, fmt: str) -> str:
             return "" if v is None else format(v, fmt)
 
         lines = [f"| {r['set_key']} | {r['mode']} | {'yes' if r.get('held_out_arch') else ''} | "
+                 f"{r.get('basis', 'eager')} | "
                  f"{r['measured_ratio']:.3f} | {r['pred_ratio']:.3f} | {r['ratio_error_pp']:+.1f} | "
                  f"{pct(r.get('measured_energy_ratio'), '.3f')} | {pct(r.get('pred_energy_ratio'), '.3f')} | "
                  f"{pct(r.get('energy_ratio_error_pp'), '+.1f')} | "
-                 f"{r['h200_time_ms']:.2f} | {r['pred_h200_ms']:.2f} | {100 * r['ape']:.1f}% |"
+                 f"{r.get('h200_ms', r['h200_time_ms']):.2f} | {r['pred_h200_ms']:.2f} | {100 * r['ape']:.1f}% |"
                  for r in t["h200_networks"]]
-        L += table(["network", "mode", "held-out arch", "measured ratio", "predicted ratio", "error pp",
-                    "measured energy ratio", "predicted energy ratio", "energy error pp", "H200 eager ms",
+        L += table(["network", "mode", "held-out arch", "basis", "measured ratio", "predicted ratio", "error pp",
+                    "measured energy ratio", "predicted energy ratio", "energy error pp", "H200 ms",
                     "predicted ms", "APE"], lines) + [""]
         lines = [f"| {r['label']} | {r['networks']} | {pct(r['time_pp'], '.1f')} | {pct(r['time_bias_pp'], '+.1f')} | "
                  f"{'met' if r['time_met'] else '**not met**'} | {pct(r['energy_pp'], '.1f')} | "

@@ -6,7 +6,9 @@ Training rows, one table:
   A100-80GB-PCIe; FP32, TF32 off) that are not host-dominated, with the host floor subtracted
   (gpurec.dataset.external explains the floor);
 * ``h100_host_free``: this project's H100 rows timed as CUDA-graph replays (``gpu_time_ms``);
-* ``h200_eager``: the H200's eager rows where the GPU dominates the eager time.  Eager time over
+* ``h200_host_free``: the H200's rows timed as CUDA-graph replays (``gpu_time_ms``, measured from
+  session 11 on), the same method as the H100's;
+* ``h200_eager``: the H200's eager-only rows where the GPU dominates the eager time.  Eager time over
   back-to-back calls is about max(host issue, GPU), so a row counts when, for the same operation
   and mode on the H100, host-free / eager >= ``GPU_DOMINATED_RATIO`` (the GPU was the bottleneck
   there) and the H200's eager time is at least ``GPU_DOMINATED_HOST_FACTOR`` times the H100
@@ -135,6 +137,17 @@ def h200_gpu_time_ms(pairs: Any) -> np.ndarray:
     return (pairs["time_ms"].astype(float) * np.minimum(share, 1.0)).to_numpy()
 
 
+def host_free_mask(rows: Any) -> np.ndarray:
+    """Rows timed as CUDA-graph replays: a positive ``gpu_time_ms`` and ``captured`` true."""
+    import pandas as pd
+
+    t = pd.to_numeric(rows["gpu_time_ms"], errors="coerce").to_numpy(dtype=np.float64) if "gpu_time_ms" in rows \
+        else np.full(len(rows), np.nan)
+    captured = rows["captured"].fillna(False).astype(bool).to_numpy() if "captured" in rows \
+        else np.ones(len(rows), dtype=bool)
+    return (np.nan_to_num(t, nan=0.0) > 0) & captured
+
+
 def _own_rows(data_root: Path | str | None, cache_dir: str | None, log: Callable[[str], None]) -> tuple[Any, OpTable]:
     import pandas as pd
 
@@ -148,8 +161,12 @@ def _own_rows(data_root: Path | str | None, cache_dir: str | None, log: Callable
     h100 = ops[(ops["gpu"] == H100) & (pd.to_numeric(ops["gpu_time_ms"], errors="coerce") > 0)
                & ops.get("captured", pd.Series(True, index=ops.index)).fillna(False).astype(bool)]
     h100 = h100.drop_duplicates(["op_signature", "mode"], keep="last").reset_index(drop=True)
-    h200 = gpu_dominated_h200(h100, ops[ops["gpu"] == H200].drop_duplicates(["op_signature", "mode"], keep="last"))
+    h200_all = ops[ops["gpu"] == H200].drop_duplicates(["op_signature", "mode"], keep="last")
+    hf = host_free_mask(h200_all)
+    h200_hf = h200_all[hf].reset_index(drop=True)
+    h200 = gpu_dominated_h200(h100, h200_all[~hf])
     rows = pd.concat([h100.assign(source="h100_host_free", target_ms=h100["gpu_time_ms"].astype(float)),
+                      h200_hf.assign(source="h200_host_free", target_ms=h200_hf["gpu_time_ms"].astype(float)),
                       h200.assign(source="h200_eager", target_ms=h200_gpu_time_ms(h200))], ignore_index=True)
     t0 = time.perf_counter()
     extractor = SetExtractor(cache_dir)
@@ -196,9 +213,9 @@ def training_rows(table: CrossTable, exclude_gpu: str | None = None, seed: int =
 
 @dataclass
 class NetworkPairs:
-    """Whole networks of the training architectures measured eager on both the H100 and the H200
-    and GPU-bound on both (h200_network_errors' rule): their operations (``ops``, ``net`` = the
-    network each belongs to) and the measured H200/H100 eager time ratio of each network."""
+    """Whole networks of the training architectures measured on both the H100 and the H200, host-free
+    on both or GPU-bound eager on both (_gpu_bound_pairs): their operations (``ops``, ``net`` = the
+    network each belongs to) and the measured H200/H100 time ratio of each network."""
 
     ops: OpTable
     net: np.ndarray  # (n_ops,) network index
@@ -224,7 +241,7 @@ def network_pairs(data_root: Path | str | None = None, cache_dir: str | None = N
             continue
         tables.append(op_table_from_block(block))
         index.append(np.full(len(block), len(ratios)))
-        ratios.append(r.h200_time_ms / r.h100_time_ms)
+        ratios.append(r.h200_ms / r.h100_ms)
         keys.append(f"{r.set_key}|{r.mode}")
     extractor.save()
     if not tables:
@@ -392,7 +409,7 @@ def _pairs(f: Any) -> tuple[np.ndarray, np.ndarray]:
     h100 = {(s, m): i for s, m, i, src in zip(f["op_signature"], f["mode"], pos, f["source"], strict=True)
             if src == "h100_host_free"}
     pairs = [(i, h100[(s, m)]) for s, m, i, src in zip(f["op_signature"], f["mode"], pos, f["source"], strict=True)
-             if src == "h200_eager" and (s, m) in h100]
+             if src in ("h200_eager", "h200_host_free") and (s, m) in h100]
     if not pairs:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     a, b = zip(*pairs, strict=True)
@@ -451,7 +468,8 @@ def fit_and_save(data_root: Path | str | None = None, out_dir: Path | str = "mod
         "gpu_dominated_h200": {"h100_host_free_over_eager_min": GPU_DOMINATED_RATIO,
                                "h200_eager_over_h100_host_ms_min": GPU_DOMINATED_HOST_FACTOR},
         "neusight_cap_per_op": NEUSIGHT_CAP_PER_OP,
-        "h200_target": "H200 eager time x the same operation's H100 host-free / eager time",
+        "h200_target": "H200 host-free GPU time where measured, else (GPU-dominated eager rows) the H200 eager "
+                       "time x the same operation's H100 host-free / eager time",
         "pair_weights": {"operations": PAIR_WEIGHT, "networks": NETWORK_PAIR_WEIGHT}})
     out = Path(out_dir)
     atomic_write_text(out / CROSSGPU_FILE, json.dumps(model.to_dict(), indent=1, sort_keys=True) + "\n")
@@ -459,8 +477,8 @@ def fit_and_save(data_root: Path | str | None = None, out_dir: Path | str = "mod
         f"saved to {out / CROSSGPU_FILE} ({time.perf_counter() - t0:.0f} s)")
     predictor = load_energy_predictor(out, log)
     model.memory_energy_pj_per_byte = fit_memory_energy(model, predictor, data_root, log)
-    model.info["memory_energy"] = ("DRAM pJ/byte fitted on the training architectures' GPU-bound H200/H100 "
-                                   "networks' eager energy ratio (fit_memory_energy)")
+    model.info["memory_energy"] = ("DRAM pJ/byte fitted on the training architectures' H200/H100 network "
+                                   "energy ratios, host-free where both are (fit_memory_energy)")
     model.info["memory_energy_pj_per_byte"] = model.memory_energy_pj_per_byte
     atomic_write_text(out / CROSSGPU_FILE, json.dumps(model.to_dict(), indent=1, sort_keys=True) + "\n")
     if validate:
@@ -606,32 +624,46 @@ def _fp32_rows(frame: Any) -> Any:
 
 
 def _gpu_bound_pairs(data_root: Path | str | None) -> Any:
-    """fp32 networks measured on the H100 and the H200 and GPU-bound on both (h200_network_errors)."""
+    """fp32 networks measured on the H100 and the H200 that tell the GPUs apart, with the time and
+    energy to compare (``h100_ms``/``h200_ms``, ``h100_energy``/``h200_energy`` in mJ) and their
+    ``basis``: ``host_free`` where both were timed as CUDA-graph replays (GPU time and GPU energy
+    on both; the host is out of either number), else ``eager`` where the eager steps are GPU-bound
+    on both: on the H100, host-free / eager >= GPU_DOMINATED_RATIO, and the H200's eager time is >=
+    GPU_DOMINATED_HOST_FACTOR x the H100's single-step host time (as for operation rows)."""
     import pandas as pd
 
     from gpurec.dataset import load_dataset
 
     nets = _fp32_rows(load_dataset(root=data_root, table="networks"))
-    a = nets[nets["gpu"] == H100][["set_key", "mode", "gpu_time_ms", "time_ms", "host_ms", "energy_mj"]].rename(
-        columns={"gpu_time_ms": "h100_gpu_time_ms", "time_ms": "h100_time_ms", "host_ms": "h100_host_ms",
-                 "energy_mj": "h100_energy_mj"})
-    b = nets[nets["gpu"] == H200][["set_key", "mode", "time_ms", "energy_mj"]].rename(
-        columns={"time_ms": "h200_time_ms", "energy_mj": "h200_energy_mj"})
+    cols = ["gpu_time_ms", "time_ms", "host_ms", "energy_mj", "gpu_energy_mj", "captured"]
+    nets = nets.assign(**{c: nets[c] if c in nets else np.nan for c in cols})
+    a = nets[nets["gpu"] == H100][["set_key", "mode", *cols]].rename(columns={c: f"h100_{c}" for c in cols})
+    b = nets[nets["gpu"] == H200][["set_key", "mode", *cols]].rename(columns={c: f"h200_{c}" for c in cols})
     a = a.drop_duplicates(["set_key", "mode"], keep="last")
     b = b.drop_duplicates(["set_key", "mode"], keep="last")
     m = a.merge(b, on=["set_key", "mode"])
-    for c in ("h100_gpu_time_ms", "h100_time_ms", "h100_host_ms", "h200_time_ms", "h100_energy_mj", "h200_energy_mj"):
-        m[c] = pd.to_numeric(m[c], errors="coerce")
-    bound = (m["h100_gpu_time_ms"] / m["h100_time_ms"] >= GPU_DOMINATED_RATIO) \
-        & (m["h200_time_ms"] >= GPU_DOMINATED_HOST_FACTOR * m["h100_host_ms"])
-    m = m[bound.to_numpy()].reset_index(drop=True)
-    return m
+    for g in ("h100", "h200"):
+        for c in cols[:-1]:
+            m[f"{g}_{c}"] = pd.to_numeric(m[f"{g}_{c}"], errors="coerce")
+    host_free = np.ones(len(m), dtype=bool)
+    for g in ("h100", "h200"):
+        host_free &= host_free_mask(m[[f"{g}_gpu_time_ms", f"{g}_captured"]].set_axis(
+            ["gpu_time_ms", "captured"], axis=1)) & (m[f"{g}_gpu_energy_mj"].fillna(0).to_numpy() > 0)
+    bound = ((m["h100_gpu_time_ms"] / m["h100_time_ms"] >= GPU_DOMINATED_RATIO)
+             & (m["h200_time_ms"] >= GPU_DOMINATED_HOST_FACTOR * m["h100_host_ms"])).to_numpy()
+    m = m.assign(basis=np.where(host_free, "host_free", "eager"),
+                 h100_ms=np.where(host_free, m["h100_gpu_time_ms"], m["h100_time_ms"]),
+                 h200_ms=np.where(host_free, m["h200_gpu_time_ms"], m["h200_time_ms"]),
+                 h100_energy=np.where(host_free, m["h100_gpu_energy_mj"], m["h100_energy_mj"]),
+                 h200_energy=np.where(host_free, m["h200_gpu_energy_mj"], m["h200_energy_mj"]))
+    return m[host_free | bound].reset_index(drop=True)
 
 
 def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = None, cache_dir: str | None = None,
                         predictor: Any = None) -> Any:
-    """The collected fp32 networks GPU-bound on both the H100 and the H200, with the H200/H100 time
-    ratio measured (eager over eager) and predicted (the model's op-sum ratio), and the H200's time
+    """The collected fp32 networks measured on the H100 and the H200 (_gpu_bound_pairs: host-free on
+    both, else GPU-bound eager on both), with the H200/H100 time ratio measured (on that ``basis``)
+    and predicted (the model's op-sum ratio), and the H200's time
     predicted as the H100's host-free network time times that ratio (``pred_h200_ms``, what the
     predictor does) and directly as the model's summed operation times (``direct_h200_ms``).
     ``held_out_arch`` marks networks of the held-out test architectures (never trained on).
@@ -640,10 +672,8 @@ def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = Non
     call), also what a user gets: its H200/H100 GPU time ratio (``product_ratio``: the H100's
     per-operation times weighted by the model's per-operation ratios) and GPU energy ratio
     (``pred_energy_ratio``, its power model's power times those times), against the measured
-    eager energy ratio (``measured_energy_ratio``).
-
-    GPU-bound: on the H100, host-free / eager >= GPU_DOMINATED_RATIO; on the H200, eager time >=
-    GPU_DOMINATED_HOST_FACTOR x the H100's single-step host time (as for operation rows)."""
+    energy ratio on the pair's basis (``measured_energy_ratio``).  ``h200_ms`` is the H200 time on
+    that basis (GPU time where host-free, else eager time, about the GPU time when GPU-bound)."""
     from gpurec.model._sets import parse_set, test_arch_names
     from gpurec.model.features import SetExtractor
     from gpurec.model.fitting.evaluate import arch_of
@@ -660,16 +690,16 @@ def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = Non
         ratio[i] = direct[i] / model.predict_ms(ops, H100).sum()
     extractor.save()
     held_out = set(test_arch_names())
-    m = m.assign(pred_ratio=ratio, measured_ratio=m["h200_time_ms"] / m["h100_time_ms"], direct_h200_ms=direct,
-                 measured_energy_ratio=m["h200_energy_mj"] / m["h100_energy_mj"],
+    m = m.assign(pred_ratio=ratio, measured_ratio=m["h200_ms"] / m["h100_ms"], direct_h200_ms=direct,
+                 measured_energy_ratio=m["h200_energy"] / m["h100_energy"],
                  held_out_arch=[arch_of(k) in held_out for k in m["set_key"]])
     m = m.assign(pred_h200_ms=m["h100_gpu_time_ms"] * m["pred_ratio"])
     if predictor is not None:
         m = m.assign(**_product_ratios(predictor, model, m, parse_set))
         m = m.assign(energy_ratio_error_pp=100 * (m["pred_energy_ratio"] - m["measured_energy_ratio"]),
                      product_ratio_error_pp=100 * (m["product_ratio"] - m["measured_ratio"]))
-    return m.assign(ape=np.abs(m["pred_h200_ms"] / m["h200_time_ms"] - 1),
-                    direct_ape=np.abs(m["direct_h200_ms"] / m["h200_time_ms"] - 1),
+    return m.assign(ape=np.abs(m["pred_h200_ms"] / m["h200_ms"] - 1),
+                    direct_ape=np.abs(m["direct_h200_ms"] / m["h200_ms"] - 1),
                     ratio_error_pp=100 * (m["pred_ratio"] - m["measured_ratio"]))
 
 
@@ -701,8 +731,8 @@ MEMORY_ENERGY_MAX_PJ_PER_BYTE = 200.0  # search bound: HBM is a few pJ per bit, 
 
 def fit_memory_energy(model: CrossGPUModel, predictor: Any, data_root: Path | str | None = None,
                       log: Callable[[str], None] = print) -> float | None:
-    """DRAM energy per byte (pJ) that best explains the measured H200/H100 eager energy ratio of the
-    training architectures' GPU-bound networks (squared log error), the H200's power carried from
+    """DRAM energy per byte (pJ) that best explains the measured H200/H100 energy ratio of the training
+    architectures' network pairs (_gpu_bound_pairs; squared log error), the H200's power carried from
     the H100's (gpurec.model.crossgpu.transfer_power_w).  Held-out architectures are left out.
     None when there is no predictor or no such network."""
     from scipy.optimize import minimize_scalar
@@ -716,7 +746,7 @@ def fit_memory_energy(model: CrossGPUModel, predictor: Any, data_root: Path | st
     nets = nets[[arch_of(k) not in set(test_arch_names()) for k in nets["set_key"]]].reset_index(drop=True)
     if nets.empty:
         return None
-    measured = np.log((nets["h200_energy_mj"] / nets["h100_energy_mj"]).to_numpy(dtype=np.float64))
+    measured = np.log((nets["h200_energy"] / nets["h100_energy"]).to_numpy(dtype=np.float64))
     saved_model, saved_energy = predictor.crossgpu, model.memory_energy_pj_per_byte
     predictor.crossgpu = model
     predictor.clear_cache()
@@ -773,9 +803,9 @@ def evaluate(table: CrossTable, data_root: Path | str | None = None, cache_dir: 
         "per_op": per_op, "per_gpu": per_gpu, "scored_min_gpu_ms": SCORED_MIN_GPU_MS,
         "public_models": public.drop(columns=[]).to_dict(orient="records"),
     }
-    cols = ["set_key", "mode", "held_out_arch", "h100_gpu_time_ms", "h100_time_ms", "h200_time_ms", "pred_ratio",
-            "measured_ratio", "pred_h200_ms", "ape", "direct_h200_ms", "direct_ape", "ratio_error_pp",
-            "h100_energy_mj", "h200_energy_mj", "measured_energy_ratio"]
+    cols = ["set_key", "mode", "held_out_arch", "basis", "h100_gpu_time_ms", "h100_time_ms", "h200_time_ms",
+            "h200_ms", "pred_ratio", "measured_ratio", "pred_h200_ms", "ape", "direct_h200_ms", "direct_ape",
+            "ratio_error_pp", "h100_energy_mj", "h200_energy_mj", "measured_energy_ratio"]
     extra = ["product_ratio", "product_ratio_error_pp", "pred_energy_ratio", "energy_ratio_error_pp"]
     if model is not None:
         h200 = h200_network_errors(model, data_root, cache_dir, predictor=predictor)
@@ -787,7 +817,7 @@ def evaluate(table: CrossTable, data_root: Path | str | None = None, cache_dir: 
             "energy": "predictor (its power model) with this cross-GPU model" if predictor is not None else None}
     if H200 in models:
         logo_h200 = h200_network_errors(models[H200], data_root, cache_dir)
-        out["h200_networks_leave_h200_out"] = logo_h200[["set_key", "mode", "held_out_arch", "pred_ratio",
+        out["h200_networks_leave_h200_out"] = logo_h200[["set_key", "mode", "held_out_arch", "basis", "pred_ratio",
                                                          "measured_ratio", "ratio_error_pp"]].to_dict(orient="records")
     return out
 
