@@ -303,3 +303,16 @@ def test_layer_contract_holds() -> None:
     r = subprocess.run([exe], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:]
     assert "broken" in r.stdout and " 0 broken" in r.stdout
+
+
+def test_counters_features_join_the_eager_figures_of_superseded_rows() -> None:
+    import pandas as pd
+
+    from gpurec.tools.counters import eager_figures
+
+    ops = pd.DataFrame({"time_ms": [1.0, 2.0], "energy_mj": [float("nan"), 5.0], "v1_time_ms": [3.0, float("nan")],
+                        "v1_energy_mj": [30.0, float("nan")], "v1_power_w": [10.0, float("nan")]})
+    got = eager_figures(ops)
+    # the host-free row takes its eager predecessor's figures; the eager-only row keeps its own
+    assert got["time_ms"].tolist() == [3.0, 2.0] and got["energy_mj"].tolist() == [30.0, 5.0]
+    assert got["power_w"].iloc[0] == 10.0 and pd.isna(got["power_w"].iloc[1])

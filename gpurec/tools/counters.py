@@ -35,11 +35,27 @@ def build(gpu_dir: Path, calibration: Path | None = None, root: Path | None = No
     ops = pd.read_parquet(ops_path) if ops_path.exists() else None
     if ops is not None and "status" in ops:
         ops = ops[ops["status"] == "ok"]
-    table = op_feature_table(counters, cal, ops)
+    table = op_feature_table(counters, cal, None if ops is None else eager_figures(ops))
     root = (root or Path.cwd()).resolve()
     cal_abs = cal_path.resolve()
     table["calibration_file"] = cal_abs.relative_to(root).as_posix() if cal_abs.is_relative_to(root) else str(cal_path)
     return table
+
+
+EAGER_FIGURES = ("time_ms", "energy_mj", "power_w", "dynamic_energy_mj")
+
+
+def eager_figures(ops: Any) -> Any:
+    """The operations with their eager figures: where a host-free row superseded the eager one
+    (gpurec.dataset.build keeps the latter as ``v1_*``), the eager row's.  The counters were
+    collected beside the eager measurements, and their shares are of eager (per-call) energy.  The
+    eager row's idle power and clock are not kept: those columns are the host-free run's."""
+    ops = ops.copy()
+    for col in EAGER_FIGURES:
+        old = f"v1_{col}"
+        if old in ops:
+            ops[col] = ops[old].where(ops[old].notna(), ops[col] if col in ops else float("nan"))
+    return ops
 
 
 def write(gpu_dir: Path, calibration: Path | None = None, out: Path | None = None,
