@@ -193,3 +193,17 @@ def test_swin_window_attention_keeps_its_scores_inside() -> None:
     grown = memory_terms([*ops[:i], more, *ops[i + 1:]], "training").saved_bytes - base
     assert abs(grown - tokens * heads * window2 * 4) < 512  # in 512-byte blocks
     assert base - memory_terms([*ops[:i], *ops[i + 1:]], "training").saved_bytes >= 4 * op.bytes_written
+
+
+def test_autocast_inference_keeps_the_steps_input_alive_behind_the_weight_casts() -> None:
+    """Under autocast the step opens with the first layer's weight cast, which reads no
+    activation; the fp32 input the caller holds must still count for the whole step."""
+    width, batch = 256, 512
+    net = nn.Sequential(nn.Linear(width, width, bias=False), nn.ReLU(), nn.Linear(width, width, bias=False))
+    ops = extract_operations(net, (batch, width), keep_sources=False, precision="bf16-mixed")
+    assert ops[0].kind == "autocast_cast" and not ops[0].input_nodes
+    x_fp32, act_bf16, weight_bf16 = batch * width * 4, batch * width * 2, width * width * 2
+    mem = step_memory(ops, "inference")
+    # at the second Linear: the fp32 input, the ReLU's output (the first Linear's, in place),
+    # the weight's bf16 copy and the output
+    assert mem.activations_bytes == x_fp32 + 2 * act_bf16 + weight_bf16

@@ -511,8 +511,15 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     needs_grad: set[str] = set()  # storages that carry a gradient in backward
     index_of: dict[str, int] | None = None  # node -> index, built at the first weight cast
     training = mode == "training"
+    first_reader = -1  # the first operation that reads a tensor: the step's inputs are what it reads
     for i, op in enumerate(ops):
         kind, nodes = op.kind, op.input_nodes
+        if nodes and first_reader < 0:
+            # under autocast the step opens with weight casts that read no activation
+            # (``conv1.cast0``), so the input arrives at the operation after them; taking the
+            # first operation alone left a ResNet's 77 MB batch-128 image out of its
+            # inference peak (the caller holds it throughout the step)
+            first_reader = i
         dropout = _is_dropout_kind(kind)
         for j, src in enumerate(nodes):
             root = storage_of.get(src)
@@ -531,7 +538,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
                 in_dtypes = getattr(op, "input_dtypes", None)  # the dtype it arrives in, where recorded
                 size_of[root] = _block(_numel(shape) * _ELEMENT_BYTES.get(in_dtypes[j] if in_dtypes else op.dtype, 4))
                 born[root] = i
-                if i == 0:
+                if i == first_reader:
                     inputs.add(root)
             last_use[root] = i
         if nodes and (op.in_place or kind in VIEW_KINDS or dropout and _returns_its_input(op)):
@@ -560,6 +567,15 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             internal[i] += 4 * int(op.bytes_written)
             transient[i] = _attention_buffers(op)
         if not training:  # what autograd keeps and which tensors carry a gradient: training only
+            if kind == "autocast_cast" and not nodes:
+                # a weight's low-precision copy: with the cast cache off (as steps are measured;
+                # in inference mode autocast caches nothing anyway: ``cached_cast`` in
+                # aten/src/ATen/autocast_mode.cpp caches only leaves that require grad, outside
+                # InferenceMode) it lives through the operation it was made for, whose input list
+                # does not name it
+                if index_of is None:
+                    index_of = {str(o.node): j for j, o in enumerate(ops)}
+                last_use[op.node] = max(last_use[op.node], _consumer_of_cast(ops, i, index_of))
             continue
         if dropout and op.bytes_written and not _returns_its_input(op):
             out_elements = sum(_numel(s) for s in op.output_shapes)

@@ -940,13 +940,11 @@ def _within(rows: list[dict[str, Any]], key: str = "error_pct") -> int:
 def _suspect_reasons(suspect: list[dict[str, Any]]) -> list[str]:
     """Why peaks are suspect, one line per reason; the many amounts still allocated after a
     collection (``allocated_before_bytes`` above the limit) are one reason with their range."""
-    from gpurec.model.fitting.memory_fit import LEFTOVER_LIMIT_BYTES
-
     reasons: dict[str, int] = {}
     before_mib: list[float] = []
     for r in suspect:
         before = r.get("allocated_before_bytes")
-        if before is not None and before > LEFTOVER_LIMIT_BYTES:
+        if before is not None and "allocated before" in r["leftover_suspect"]:
             before_mib.append(before / 2**20)
         else:
             reasons[r["leftover_suspect"]] = reasons.get(r["leftover_suspect"], 0) + 1
@@ -1004,13 +1002,17 @@ def memory_section(data_root: Path | str | None = None, fit: Any = None, extract
               + ("".join(f" No trusted {m} row exercises {', '.join(v)}: "
                          "its coefficient stays 0 until such peaks are collected." for m, v in sorted(empty.items()))),
               ""]
+    from gpurec.model.fitting.memory_fit import LEFTOVER_MARGIN_BYTES
+
     trusted = [r for r in rows if not r["leftover_suspect"]]
     suspect = [r for r in rows if r["leftover_suspect"]]
     L += [f"{len(rows)} rows with a measured peak: {len(trusted)} trusted, {len(suspect)} that may include memory "
           "left allocated by earlier rows of the same process"
           + (" (" + "; ".join(_suspect_reasons(suspect)) + ")" if suspect else "")
           + ". Leftover-suspect rows are never fitted on and are judged apart; collection now starts every network "
-            "and peak row after a garbage collection and records `memory_allocated_before_bytes`.", ""]
+            "and peak row after a garbage collection and records `memory_allocated_before_bytes`; a row counts "
+            "as trusted when that is at most its GPU's library floor (the least any of its rows found allocated) "
+            f"plus {LEFTOVER_MARGIN_BYTES // 2**20} MiB.", ""]
 
     def groups(rs: list[dict[str, Any]]) -> dict[tuple[str, ...], list[dict[str, Any]]]:
         g: dict[tuple[str, ...], list[dict[str, Any]]] = {}
