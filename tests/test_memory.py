@@ -207,3 +207,46 @@ def test_autocast_inference_keeps_the_steps_input_alive_behind_the_weight_casts(
     # at the second Linear: the fp32 input, the ReLU's output (the first Linear's, in place),
     # the weight's bf16 copy and the output
     assert mem.activations_bytes == x_fp32 + 2 * act_bf16 + weight_bf16
+
+
+def test_max_pooling_holds_int64_indices_during_inference_and_keeps_them_in_training() -> None:
+    """CUDA max pooling always computes its argmax (aten ``max_pool2d`` calls
+    ``max_pool2d_with_indices``): eight bytes per output element, freed after the call in
+    inference, kept for backward in training."""
+    from gpurec.ops.memory import memory_terms
+
+    batch, ch, res = 16, 8, 64
+    net = nn.Sequential(nn.MaxPool2d(3, stride=1, padding=1), nn.Flatten())
+    ops = extract_operations(net, (batch, ch, res, res), keep_sources=False)
+    x = batch * ch * res * res * 4
+    assert memory_terms(ops, "inference").activations_bytes == x + x + 2 * x  # input, output, indices
+    train = extract_operations(net, (batch, ch, res, res), mode="training", keep_sources=False)
+    assert memory_terms(train, "training").saved_bytes >= 2 * x  # the indices among what backward needs
+
+
+def test_a_convolutions_workspace_lifts_the_peak_only_where_it_runs() -> None:
+    """The fitted convolution term multiplies how far each convolution's workspace (its inputs
+    plus outputs, during its call) lifts the inference peak, not the largest convolution's io
+    added on top of a peak it may not meet."""
+    from gpurec.ops.memory import CONV_WORKSPACE_IO, memory_terms
+
+    class Net(nn.Module):
+        def __init__(self, head: int) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1, bias=False)
+            self.head = nn.Linear(4 * 16 * 16, head, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(torch.flatten(self.conv(x), 1))
+
+    batch = 8
+    x, y = batch * 3 * 16 * 16 * 4, batch * 4 * 16 * 16 * 4
+    small = memory_terms(extract_operations(Net(10), (batch, 3, 16, 16), keep_sources=False), "inference")
+    assert small.conv_io_bytes == x + y
+    head_out = 512  # 8 x 10 floats, one allocator block
+    assert small.activations_bytes == x + y + head_out  # at the head: its input's storage and output
+    # at the convolution: the input, its output and the workspace
+    assert small.conv_term_bytes == x + y + int(CONV_WORKSPACE_IO * (x + y)) - small.activations_bytes
+    big = memory_terms(extract_operations(Net(40_000), (batch, 3, 16, 16), keep_sources=False), "inference")
+    assert big.conv_io_bytes == x + y
+    assert big.conv_term_bytes == 0  # the head's output outweighs the workspace

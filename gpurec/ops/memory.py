@@ -21,7 +21,10 @@ The estimate follows what PyTorch keeps alive, without running anything:
 - an in-place operation whose backward needs its input (ReLU6/Hardtanh, SiLU, Hardswish,
   GELU) makes autograd keep a copy of that input (``original_self``); ReLU, sigmoid and tanh
   in place need only their result and keep nothing more;
-- every tensor is rounded up to the caching allocator's 512-byte blocks.
+- every tensor is rounded up to the caching allocator's 512-byte blocks;
+- max pooling on CUDA computes int64 argmax indices (held during the call in inference, kept
+  for backward in training), and autocast's weight copies live through the layer they were
+  made for; the step's input stays alive behind the weight casts that open an autocast step.
 
 - a cuDNN RNN (LSTM, GRU) keeps its input and its output for backward, and PyTorch's
   ``_cudnn_rnn`` copies a batch-first input to sequence-first during each forward and backward
@@ -30,7 +33,7 @@ The estimate follows what PyTorch keeps alive, without running anything:
 That analytic part is what autograd and liveness say.  What they do not say (the cuBLAS and
 cuDNN workspaces every step holds, a convolution's or matmul's scratch space, cuDNN's RNN
 reserve space and workspace, placed on the step's timeline by rules read off measured peaks:
-RNN_WORKSPACE_LAYERS) is a small set of
+RNN_WORKSPACE_LAYERS, CONV_WORKSPACE_IO) is a small set of
 terms (:class:`MemoryTerms`) whose coefficients are fitted on measured peaks of the training
 architectures only (:mod:`gpurec.model.fitting.memory_fit`, saved as ``models/memory.json``) and
 applied by :func:`step_memory` when a :class:`MemoryFit` is given.  Without one the estimate
@@ -99,7 +102,21 @@ CONV_KINDS = frozenset({"Conv1d", "Conv2d", "Conv3d", "conv1d", "conv2d", "conv3
                         "conv_transpose2d"})
 MATMUL_KINDS = frozenset({"Linear", "linear", "matmul", "bmm", "mm", "addmm", "baddbmm", "einsum",
                           "MultiheadAttention", "scaled_dot_product_attention", "shifted_window_attention"})
+# Max pooling on CUDA always computes its argmax indices (int64, one per output element):
+# ``max_pool2d`` in aten/src/ATen/native/Pooling.cpp calls ``max_pool2d_with_indices`` and drops
+# the indices, so inference holds them during the call; training saves them for backward.
+MAX_POOL_KINDS = frozenset({"MaxPool2d", "max_pool2d", "MaxPool3d", "max_pool3d", "AdaptiveMaxPool2d",
+                            "adaptive_max_pool2d"})
 BLOCK_BYTES = 512  # the caching allocator hands out multiples of 512 bytes
+# A convolution's cuDNN workspace in inference, in units of its inputs plus outputs, held during
+# its call only.  READ OFF the trusted H100 inference peaks of the training architectures: beyond
+# parameters, library floor and live activations, VGG-16 at batch 128 holds 3.29 GB in fp32 and
+# 1.64 GB in bf16-mixed, each its first 224x224 3x3 convolution's inputs plus outputs (3.29 and
+# 1.64 GB), and ResNet-18 at batch 128 (fp32) 0.98 GB, the batch plus its 7x7 convolution's input
+# and output twice over (0.08 + 2 x 0.49 GB).  One plausible reading: cuDNN's tensor-core kernels
+# work on NHWC copies of NCHW tensors.  As one coefficient on the largest convolution added at
+# the peak (0.44), VGG-16 read 25-29% low and ResNets up to 13% high at once.
+CONV_WORKSPACE_IO = 1.0
 _ELEMENT_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
                   "int8": 1, "uint8": 1, "bool": 1, "complex64": 8}
 
@@ -151,6 +168,9 @@ class MemoryTerms:
     # how far the cuDNN RNN workspaces (during each call) and, in training, reserve spaces (forward
     # to backward) lift the peak; None where not computed (then the whole rnn_bytes)
     rnn_excess_bytes: int | None = None
+    # how far each convolution's workspace (its inputs plus outputs, during its call) lifts the
+    # peak; None where not computed (then the whole conv_io_bytes)
+    conv_excess_bytes: int | None = None
 
     @property
     def rnn_term_bytes(self) -> int:
@@ -158,6 +178,12 @@ class MemoryTerms:
         where they live (a language model peaks at its head, after the RNN, where only the
         reserve space is alive: the whole term put LSTM LMs up to 36% above their peaks)."""
         return self.rnn_bytes if self.rnn_excess_bytes is None else self.rnn_excess_bytes
+
+    @property
+    def conv_term_bytes(self) -> int:
+        """What the fitted ``conv_io`` coefficient multiplies: what the convolutions' workspaces
+        add above the peak where they live (CONV_WORKSPACE_IO), else the largest one's io."""
+        return self.conv_io_bytes if self.conv_excess_bytes is None else self.conv_excess_bytes
 
 
 @dataclass(frozen=True)
@@ -175,7 +201,7 @@ class MemoryFit:
             raise KeyError(f"the memory fit has no coefficients for mode {t.mode!r} (has {sorted(self.terms)}): "
                            "refit it with `gpurec tools fit-memory`")
         activations = c["activations"] * t.activations_bytes + c["largest"] * t.largest_bytes
-        workspace = c["conv_io"] * t.conv_io_bytes + c["matmul_io"] * t.matmul_io_bytes + c["rnn"] * t.rnn_term_bytes
+        workspace = c["conv_io"] * t.conv_term_bytes + c["matmul_io"] * t.matmul_io_bytes + c["rnn"] * t.rnn_term_bytes
         return StepMemory(t.mode, t.params_bytes, t.grads_bytes, int(round(activations)),
                           int(round(c["floor_bytes"])), int(round(workspace)))
 
@@ -502,6 +528,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     transient = [0] * len(ops)  # bytes an operation allocates and frees inside itself (inference)
     rnn_during = [0] * len(ops)  # a cuDNN RNN's workspace, during its call
     rnn_reserve = [0] * len(ops)  # a cuDNN RNN's reserve space (training: forward to backward)
+    conv_during = [0] * len(ops)  # a convolution's workspace, during its call (inference)
     fwd_copy = [0] * len(ops)  # PyTorch's copies inside an RNN's forward
     bwd_copy = [0] * len(ops)  # ... and inside its backward
     last_rnn = -1  # the latest cuDNN RNN: the output a later ``getitem`` node indexes
@@ -549,7 +576,9 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             born[op.node] = i
             last_use[op.node] = max(last_use.get(op.node, i), i)
         if kind in CONV_KINDS:
-            conv_io = max(conv_io, _io_bytes(op))
+            io = _io_bytes(op)
+            conv_io = max(conv_io, io)
+            conv_during[i] = _block(int(CONV_WORKSPACE_IO * io))
         elif kind in MATMUL_KINDS:
             matmul_io = max(matmul_io, _io_bytes(op))
         elif kind in RNN_KINDS:
@@ -566,6 +595,13 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             mask_bytes += 4 * int(op.bytes_written)
             internal[i] += 4 * int(op.bytes_written)
             transient[i] = _attention_buffers(op)
+        elif kind in MAX_POOL_KINDS and op.output_shapes:
+            indices = _block(8 * _numel(op.output_shapes[0]))
+            if training:
+                mask_bytes += indices
+                internal[i] += indices
+            else:
+                transient[i] += indices
         if not training:  # what autograd keeps and which tensors carry a gradient: training only
             if kind == "autocast_cast" and not nodes:
                 # a weight's low-precision copy: with the cast cache off (as steps are measured;
@@ -622,13 +658,16 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
         start = max(born[node], 0)
         delta[start] += size
         delta[max(last_use.get(node, born[node]), start) + 1] -= size
-    peak = live = with_rnn = 0
+    peak = live = with_rnn = with_conv = 0
     for i in range(len(ops)):  # (comparisons, not max(): this loop runs for every candidate ranked)
         live += delta[i]
         now = live + transient[i]
         if now > peak:
             peak = now
+        if now + conv_during[i] > with_conv:
+            with_conv = now + conv_during[i]
         now += rnn_during[i]
         if now > with_rnn:
             with_rnn = now
-    return MemoryTerms(mode, params, 0, peak, largest, conv_io, matmul_io, rnn, rnn_excess_bytes=with_rnn - peak)
+    return MemoryTerms(mode, params, 0, peak, largest, conv_io, matmul_io, rnn, rnn_excess_bytes=with_rnn - peak,
+                       conv_excess_bytes=max(with_conv, peak) - peak)

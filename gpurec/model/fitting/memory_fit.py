@@ -154,7 +154,7 @@ def terms_for(table: Any, extract: Callable[[str, str, str], Sequence[Any]] | No
 
 def _columns(t: MemoryTerms, names: Sequence[str]) -> list[float]:
     value = {"floor_bytes": 1.0, "activations": t.activations_bytes, "largest": t.largest_bytes,
-             "conv_io": t.conv_io_bytes, "matmul_io": t.matmul_io_bytes, "rnn": t.rnn_term_bytes}
+             "conv_io": t.conv_term_bytes, "matmul_io": t.matmul_io_bytes, "rnn": t.rnn_term_bytes}
     return [float(value[n]) for n in names]
 
 
