@@ -250,3 +250,38 @@ def test_a_convolutions_workspace_lifts_the_peak_only_where_it_runs() -> None:
     big = memory_terms(extract_operations(Net(40_000), (batch, 3, 16, 16), keep_sources=False), "inference")
     assert big.conv_io_bytes == x + y
     assert big.conv_term_bytes == 0  # the head's output outweighs the workspace
+
+
+def test_autocast_input_casts_keep_nothing_for_backward() -> None:
+    """A dtype cast's backward (ToCopyBackward) needs none of its input: the float32 output of a
+    LayerNorm (autocast's float32 list) is not kept because a Linear reads its bf16 copy."""
+    from gpurec.ops.memory import memory_terms
+
+    width, batch = 512, 256
+    net = nn.Sequential(nn.Linear(width, width, bias=False), nn.LayerNorm(width), nn.Linear(width, width, bias=False))
+    ops = extract_operations(net, (batch, width), mode="training", keep_sources=False, precision="bf16-mixed")
+    ln = next(op for op in ops if op.kind == "LayerNorm")
+    assert ln.dtype == "float32"
+    assert any(op.kind == "autocast_cast" and op.input_nodes == [ln.node] for op in ops)
+    t = memory_terms(ops, "training")
+    act_fp32, act_bf16 = batch * width * 4, batch * width * 2
+    weights_bf16 = 2 * width * width * 2
+    # kept: the weight copies, the input's bf16 copy (first Linear), the float32 copy LayerNorm
+    # reads, the bf16 copy of its output (second Linear); neither the first Linear's bf16 output
+    # nor the float32 LayerNorm output, which only casts read
+    assert t.saved_bytes == weights_bf16 + act_bf16 + act_fp32 + act_bf16
+
+
+def test_window_attention_scores_are_float32_under_autocast() -> None:
+    """Swin's scores are float32 under autocast (the float32 position bias promotes them, softmax
+    runs in float32), so a bf16-mixed step holds them at four bytes, as fp32 does."""
+    from gpurec.ops.memory import _window_attention_buffers
+
+    ops = {p: extract_operations("swin_t", (1, 3, 224, 224), keep_sources=False, precision=p)
+           for p in ("fp32", "bf16-mixed")}
+    att = {p: next(op for op in o if op.kind == "shifted_window_attention") for p, o in ops.items()}
+    assert att["bf16-mixed"].dtype == "bfloat16"
+    out32, out16 = int(att["fp32"].bytes_written), int(att["bf16-mixed"].bytes_written)
+    scores32 = _window_attention_buffers(att["fp32"])[1] - 5 * out32
+    scores16 = _window_attention_buffers(att["bf16-mixed"])[1] - 5 * out16
+    assert scores16 == scores32 > 0

@@ -58,6 +58,8 @@ NO_SAVE_KINDS = VIEW_KINDS | frozenset({
     "add", "sub", "cat", "stack", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d", "mean", "sum", "Identity", "contiguous",
     "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "dropout", "StochasticDepth", "clone", "to", "float",
     "triu", "tril",
+    # a dtype cast (autocast's too: ToCopyBackward) needs none of its input for backward
+    "autocast_cast",
 })
 # Operations whose backward needs their output (activations computed from the result).
 # (A cuDNN RNN keeps its output as well as its input: its backward reads both.)
@@ -347,7 +349,12 @@ def _window_attention_buffers(op: Any) -> tuple[int, int]:
     if len(out) < 2 or len(bias) != 4 or not out[-1]:
         return 4 * out_bytes, 5 * out_bytes
     tokens = _numel(out) // int(out[-1])
-    scores = _block(tokens * int(bias[1]) * int(bias[2]) * _ELEMENT_BYTES.get(op.dtype, 4))
+    # Under autocast the scores are float32 whatever the step's dtype: adding the float32
+    # relative position bias promotes them, and softmax is on autocast's float32 list
+    # (aten/src/ATen/autocast_mode.cpp); only q, k, v and the output are low precision.
+    score_bytes = 4 if getattr(op, "precision", "fp32") in ("bf16-mixed", "fp16-mixed") \
+        else _ELEMENT_BYTES.get(op.dtype, 4)
+    scores = _block(tokens * int(bias[1]) * int(bias[2]) * score_bytes)
     return 4 * out_bytes + scores, 5 * out_bytes + 2 * scores
 
 
