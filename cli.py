@@ -1191,6 +1191,47 @@ def tools_memory_eval(
         typer.echo(f"{split}: {sum(g['within'] for g in gs)} of {sum(g['rows'] for g in gs)} within {TARGET_PCT:g}%")
 
 
+@tools_app.command("peak-breakdown")
+def tools_peak_breakdown(
+    set_keys: str = typer.Argument(..., help="comma-separated set keys, e.g. gru_lm_2x256:b8:s128"),
+    mode: str = typer.Option("inference", "--mode", help="inference or training"),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, tf32, bf16-mixed, fp16-mixed, bf16, fp16"),
+    top: int = typer.Option(12, "--top", help="groups of live blocks shown per step"),
+    out: Path = typer.Option(None, "--out", help="also write every breakdown here (JSON)"),
+) -> None:
+    """Needs a GPU. What the allocator holds at each step's peak, grouped by the Python frame
+    that allocated it, beside the estimate and its parts (seconds per set)."""
+    from gpurec.collect.peak_breakdown import peak_breakdown
+    from gpurec.dataset.store import atomic_write_json
+    from gpurec.model.memory import load_memory_fit
+    from gpurec.ops import extract_operations
+    from gpurec.ops.memory import step_memory
+    from gpurec.sets import parse_set_key
+
+    mode = mode.lower()
+    if mode not in ("inference", "training"):
+        raise typer.BadParameter(f"'{mode}' is not one of inference, training", param_hint="--mode")
+    results = []
+    for key in [k.strip() for k in set_keys.split(",") if k.strip()]:
+        res = _guard(peak_breakdown, key, mode, precision.lower())
+        s = parse_set_key(res["set_key"])
+        est = step_memory(extract_operations(s.arch, s.input_shape, mode=mode, keep_sources=False,
+                                             precision=res["precision"]), mode, load_memory_fit(Path("models")))
+        res["estimated_bytes"] = est.total_bytes
+        results.append(res)
+        typer.echo(f"{res['set_key']} {mode} {res['precision']} on {res['gpu']}: peak {res['peak_bytes'] / 1e9:.3f} GB "
+                   f"replayed, {res['measured_peak_bytes'] / 1e9:.3f} GB max_memory_allocated, "
+                   f"{res['baseline_bytes'] / 1e9:.3f} GB held before the call; estimated {est.total_bytes / 1e9:.3f} GB "
+                   f"(parameters {(est.params_bytes + est.grads_bytes) / 1e9:.3f}, activations "
+                   f"{est.activations_bytes / 1e9:.3f}, floor {est.floor_bytes / 1e9:.3f}, workspaces "
+                   f"{est.workspace_bytes / 1e9:.3f})")
+        rows = [{"where": g["where"], "gb": f"{g['bytes'] / 1e9:.4f}", "blocks": g["blocks"]}
+                for g in res["groups"][:top]]
+        _table(rows, [("where", "allocated at"), ("gb", "GB"), ("blocks", "blocks")], wrap=("where",))
+    if out is not None:
+        atomic_write_json(out, {"breakdowns": results})
+
+
 @tools_app.command("error-sources")
 def tools_error_sources(
     models: Path = typer.Option(Path("models"), "--models", help="the trained models to judge"),

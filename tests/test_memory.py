@@ -193,3 +193,95 @@ def test_swin_window_attention_keeps_its_scores_inside() -> None:
     grown = memory_terms([*ops[:i], more, *ops[i + 1:]], "training").saved_bytes - base
     assert abs(grown - tokens * heads * window2 * 4) < 512  # in 512-byte blocks
     assert base - memory_terms([*ops[:i], *ops[i + 1:]], "training").saved_bytes >= 4 * op.bytes_written
+
+
+def test_autocast_inference_keeps_the_steps_input_alive_behind_the_weight_casts() -> None:
+    """Under autocast the step opens with the first layer's weight cast, which reads no
+    activation; the fp32 input the caller holds must still count for the whole step."""
+    width, batch = 256, 512
+    net = nn.Sequential(nn.Linear(width, width, bias=False), nn.ReLU(), nn.Linear(width, width, bias=False))
+    ops = extract_operations(net, (batch, width), keep_sources=False, precision="bf16-mixed")
+    assert ops[0].kind == "autocast_cast" and not ops[0].input_nodes
+    x_fp32, act_bf16, weight_bf16 = batch * width * 4, batch * width * 2, width * width * 2
+    mem = step_memory(ops, "inference")
+    # at the second Linear: the fp32 input, the ReLU's output (the first Linear's, in place),
+    # the weight's bf16 copy and the output
+    assert mem.activations_bytes == x_fp32 + 2 * act_bf16 + weight_bf16
+
+
+def test_max_pooling_holds_int64_indices_during_inference_and_keeps_them_in_training() -> None:
+    """CUDA max pooling always computes its argmax (aten ``max_pool2d`` calls
+    ``max_pool2d_with_indices``): eight bytes per output element, freed after the call in
+    inference, kept for backward in training."""
+    from gpurec.ops.memory import memory_terms
+
+    batch, ch, res = 16, 8, 64
+    net = nn.Sequential(nn.MaxPool2d(3, stride=1, padding=1), nn.Flatten())
+    ops = extract_operations(net, (batch, ch, res, res), keep_sources=False)
+    x = batch * ch * res * res * 4
+    assert memory_terms(ops, "inference").activations_bytes == x + x + 2 * x  # input, output, indices
+    train = extract_operations(net, (batch, ch, res, res), mode="training", keep_sources=False)
+    assert memory_terms(train, "training").saved_bytes >= 2 * x  # the indices among what backward needs
+
+
+def test_a_convolutions_workspace_lifts_the_peak_only_where_it_runs() -> None:
+    """The fitted convolution term multiplies how far each convolution's workspace (its inputs
+    plus outputs, during its call) lifts the inference peak, not the largest convolution's io
+    added on top of a peak it may not meet."""
+    from gpurec.ops.memory import CONV_WORKSPACE_IO, memory_terms
+
+    class Net(nn.Module):
+        def __init__(self, head: int) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1, bias=False)
+            self.head = nn.Linear(4 * 16 * 16, head, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(torch.flatten(self.conv(x), 1))
+
+    batch = 8
+    x, y = batch * 3 * 16 * 16 * 4, batch * 4 * 16 * 16 * 4
+    small = memory_terms(extract_operations(Net(10), (batch, 3, 16, 16), keep_sources=False), "inference")
+    assert small.conv_io_bytes == x + y
+    head_out = 512  # 8 x 10 floats, one allocator block
+    assert small.activations_bytes == x + y + head_out  # at the head: its input's storage and output
+    # at the convolution: the input, its output and the workspace
+    assert small.conv_term_bytes == x + y + int(CONV_WORKSPACE_IO * (x + y)) - small.activations_bytes
+    big = memory_terms(extract_operations(Net(40_000), (batch, 3, 16, 16), keep_sources=False), "inference")
+    assert big.conv_io_bytes == x + y
+    assert big.conv_term_bytes == 0  # the head's output outweighs the workspace
+
+
+def test_autocast_input_casts_keep_nothing_for_backward() -> None:
+    """A dtype cast's backward (ToCopyBackward) needs none of its input: the float32 output of a
+    LayerNorm (autocast's float32 list) is not kept because a Linear reads its bf16 copy."""
+    from gpurec.ops.memory import memory_terms
+
+    width, batch = 512, 256
+    net = nn.Sequential(nn.Linear(width, width, bias=False), nn.LayerNorm(width), nn.Linear(width, width, bias=False))
+    ops = extract_operations(net, (batch, width), mode="training", keep_sources=False, precision="bf16-mixed")
+    ln = next(op for op in ops if op.kind == "LayerNorm")
+    assert ln.dtype == "float32"
+    assert any(op.kind == "autocast_cast" and op.input_nodes == [ln.node] for op in ops)
+    t = memory_terms(ops, "training")
+    act_fp32, act_bf16 = batch * width * 4, batch * width * 2
+    weights_bf16 = 2 * width * width * 2
+    # kept: the weight copies, the input's bf16 copy (first Linear), the float32 copy LayerNorm
+    # reads, the bf16 copy of its output (second Linear); neither the first Linear's bf16 output
+    # nor the float32 LayerNorm output, which only casts read
+    assert t.saved_bytes == weights_bf16 + act_bf16 + act_fp32 + act_bf16
+
+
+def test_window_attention_scores_are_float32_under_autocast() -> None:
+    """Swin's scores are float32 under autocast (the float32 position bias promotes them, softmax
+    runs in float32), so a bf16-mixed step holds them at four bytes, as fp32 does."""
+    from gpurec.ops.memory import _window_attention_buffers
+
+    ops = {p: extract_operations("swin_t", (1, 3, 224, 224), keep_sources=False, precision=p)
+           for p in ("fp32", "bf16-mixed")}
+    att = {p: next(op for op in o if op.kind == "shifted_window_attention") for p, o in ops.items()}
+    assert att["bf16-mixed"].dtype == "bfloat16"
+    out32, out16 = int(att["fp32"].bytes_written), int(att["bf16-mixed"].bytes_written)
+    scores32 = _window_attention_buffers(att["fp32"])[1] - 5 * out32
+    scores16 = _window_attention_buffers(att["bf16-mixed"])[1] - 5 * out16
+    assert scores16 == scores32 > 0

@@ -194,3 +194,21 @@ def test_suspect_peaks_are_summarised_by_reason_not_listed_by_amount() -> None:
     assert _suspect_reasons(suspect) == [
         "1: network row measured after earlier rows, without a collection first",
         "3: 260–1665 MiB still allocated before the step, after a garbage collection"]
+
+
+def test_a_peak_above_its_gpus_library_floor_is_suspect(tmp_path: Path) -> None:
+    """Every run starts at the GPU's library floor (65 or 71 MiB on the H100); an earlier row's
+    leftover adds 60 MiB and more, and such a peak must not count as trusted."""
+    floor = 65 * 2**20
+    assert leftover_reason("peak", floor + 6 * 2**20, floor) is None  # another run's workspaces
+    assert "MiB allocated before" in leftover_reason("peak", floor + 66 * 2**20, floor)
+    assert leftover_reason("peak", floor + 66 * 2**20) is None  # without a floor: the absolute limit only
+    d = tmp_path / "h100"
+    d.mkdir()
+    pd.DataFrame({"gpu": ["NVIDIA H100 80GB HBM3"] * 3, "id": ["a", "b", "c"], "item": ["peak"] * 3,
+                  "set_key": ["resnet18:b2:r224"] * 3, "mode": ["inference"] * 3, "time_ms": [1.0] * 3,
+                  "peak_memory_bytes": [1e8, 1e8, 2e8],
+                  "memory_allocated_before_bytes": [floor, 71.2 * 2**20, 195 * 2**20]}).to_parquet(d / "networks.parquet")
+    t = peak_table(tmp_path).set_index("id")
+    assert not t.loc["a", "leftover_suspect"] and not t.loc["b", "leftover_suspect"]
+    assert t.loc["c", "leftover_suspect"] == "195 MiB allocated before the step"

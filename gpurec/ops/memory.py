@@ -21,7 +21,10 @@ The estimate follows what PyTorch keeps alive, without running anything:
 - an in-place operation whose backward needs its input (ReLU6/Hardtanh, SiLU, Hardswish,
   GELU) makes autograd keep a copy of that input (``original_self``); ReLU, sigmoid and tanh
   in place need only their result and keep nothing more;
-- every tensor is rounded up to the caching allocator's 512-byte blocks.
+- every tensor is rounded up to the caching allocator's 512-byte blocks;
+- max pooling on CUDA computes int64 argmax indices (held during the call in inference, kept
+  for backward in training), and autocast's weight copies live through the layer they were
+  made for; the step's input stays alive behind the weight casts that open an autocast step.
 
 - a cuDNN RNN (LSTM, GRU) keeps its input and its output for backward, and PyTorch's
   ``_cudnn_rnn`` copies a batch-first input to sequence-first during each forward and backward
@@ -30,7 +33,7 @@ The estimate follows what PyTorch keeps alive, without running anything:
 That analytic part is what autograd and liveness say.  What they do not say (the cuBLAS and
 cuDNN workspaces every step holds, a convolution's or matmul's scratch space, cuDNN's RNN
 reserve space and workspace, placed on the step's timeline by rules read off measured peaks:
-RNN_WORKSPACE_LAYERS) is a small set of
+RNN_WORKSPACE_LAYERS, CONV_WORKSPACE_IO) is a small set of
 terms (:class:`MemoryTerms`) whose coefficients are fitted on measured peaks of the training
 architectures only (:mod:`gpurec.model.fitting.memory_fit`, saved as ``models/memory.json``) and
 applied by :func:`step_memory` when a :class:`MemoryFit` is given.  Without one the estimate
@@ -55,6 +58,8 @@ NO_SAVE_KINDS = VIEW_KINDS | frozenset({
     "add", "sub", "cat", "stack", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d", "mean", "sum", "Identity", "contiguous",
     "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "dropout", "StochasticDepth", "clone", "to", "float",
     "triu", "tril",
+    # a dtype cast (autocast's too: ToCopyBackward) needs none of its input for backward
+    "autocast_cast",
 })
 # Operations whose backward needs their output (activations computed from the result).
 # (A cuDNN RNN keeps its output as well as its input: its backward reads both.)
@@ -99,7 +104,21 @@ CONV_KINDS = frozenset({"Conv1d", "Conv2d", "Conv3d", "conv1d", "conv2d", "conv3
                         "conv_transpose2d"})
 MATMUL_KINDS = frozenset({"Linear", "linear", "matmul", "bmm", "mm", "addmm", "baddbmm", "einsum",
                           "MultiheadAttention", "scaled_dot_product_attention", "shifted_window_attention"})
+# Max pooling on CUDA always computes its argmax indices (int64, one per output element):
+# ``max_pool2d`` in aten/src/ATen/native/Pooling.cpp calls ``max_pool2d_with_indices`` and drops
+# the indices, so inference holds them during the call; training saves them for backward.
+MAX_POOL_KINDS = frozenset({"MaxPool2d", "max_pool2d", "MaxPool3d", "max_pool3d", "AdaptiveMaxPool2d",
+                            "adaptive_max_pool2d"})
 BLOCK_BYTES = 512  # the caching allocator hands out multiples of 512 bytes
+# A convolution's cuDNN workspace in inference, in units of its inputs plus outputs, held during
+# its call only.  READ OFF the trusted H100 inference peaks of the training architectures: beyond
+# parameters, library floor and live activations, VGG-16 at batch 128 holds 3.29 GB in fp32 and
+# 1.64 GB in bf16-mixed, each its first 224x224 3x3 convolution's inputs plus outputs (3.29 and
+# 1.64 GB), and ResNet-18 at batch 128 (fp32) 0.98 GB, the batch plus its 7x7 convolution's input
+# and output twice over (0.08 + 2 x 0.49 GB).  One plausible reading: cuDNN's tensor-core kernels
+# work on NHWC copies of NCHW tensors.  As one coefficient on the largest convolution added at
+# the peak (0.44), VGG-16 read 25-29% low and ResNets up to 13% high at once.
+CONV_WORKSPACE_IO = 1.0
 _ELEMENT_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
                   "int8": 1, "uint8": 1, "bool": 1, "complex64": 8}
 
@@ -151,6 +170,9 @@ class MemoryTerms:
     # how far the cuDNN RNN workspaces (during each call) and, in training, reserve spaces (forward
     # to backward) lift the peak; None where not computed (then the whole rnn_bytes)
     rnn_excess_bytes: int | None = None
+    # how far each convolution's workspace (its inputs plus outputs, during its call) lifts the
+    # peak; None where not computed (then the whole conv_io_bytes)
+    conv_excess_bytes: int | None = None
 
     @property
     def rnn_term_bytes(self) -> int:
@@ -158,6 +180,12 @@ class MemoryTerms:
         where they live (a language model peaks at its head, after the RNN, where only the
         reserve space is alive: the whole term put LSTM LMs up to 36% above their peaks)."""
         return self.rnn_bytes if self.rnn_excess_bytes is None else self.rnn_excess_bytes
+
+    @property
+    def conv_term_bytes(self) -> int:
+        """What the fitted ``conv_io`` coefficient multiplies: what the convolutions' workspaces
+        add above the peak where they live (CONV_WORKSPACE_IO), else the largest one's io."""
+        return self.conv_io_bytes if self.conv_excess_bytes is None else self.conv_excess_bytes
 
 
 @dataclass(frozen=True)
@@ -175,7 +203,7 @@ class MemoryFit:
             raise KeyError(f"the memory fit has no coefficients for mode {t.mode!r} (has {sorted(self.terms)}): "
                            "refit it with `gpurec tools fit-memory`")
         activations = c["activations"] * t.activations_bytes + c["largest"] * t.largest_bytes
-        workspace = c["conv_io"] * t.conv_io_bytes + c["matmul_io"] * t.matmul_io_bytes + c["rnn"] * t.rnn_term_bytes
+        workspace = c["conv_io"] * t.conv_term_bytes + c["matmul_io"] * t.matmul_io_bytes + c["rnn"] * t.rnn_term_bytes
         return StepMemory(t.mode, t.params_bytes, t.grads_bytes, int(round(activations)),
                           int(round(c["floor_bytes"])), int(round(workspace)))
 
@@ -321,7 +349,12 @@ def _window_attention_buffers(op: Any) -> tuple[int, int]:
     if len(out) < 2 or len(bias) != 4 or not out[-1]:
         return 4 * out_bytes, 5 * out_bytes
     tokens = _numel(out) // int(out[-1])
-    scores = _block(tokens * int(bias[1]) * int(bias[2]) * _ELEMENT_BYTES.get(op.dtype, 4))
+    # Under autocast the scores are float32 whatever the step's dtype: adding the float32
+    # relative position bias promotes them, and softmax is on autocast's float32 list
+    # (aten/src/ATen/autocast_mode.cpp); only q, k, v and the output are low precision.
+    score_bytes = 4 if getattr(op, "precision", "fp32") in ("bf16-mixed", "fp16-mixed") \
+        else _ELEMENT_BYTES.get(op.dtype, 4)
+    scores = _block(tokens * int(bias[1]) * int(bias[2]) * score_bytes)
     return 4 * out_bytes + scores, 5 * out_bytes + 2 * scores
 
 
@@ -330,6 +363,17 @@ def _consumer_of_cast(ops: Sequence[Any], i: int, index_of: dict[str, int]) -> i
     it whose node is NAME (``index_of``: node -> last index), else the next operation."""
     j = index_of.get(str(ops[i].node).rsplit(".cast", 1)[0], -1)
     return j if j > i else min(i + 1, len(ops) - 1)
+
+
+def _next_consumer_of_cast(ops: Sequence[Any], i: int, within: int = 8) -> int:
+    """:func:`_consumer_of_cast` without an index of every node: autocast emits a layer's casts
+    right before the layer, so its node is looked for among the next ``within`` operations
+    first (building the index for every step made a mixed-precision estimate 20% slower)."""
+    name = ops[i].node.rpartition(".cast")[0]
+    for j in range(i + 1, min(i + 1 + within, len(ops))):
+        if ops[j].node == name:
+            return j
+    return _consumer_of_cast(ops, i, {str(o.node): j for j, o in enumerate(ops)})
 
 
 @functools.lru_cache(maxsize=512)
@@ -502,6 +546,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     transient = [0] * len(ops)  # bytes an operation allocates and frees inside itself (inference)
     rnn_during = [0] * len(ops)  # a cuDNN RNN's workspace, during its call
     rnn_reserve = [0] * len(ops)  # a cuDNN RNN's reserve space (training: forward to backward)
+    conv_during = [0] * len(ops)  # a convolution's workspace, during its call (inference)
     fwd_copy = [0] * len(ops)  # PyTorch's copies inside an RNN's forward
     bwd_copy = [0] * len(ops)  # ... and inside its backward
     last_rnn = -1  # the latest cuDNN RNN: the output a later ``getitem`` node indexes
@@ -511,8 +556,15 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     needs_grad: set[str] = set()  # storages that carry a gradient in backward
     index_of: dict[str, int] | None = None  # node -> index, built at the first weight cast
     training = mode == "training"
+    first_reader = -1  # the first operation that reads a tensor: the step's inputs are what it reads
     for i, op in enumerate(ops):
         kind, nodes = op.kind, op.input_nodes
+        if nodes and first_reader < 0:
+            # under autocast the step opens with weight casts that read no activation
+            # (``conv1.cast0``), so the input arrives at the operation after them; taking the
+            # first operation alone left a ResNet's 77 MB batch-128 image out of its
+            # inference peak (the caller holds it throughout the step)
+            first_reader = i
         dropout = _is_dropout_kind(kind)
         for j, src in enumerate(nodes):
             root = storage_of.get(src)
@@ -531,7 +583,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
                 in_dtypes = getattr(op, "input_dtypes", None)  # the dtype it arrives in, where recorded
                 size_of[root] = _block(_numel(shape) * _ELEMENT_BYTES.get(in_dtypes[j] if in_dtypes else op.dtype, 4))
                 born[root] = i
-                if i == 0:
+                if i == first_reader:
                     inputs.add(root)
             last_use[root] = i
         if nodes and (op.in_place or kind in VIEW_KINDS or dropout and _returns_its_input(op)):
@@ -542,7 +594,9 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             born[op.node] = i
             last_use[op.node] = max(last_use.get(op.node, i), i)
         if kind in CONV_KINDS:
-            conv_io = max(conv_io, _io_bytes(op))
+            io = _io_bytes(op)
+            conv_io = max(conv_io, io)
+            conv_during[i] = _block(int(CONV_WORKSPACE_IO * io))
         elif kind in MATMUL_KINDS:
             matmul_io = max(matmul_io, _io_bytes(op))
         elif kind in RNN_KINDS:
@@ -559,7 +613,27 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             mask_bytes += 4 * int(op.bytes_written)
             internal[i] += 4 * int(op.bytes_written)
             transient[i] = _attention_buffers(op)
+        elif kind in MAX_POOL_KINDS and op.output_shapes:
+            indices = _block(8 * _numel(op.output_shapes[0]))
+            if training:
+                mask_bytes += indices
+                internal[i] += indices
+            else:
+                transient[i] += indices
         if not training:  # what autograd keeps and which tensors carry a gradient: training only
+            if kind == "autocast_cast" and not nodes:
+                # a weight's low-precision copy: with the cast cache off (as steps are measured;
+                # in inference mode autocast caches nothing anyway: ``cached_cast`` in
+                # aten/src/ATen/autocast_mode.cpp caches only leaves that require grad, outside
+                # InferenceMode) it lives through the operation it was made for, whose input list
+                # does not name it
+                name, j = op.node.rpartition(".cast")[0], i + 1
+                while j < len(ops) and j <= i + 8 and ops[j].node != name:  # (inline: per candidate)
+                    j += 1
+                if j == len(ops) or j > i + 8:
+                    j = _next_consumer_of_cast(ops, i)
+                if j > last_use[op.node]:
+                    last_use[op.node] = j
             continue
         if dropout and op.bytes_written and not _returns_its_input(op):
             out_elements = sum(_numel(s) for s in op.output_shapes)
@@ -606,13 +680,16 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
         start = max(born[node], 0)
         delta[start] += size
         delta[max(last_use.get(node, born[node]), start) + 1] -= size
-    peak = live = with_rnn = 0
+    peak = live = with_rnn = with_conv = 0
     for i in range(len(ops)):  # (comparisons, not max(): this loop runs for every candidate ranked)
         live += delta[i]
         now = live + transient[i]
         if now > peak:
             peak = now
+        if now + conv_during[i] > with_conv:
+            with_conv = now + conv_during[i]
         now += rnn_during[i]
         if now > with_rnn:
             with_rnn = now
-    return MemoryTerms(mode, params, 0, peak, largest, conv_io, matmul_io, rnn, rnn_excess_bytes=with_rnn - peak)
+    return MemoryTerms(mode, params, 0, peak, largest, conv_io, matmul_io, rnn, rnn_excess_bytes=with_rnn - peak,
+                       conv_excess_bytes=max(with_conv, peak) - peak)

@@ -940,13 +940,11 @@ def _within(rows: list[dict[str, Any]], key: str = "error_pct") -> int:
 def _suspect_reasons(suspect: list[dict[str, Any]]) -> list[str]:
     """Why peaks are suspect, one line per reason; the many amounts still allocated after a
     collection (``allocated_before_bytes`` above the limit) are one reason with their range."""
-    from gpurec.model.fitting.memory_fit import LEFTOVER_LIMIT_BYTES
-
     reasons: dict[str, int] = {}
     before_mib: list[float] = []
     for r in suspect:
         before = r.get("allocated_before_bytes")
-        if before is not None and before > LEFTOVER_LIMIT_BYTES:
+        if before is not None and "allocated before" in r["leftover_suspect"]:
             before_mib.append(before / 2**20)
         else:
             reasons[r["leftover_suspect"]] = reasons.get(r["leftover_suspect"], 0) + 1
@@ -970,10 +968,15 @@ def memory_section(data_root: Path | str | None = None, fit: Any = None, extract
          "freeing each saved tensor after its last "
          "backward user while activation and parameter gradients appear, with the step's result and its "
          "gradient alive throughout; a batch-first LSTM or GRU copies its input during each call and its "
-         "output's gradient during backward (PyTorch's `_cudnn_rnn`). Each tensor takes the allocator's 512-byte "
+         "output's gradient during backward (PyTorch's `_cudnn_rnn`); max pooling computes int64 argmax indices "
+         "(held during the call in inference, kept for backward in training); under autocast each weight's "
+         "low-precision copy lives through the layer it was made for, a cast keeps nothing for backward, and "
+         "Swin's attention scores are float32. Each tensor takes the allocator's 512-byte "
          "blocks. The fitted terms add "
-         "what the analytic part cannot say: a fixed floor per mode (cuBLAS and cuDNN workspaces), scratch "
-         "space proportional to the largest convolution's and matmul's inputs plus outputs, and what cuDNN's RNN "
+         "what the analytic part cannot say: a fixed floor per mode (cuBLAS and cuDNN workspaces), how far "
+         "each convolution's workspace (in inference its inputs plus outputs during its call, a rule read off "
+         "the training architectures' peaks) lifts the peak, scratch space proportional to the largest "
+         "matmul's inputs plus outputs (in training also the largest convolution's), and what cuDNN's RNN "
          "buffers add above the peak where they live: the workspace during each call (two layers' gates per "
          "token plus 2,600 tokens' worth of every layer's) and, in training, the reserve space from the forward "
          "to the RNN's backward (5 hidden-sized vectors per token, layer and direction for an LSTM, 7 for a GRU); "
@@ -1004,13 +1007,17 @@ def memory_section(data_root: Path | str | None = None, fit: Any = None, extract
               + ("".join(f" No trusted {m} row exercises {', '.join(v)}: "
                          "its coefficient stays 0 until such peaks are collected." for m, v in sorted(empty.items()))),
               ""]
+    from gpurec.model.fitting.memory_fit import LEFTOVER_MARGIN_BYTES
+
     trusted = [r for r in rows if not r["leftover_suspect"]]
     suspect = [r for r in rows if r["leftover_suspect"]]
     L += [f"{len(rows)} rows with a measured peak: {len(trusted)} trusted, {len(suspect)} that may include memory "
           "left allocated by earlier rows of the same process"
           + (" (" + "; ".join(_suspect_reasons(suspect)) + ")" if suspect else "")
           + ". Leftover-suspect rows are never fitted on and are judged apart; collection now starts every network "
-            "and peak row after a garbage collection and records `memory_allocated_before_bytes`.", ""]
+            "and peak row after a garbage collection and records `memory_allocated_before_bytes`; a row counts "
+            "as trusted when that is at most its GPU's library floor (the least any of its rows found allocated) "
+            f"plus {LEFTOVER_MARGIN_BYTES // 2**20} MiB.", ""]
 
     def groups(rs: list[dict[str, Any]]) -> dict[tuple[str, ...], list[dict[str, Any]]]:
         g: dict[tuple[str, ...], list[dict[str, Any]]] = {}
