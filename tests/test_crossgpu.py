@@ -492,3 +492,11 @@ def test_energy_noise_floor_counts_only_networks_that_ran_the_same_way(monkeypat
     text = "\n".join(crossgpu_section(cross, [r]))
     assert "42.0 pJ/byte" in text
     assert "differs in energy by 3.0% on average (3.0% median, 2 pairs) on the H200" in text
+    # host-free figures beside: a second basis, judged on its own (GPU) times
+    both = pairs.assign(gpu_time_ms_orig=[5.0, 5.0, 5.0, 1.0], gpu_time_ms_rep=[5.0, 5.5, 5.0, 1.0],
+                        gpu_energy_mj_orig=[50.0, 50.0, 50.0, 5.0], gpu_energy_mj_rep=[51.0, 40.0, 49.0, 9.0])
+    monkeypatch.setattr(ds, "repeat_pairs", lambda g: both)
+    eager, host_free = network_energy_repeatability(Path("unused"))
+    assert (eager["basis"], eager["pairs"]) == ("eager", 2)
+    assert (host_free["basis"], host_free["pairs"]) == ("host-free", 2) and host_free["mean_pct"] == pytest.approx(2.0)
+    assert "on the H200, host-free" in "\n".join(crossgpu_section(cross, [eager, host_free]))

@@ -517,9 +517,10 @@ def _energy_per_byte(cross: dict[str, Any]) -> str:
 
 
 def network_energy_repeatability(data_root: Path | None = None, time_agreement: float = 0.02) -> list[dict[str, Any]]:
-    """Per GPU, how far the eager energy of a network re-measured on the same GPU lies from its first
-    measurement (mean |relative difference|), over re-measurements whose time agrees within
-    ``time_agreement`` (the step ran the same way): the noise floor of a measured energy ratio."""
+    """Per GPU and basis (``eager``: time_ms/energy_mj; ``host-free``: gpu_time_ms/gpu_energy_mj), how
+    far the energy of a network re-measured on the same GPU lies from its first measurement (mean
+    |relative difference|), over re-measurements whose time agrees within ``time_agreement`` (the
+    step ran the same way): the noise floor of a measured energy ratio."""
     import numpy as np
 
     from gpurec.dataset.load import default_root
@@ -530,13 +531,17 @@ def network_energy_repeatability(data_root: Path | None = None, time_agreement: 
         pairs = repeat_pairs(g)
         if pairs.empty:
             continue
-        nets = pairs[(pairs["item"] == "network")].dropna(subset=["time_ms_orig", "energy_mj_orig", "energy_mj_rep"])
-        nets = nets[np.abs(nets["time_ms_rep"] / nets["time_ms_orig"] - 1) <= time_agreement]
-        if nets.empty:
-            continue
-        d = np.abs(nets["energy_mj_rep"] / nets["energy_mj_orig"] - 1)
-        out.append({"gpu": g.name, "pairs": int(len(nets)), "mean_pct": float(100 * d.mean()),
-                    "median_pct": float(100 * d.median())})
+        for basis, prefix in (("eager", ""), ("host-free", "gpu_")):
+            cols = [f"{prefix}time_ms_orig", f"{prefix}time_ms_rep", f"{prefix}energy_mj_orig", f"{prefix}energy_mj_rep"]
+            if not set(cols) <= set(pairs.columns):
+                continue
+            nets = pairs[(pairs["item"] == "network")].dropna(subset=cols)
+            nets = nets[np.abs(nets[cols[1]] / nets[cols[0]] - 1) <= time_agreement]
+            if nets.empty:
+                continue
+            d = np.abs(nets[cols[3]] / nets[cols[2]] - 1)
+            out.append({"gpu": g.name, "basis": basis, "pairs": int(len(nets)), "mean_pct": float(100 * d.mean()),
+                        "median_pct": float(100 * d.median())})
     return out
 
 
@@ -670,10 +675,11 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
         L += table(["networks", "count", "mean |time ratio error| pp", "bias pp", "≤ 3 pp?",
                     "mean |energy ratio error| pp", "≤ 3 pp?"], lines) + [""]
         if energy_noise:
-            L += ["Noise floor of a measured energy ratio: a network re-measured on the same GPU (eager, "
-                  "`repeats.parquet`, time within 2% of the first measurement) differs in energy by "
+            L += ["Noise floor of a measured energy ratio: a network re-measured on the same GPU (`repeats.parquet`, "
+                  "time within 2% of the first measurement) differs in energy by "
                   + "; ".join(f"{r['mean_pct']:.1f}% on average ({r['median_pct']:.1f}% median, {r['pairs']} pairs) "
-                              f"on the {short(r['gpu'])}" for r in energy_noise)
+                              f"on the {short(r['gpu'])}" + (f", {r['basis']}" if r.get("basis") else "")
+                              for r in energy_noise)
                   + ". A measured H200/H100 ratio holds one such measurement of each GPU, so a perfect prediction "
                     "would still be off by about that much.", ""]
         product = [r for r in t["h200_summary"] if r["product_pp"] is not None]

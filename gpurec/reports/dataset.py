@@ -573,7 +573,7 @@ def repeat_pairs(g: GpuData) -> pd.DataFrame:
         o = main.loc[oid]
         rec = {"id": oid, "item": r.get("item", o.get("item")), "mode": r.get("mode"),
                "same_run": str(o.get("run_id")) == str(r.get("run_id"))}
-        for c in ("time_ms", "energy_mj", "power_w"):
+        for c in ("time_ms", "energy_mj", "power_w", "gpu_time_ms", "gpu_energy_mj"):
             a, b = pd.to_numeric(o.get(c), errors="coerce"), pd.to_numeric(r.get(c), errors="coerce")
             rec[f"{c}_orig"] = a
             rec[f"{c}_rep"] = b
