@@ -376,11 +376,11 @@ def test_network_pairs_are_host_free_where_both_are_and_gpu_bound_eager_otherwis
     m = _gpu_bound_pairs(None).set_index("set_key")
     assert sorted(m.index) == ["a:b8:r224", "b:b8:r224", "d:b8:r224"]
     assert m.loc["a:b8:r224", "basis"] == "host_free"
-    assert m.loc["a:b8:r224", "h200_ms"] / m.loc["a:b8:r224", "h100_ms"] == pytest.approx(0.9)
-    assert m.loc["a:b8:r224", "h200_energy"] / m.loc["a:b8:r224", "h100_energy"] == pytest.approx(0.95)
+    assert m.loc["a:b8:r224", "h200_basis_time_ms"] / m.loc["a:b8:r224", "h100_basis_time_ms"] == pytest.approx(0.9)
+    assert m.loc["a:b8:r224", "h200_basis_energy_mj"] / m.loc["a:b8:r224", "h100_basis_energy_mj"] == pytest.approx(0.95)
     assert (m.loc["b:b8:r224", "basis"], m.loc["d:b8:r224", "basis"]) == ("eager", "eager")
-    assert m.loc["d:b8:r224", "h200_ms"] / m.loc["d:b8:r224", "h100_ms"] == pytest.approx(0.9)
-    assert m.loc["b:b8:r224", "h200_energy"] / m.loc["b:b8:r224", "h100_energy"] == pytest.approx(0.95)
+    assert m.loc["d:b8:r224", "h200_basis_time_ms"] / m.loc["d:b8:r224", "h100_basis_time_ms"] == pytest.approx(0.9)
+    assert m.loc["b:b8:r224", "h200_basis_energy_mj"] / m.loc["b:b8:r224", "h100_basis_energy_mj"] == pytest.approx(0.95)
 
 
 def test_h200_operation_pairs_take_host_free_and_eager_h200_rows() -> None:

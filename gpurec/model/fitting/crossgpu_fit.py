@@ -241,7 +241,7 @@ def network_pairs(data_root: Path | str | None = None, cache_dir: str | None = N
             continue
         tables.append(op_table_from_block(block))
         index.append(np.full(len(block), len(ratios)))
-        ratios.append(r.h200_ms / r.h100_ms)
+        ratios.append(r.h200_basis_time_ms / r.h100_basis_time_ms)
         keys.append(f"{r.set_key}|{r.mode}")
     extractor.save()
     if not tables:
@@ -625,7 +625,8 @@ def _fp32_rows(frame: Any) -> Any:
 
 def _gpu_bound_pairs(data_root: Path | str | None) -> Any:
     """fp32 networks measured on the H100 and the H200 that tell the GPUs apart, with the time and
-    energy to compare (``h100_ms``/``h200_ms``, ``h100_energy``/``h200_energy`` in mJ) and their
+    energy to compare (``h100_basis_time_ms``/``h200_basis_time_ms``, ``h100_basis_energy_mj``/
+    ``h200_basis_energy_mj``) and their
     ``basis``: ``host_free`` where both were timed as CUDA-graph replays (GPU time and GPU energy
     on both; the host is out of either number), else ``eager`` where the eager steps are GPU-bound
     on both: on the H100, host-free / eager >= GPU_DOMINATED_RATIO, and the H200's eager time is >=
@@ -652,10 +653,10 @@ def _gpu_bound_pairs(data_root: Path | str | None) -> Any:
     bound = ((m["h100_gpu_time_ms"] / m["h100_time_ms"] >= GPU_DOMINATED_RATIO)
              & (m["h200_time_ms"] >= GPU_DOMINATED_HOST_FACTOR * m["h100_host_ms"])).to_numpy()
     m = m.assign(basis=np.where(host_free, "host_free", "eager"),
-                 h100_ms=np.where(host_free, m["h100_gpu_time_ms"], m["h100_time_ms"]),
-                 h200_ms=np.where(host_free, m["h200_gpu_time_ms"], m["h200_time_ms"]),
-                 h100_energy=np.where(host_free, m["h100_gpu_energy_mj"], m["h100_energy_mj"]),
-                 h200_energy=np.where(host_free, m["h200_gpu_energy_mj"], m["h200_energy_mj"]))
+                 h100_basis_time_ms=np.where(host_free, m["h100_gpu_time_ms"], m["h100_time_ms"]),
+                 h200_basis_time_ms=np.where(host_free, m["h200_gpu_time_ms"], m["h200_time_ms"]),
+                 h100_basis_energy_mj=np.where(host_free, m["h100_gpu_energy_mj"], m["h100_energy_mj"]),
+                 h200_basis_energy_mj=np.where(host_free, m["h200_gpu_energy_mj"], m["h200_energy_mj"]))
     return m[host_free | bound].reset_index(drop=True)
 
 
@@ -672,8 +673,8 @@ def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = Non
     call), also what a user gets: its H200/H100 GPU time ratio (``product_ratio``: the H100's
     per-operation times weighted by the model's per-operation ratios) and GPU energy ratio
     (``pred_energy_ratio``, its power model's power times those times), against the measured
-    energy ratio on the pair's basis (``measured_energy_ratio``).  ``h200_ms`` is the H200 time on
-    that basis (GPU time where host-free, else eager time, about the GPU time when GPU-bound)."""
+    energy ratio on the pair's basis (``measured_energy_ratio``).  ``h200_basis_time_ms`` is the H200
+    time on that basis (GPU time where host-free, else eager time, about the GPU time when GPU-bound)."""
     from gpurec.model._sets import parse_set, test_arch_names
     from gpurec.model.features import SetExtractor
     from gpurec.model.fitting.evaluate import arch_of
@@ -690,16 +691,17 @@ def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = Non
         ratio[i] = direct[i] / model.predict_ms(ops, H100).sum()
     extractor.save()
     held_out = set(test_arch_names())
-    m = m.assign(pred_ratio=ratio, measured_ratio=m["h200_ms"] / m["h100_ms"], direct_h200_ms=direct,
-                 measured_energy_ratio=m["h200_energy"] / m["h100_energy"],
+    m = m.assign(pred_ratio=ratio, measured_ratio=m["h200_basis_time_ms"] / m["h100_basis_time_ms"],
+                 direct_h200_ms=direct,
+                 measured_energy_ratio=m["h200_basis_energy_mj"] / m["h100_basis_energy_mj"],
                  held_out_arch=[arch_of(k) in held_out for k in m["set_key"]])
     m = m.assign(pred_h200_ms=m["h100_gpu_time_ms"] * m["pred_ratio"])
     if predictor is not None:
         m = m.assign(**_product_ratios(predictor, model, m, parse_set))
         m = m.assign(energy_ratio_error_pp=100 * (m["pred_energy_ratio"] - m["measured_energy_ratio"]),
                      product_ratio_error_pp=100 * (m["product_ratio"] - m["measured_ratio"]))
-    return m.assign(ape=np.abs(m["pred_h200_ms"] / m["h200_ms"] - 1),
-                    direct_ape=np.abs(m["direct_h200_ms"] / m["h200_ms"] - 1),
+    return m.assign(ape=np.abs(m["pred_h200_ms"] / m["h200_basis_time_ms"] - 1),
+                    direct_ape=np.abs(m["direct_h200_ms"] / m["h200_basis_time_ms"] - 1),
                     ratio_error_pp=100 * (m["pred_ratio"] - m["measured_ratio"]))
 
 
@@ -746,7 +748,7 @@ def fit_memory_energy(model: CrossGPUModel, predictor: Any, data_root: Path | st
     nets = nets[[arch_of(k) not in set(test_arch_names()) for k in nets["set_key"]]].reset_index(drop=True)
     if nets.empty:
         return None
-    measured = np.log((nets["h200_energy"] / nets["h100_energy"]).to_numpy(dtype=np.float64))
+    measured = np.log((nets["h200_basis_energy_mj"] / nets["h100_basis_energy_mj"]).to_numpy(dtype=np.float64))
     saved_model, saved_energy = predictor.crossgpu, model.memory_energy_pj_per_byte
     predictor.crossgpu = model
     predictor.clear_cache()
@@ -804,7 +806,7 @@ def evaluate(table: CrossTable, data_root: Path | str | None = None, cache_dir: 
         "public_models": public.drop(columns=[]).to_dict(orient="records"),
     }
     cols = ["set_key", "mode", "held_out_arch", "basis", "h100_gpu_time_ms", "h100_time_ms", "h200_time_ms",
-            "h200_ms", "pred_ratio", "measured_ratio", "pred_h200_ms", "ape", "direct_h200_ms", "direct_ape",
+            "h200_basis_time_ms", "pred_ratio", "measured_ratio", "pred_h200_ms", "ape", "direct_h200_ms", "direct_ape",
             "ratio_error_pp", "h100_energy_mj", "h200_energy_mj", "measured_energy_ratio"]
     extra = ["product_ratio", "product_ratio_error_pp", "pred_energy_ratio", "energy_ratio_error_pp"]
     if model is not None:
