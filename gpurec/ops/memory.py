@@ -627,11 +627,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
                 # aten/src/ATen/autocast_mode.cpp caches only leaves that require grad, outside
                 # InferenceMode) it lives through the operation it was made for, whose input list
                 # does not name it
-                name, j = op.node.rpartition(".cast")[0], i + 1
-                while j < len(ops) and j <= i + 8 and ops[j].node != name:  # (inline: per candidate)
-                    j += 1
-                if j == len(ops) or j > i + 8:
-                    j = _next_consumer_of_cast(ops, i)
+                j = _next_consumer_of_cast(ops, i)
                 if j > last_use[op.node]:
                     last_use[op.node] = j
             continue

@@ -388,8 +388,9 @@ def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any],
     for r in tables["host_free"]:
         L.append(f"| {short(r['gpu'])} | {r['mode']} | {_f(r['gpu_time_mape'])} | {r['n_time']} | "
                  f"{_f(r['gpu_energy_mape'])} | {r['n_energy']} |")
-    L += ["", "Rows are 0 where the GPU has no host-free network measurement yet (no H200 was lent to the "
-          "host-free collection; its networks are eager only).", ""]
+    L += ["", "Rows are 0 where the GPU has no host-free measurement of an unseen test architecture's network "
+          "yet (the H200's host-free networks, measured from 2026-11-27, are so far of training architectures "
+          "only: `datasets/h200/raw/logs/README.md`).", ""]
     L += ["### Leave one GPU out, host-free (target ≤ 8%)", ""]
     logo = tables["leave_one_gpu_out"]
     if logo:
@@ -582,8 +583,9 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
     t = crossgpu_tables(cross)
     info = cross.get("model_info", {})
     src = info.get("sources", {})
-    L += ["GPUs without host-free measurements of their own (every catalogue GPU but the H100, the H200 "
-          "included: its rows are eager only) take the H100's GPU time - its measured operations and its "
+    L += ["Every catalogue GPU but the H100 (the cross-GPU anchor) - the H200 included, although part of its "
+          "rows are host-free since 2026-11-27 and enter the fit below - takes the H100's GPU time - its measured "
+          "operations and its "
           "whole-network correction included - times, per operation, the ratio of a physical model's times "
           "(`gpurec/model/crossgpu.py`): a roofline over the FP32 peak or the tensor-core peak of the "
           "operation's math (TF32 for FP32 convolutions, FP16/BF16 for GEMM-like operations in those types, so "
