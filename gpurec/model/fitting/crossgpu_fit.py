@@ -158,8 +158,7 @@ def _own_rows(data_root: Path | str | None, cache_dir: str | None, log: Callable
 
     ops = load_dataset(root=data_root, table="operations")
     ops = ops[~ops["set_key"].map(lambda s: arch_of(s) in test_arch_names())]  # never trained on
-    h100 = ops[(ops["gpu"] == H100) & (pd.to_numeric(ops["gpu_time_ms"], errors="coerce") > 0)
-               & ops.get("captured", pd.Series(True, index=ops.index)).fillna(False).astype(bool)]
+    h100 = ops[(ops["gpu"] == H100).to_numpy() & host_free_mask(ops)]
     h100 = h100.drop_duplicates(["op_signature", "mode"], keep="last").reset_index(drop=True)
     h200_all = ops[ops["gpu"] == H200].drop_duplicates(["op_signature", "mode"], keep="last")
     hf = host_free_mask(h200_all)
