@@ -500,3 +500,43 @@ def test_energy_noise_floor_counts_only_networks_that_ran_the_same_way(monkeypat
     assert (eager["basis"], eager["pairs"]) == ("eager", 2)
     assert (host_free["basis"], host_free["pairs"]) == ("host-free", 2) and host_free["mean_pct"] == pytest.approx(2.0)
     assert "on the H200, host-free" in "\n".join(crossgpu_section(cross, [eager, host_free]))
+
+
+def test_card_power_levels_compare_the_same_gpu_bound_networks_on_two_cards(monkeypatch) -> None:
+    """Cards of one GPU model differ in power: the same network, eager, GPU-bound, its time within 2%
+    of the earlier lease's (v1), is compared per card; the energy-ratio error is split by H200 card."""
+    H200 = "NVIDIA H200"
+    import gpurec.reports.dataset as ds
+    from gpurec.reports.accuracy import card_power_differences, crossgpu_section, energy_error_by_card
+
+    nets = pd.DataFrame({
+        "gpu_uuid": ["GPU-aaaa", "GPU-aaaa", "GPU-bbbb", "GPU-bbbb", "GPU-bbbb"],
+        "v1_time_ms": [10.0, 10.0, 10.0, 10.0, 10.0], "v1_energy_mj": [1000.0] * 5,
+        "time_ms": [10.0, 10.1, 10.0, 10.0, 13.0], "gpu_time_ms": [9.5, 9.8, 9.9, 5.0, 12.0],
+        "energy_mj": [1100.0, 1111.0, 950.0, 500.0, 1300.0]})
+
+    class Gpu:
+        name = H200
+
+        def t(self, table: str) -> pd.DataFrame:
+            return nets if table == "networks" else pd.DataFrame()
+
+    monkeypatch.setattr(ds, "load_all", lambda root: [Gpu()])
+    a, b = card_power_differences(Path("unused"))
+    # card b's second network is host-bound (5.0 / 10.0) and its third ran 30% slower: left out
+    assert (a["card"], a["networks"], b["card"], b["networks"]) == ("GPU-aaaa", 2, "GPU-bbbb", 1)
+    assert a["mean_pct"] == pytest.approx(10.0) and b["mean_pct"] == pytest.approx(-5.0)
+    rows = [{"h200_gpu_uuid": "GPU-aaaa", "energy_ratio_error_pp": 2.0}, {"h200_gpu_uuid": "GPU-aaaa",
+            "energy_ratio_error_pp": -4.0}, {"h200_gpu_uuid": "GPU-bbbb", "energy_ratio_error_pp": 3.0},
+            {"h200_gpu_uuid": None, "energy_ratio_error_pp": 9.0}]
+    first, second = energy_error_by_card(rows)
+    assert (first["pairs"], first["bias_pp"], first["mean_abs_pp"]) == (2, -1.0, 3.0)
+    assert (second["card"], second["pairs"], second["bias_pp"]) == ("GPU-bbbb", 1, 3.0)
+    base = {"mode": "inference", "held_out_arch": False, "measured_ratio": 0.9, "pred_ratio": 0.9,
+            "ratio_error_pp": 0.0, "h200_time_ms": 1.0, "pred_h200_ms": 1.0, "ape": 0.0, "direct_ape": 0.1,
+            "measured_energy_ratio": 0.95, "pred_energy_ratio": 0.95}
+    cross = {"h200_networks": [{**base, **r, "set_key": f"resnet50:b{i + 1}:r224"} for i, r in enumerate(rows[:3])]}
+    many = [{**a, "card": f"GPU-{i}", "networks": 5, "mean_pct": p} for i, p in enumerate((-2.0, 7.5))]
+    text = "\n".join(crossgpu_section(cross, None, many))
+    assert "GPU-aaaa: -1.0 pp mean, 3.0 pp mean |error| (2 networks)" in text
+    assert "9.5 points between the H200's 2 cards" in text

@@ -285,3 +285,34 @@ def test_window_attention_scores_are_float32_under_autocast() -> None:
     scores32 = _window_attention_buffers(att["fp32"])[1] - 5 * out32
     scores16 = _window_attention_buffers(att["bf16-mixed"])[1] - 5 * out16
     assert scores16 == scores32 > 0
+
+
+def test_submodules_the_step_never_calls_still_hold_their_parameters() -> None:
+    """GoogLeNet's auxiliary heads run in training only, yet their weights are on the GPU in
+    inference too (its batch-1 inference peak read 17% low without them); a weight an uncalled
+    module shares with a called one (tied) is counted once, and a cast module's weights take 2 bytes."""
+    from gpurec.ops.memory import memory_terms
+
+    class WithAux(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Linear(64, 64)
+            self.aux = nn.Sequential(nn.Linear(64, 500), nn.BatchNorm1d(500), nn.Linear(500, 64))
+            self.head = nn.Linear(64, 64)  # never called; its weight is the body's
+            self.head.weight = self.body.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.body(x)
+            return y + self.aux(x) if self.training else y
+
+    floats = (64 * 500 + 500) + (500 + 500) + (500 * 64 + 64) + (500 + 500)  # linear, BN, linear, running stats
+    count = 8  # BatchNorm's int64 num_batches_tracked
+    head_bias = 64
+    ops = extract_operations(WithAux(), (8, 64), keep_sources=False)
+    assert ops.dormant_state_bytes == (floats + head_bias) * 4 + count
+    assert memory_terms(ops, "inference").params_bytes == (64 * 64 + 64) * 4 + (floats + head_bias) * 4 + count
+    trained = extract_operations(WithAux(), (8, 64), mode="training", keep_sources=False)
+    assert trained.dormant_state_bytes == head_bias * 4  # training calls the head: its layers carry it
+    cast = extract_operations(WithAux(), (8, 64), keep_sources=False, precision="bf16")
+    assert cast.dormant_state_bytes == (floats + head_bias) * 2 + count
+    assert extract_operations("googlenet", (1, 3, 224, 224), keep_sources=False).dormant_state_bytes > 25e6

@@ -1098,8 +1098,9 @@ def extract_operations(
     example_inputs: Any = None,
     precision: str | None = None,
     shared_records: bool = False,
-) -> list[Operation]:
-    """Every operation the forward of ``model`` executes on ``input_shape``, in order.
+) -> OperationList:
+    """Every operation the forward of ``model`` executes on ``input_shape``, in order (with the
+    memory of submodules it never calls, ``OperationList.dormant_state_bytes``).
 
     ``dtype`` is the input's dtype: an integer dtype (``torch.long``) for models that take
     token ids, whose activations are then float32. ``example_inputs`` (a tensor or a tuple
@@ -1143,7 +1144,7 @@ def extract_operations(
 def extract_at_resolved_precision(model: str | nn.Module, input_shape: Sequence[int] | None = None,
                                   mode: str = "inference", dtype: torch.dtype = torch.float32,
                                   keep_sources: bool = True, example_inputs: Any = None,
-                                  precision: str = DEFAULT_PRECISION, shared_records: bool = False) -> list[Operation]:
+                                  precision: str = DEFAULT_PRECISION, shared_records: bool = False) -> OperationList:
     """extract_operations for a ``precision`` that ``gpurec.ops.precision.resolve_precision(model, ...)``
     returned already (predict resolves it first): resolving it again walks every parameter of
     the module a second time per fresh candidate.  Anything else: use extract_operations."""
@@ -1161,7 +1162,7 @@ _EXTRACTION_LOCK = threading.RLock()
 
 def _extract_operations(model: str | nn.Module, input_shape: Sequence[int] | None, mode: str, dtype: torch.dtype,
                         keep_sources: bool, example_inputs: Any, precision: str,
-                        shared_records: bool = False) -> list[Operation]:
+                        shared_records: bool = False) -> OperationList:
     if isinstance(model, str) and example_inputs is None and is_sequence_arch(model) and dtype.is_floating_point:
         # a sequence architecture by name takes int64 token ids; ``dtype`` is its activations'
         inputs, described = _meta_inputs(input_shape, torch.int64, None)
@@ -1208,7 +1209,66 @@ def _extract_operations(model: str | nn.Module, input_shape: Sequence[int] | Non
             raise ExtractionError(f"{name} cannot take input {described}: {reason}") from exc
     for op in ops:
         op.model = name
-    return ops
+    return OperationList(ops, functools.partial(_dormant_state_bytes, traced, precision))
+
+
+class OperationList(list):
+    """The operations of one step in execution order (a list), and the memory the module holds
+    that no operation carries: ``dormant_state_bytes``."""
+
+    def __init__(self, ops: Sequence[Operation], dormant: Callable[[], int] | int = 0) -> None:
+        super().__init__(ops)
+        self._dormant = dormant
+
+    @property
+    def dormant_state_bytes(self) -> int:
+        """Parameters and buffers of submodules the step never calls (GoogLeNet's and Inception's
+        auxiliary heads in inference): they are on the GPU all the same.  Worked out on first use
+        (prediction of time never asks)."""
+        if callable(self._dormant):
+            self._dormant = int(self._dormant())
+        return self._dormant
+
+
+def _dormant_state_bytes(traced: _Traced, precision: str) -> int:
+    """Bytes of the parameters and buffers of ``traced.root``'s submodules that no node of the
+    traced step calls or reads, each tensor once and none that a called module shares (a tied
+    weight); at ``precision``'s element size where the module is cast (bf16, fp16)."""
+    used: set[str] = set()  # modules called and tensors read, by path
+    touched: set[str] = set()  # those paths and every module above them
+    for node in traced.graph.nodes:
+        if node.op in ("call_module", "get_attr"):
+            path = str(node.target)
+            used.add(path)
+            parts = path.split(".")
+            touched.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    dormant: list[str] = []
+
+    def walk(prefix: str, module: nn.Module) -> None:
+        for name, child in module.named_children():
+            path = prefix + name
+            if path in used:
+                continue  # called as a whole
+            if path in touched:
+                walk(path + ".", child)  # partly used: look inside
+            else:
+                dormant.append(path + ".")
+
+    walk("", traced.root)
+    if not dormant:
+        return 0
+    prefixes = tuple(dormant)
+    live: set[int] = set()
+    idle: dict[int, torch.Tensor] = {}
+    root = traced.root
+    for path, t in (*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)):
+        if path.startswith(prefixes):
+            idle[id(t)] = t
+        else:
+            live.add(id(t))
+    cast = precision in CAST
+    return sum(t.numel() * (2 if cast and t.is_floating_point() else t.element_size())
+               for i, t in idle.items() if i not in live)
 
 
 _MIXED_OF_DTYPE = {torch.bfloat16: "bf16-mixed", torch.float16: "fp16-mixed"}

@@ -546,6 +546,76 @@ def network_energy_repeatability(data_root: Path | None = None, time_agreement: 
     return out
 
 
+def energy_error_by_card(nets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per H200 card (NVML UUID) of the pairs in ``nets`` (crossgpu_tables' h200_networks): how
+    many, the mean energy-ratio error (pp, signed) and its mean magnitude.  A card's own power
+    level shows as an offset that no GPU-level prediction can follow."""
+    by: dict[str, list[float]] = {}
+    for r in nets:
+        card, err = r.get("h200_gpu_uuid"), r.get("energy_ratio_error_pp")
+        if card and err is not None:
+            by.setdefault(str(card), []).append(float(err))
+    return [{"card": c, "pairs": len(v), "bias_pp": sum(v) / len(v), "mean_abs_pp": sum(abs(x) for x in v) / len(v)}
+            for c, v in sorted(by.items())]
+
+
+CARD_MIN_NETWORKS = 5  # a card's mean power difference over fewer networks is not compared
+
+
+def card_power_differences(data_root: Path | None = None, time_agreement: float = 0.02,
+                           gpu_bound: float = 0.9) -> list[dict[str, Any]]:
+    """Per GPU and card: networks measured eager on an earlier lease (``v1_*``, kept beside the
+    host-free rows that superseded them) and eager again on this card, GPU-bound (host-free /
+    eager time >= ``gpu_bound``) with times within ``time_agreement``: the mean power difference
+    (%, this card against the earlier one).  Same network, same method, another card of the
+    same model: how far cards differ in power."""
+    import numpy as np
+
+    from gpurec.dataset.load import default_root
+    from gpurec.reports.dataset import load_all
+
+    out = []
+    for g in load_all(data_root or default_root()):
+        n = g.t("networks")
+        need = {"v1_time_ms", "v1_energy_mj", "time_ms", "energy_mj", "gpu_time_ms", "gpu_uuid"}
+        if n.empty or not need <= set(n.columns):
+            continue
+        n = n.dropna(subset=sorted(need - {"gpu_uuid"}))
+        n = n[(n["gpu_time_ms"] / n["time_ms"] >= gpu_bound) & (np.abs(n["time_ms"] / n["v1_time_ms"] - 1) <= time_agreement)]
+        for card, part in n.groupby("gpu_uuid"):
+            d = 100 * ((part["energy_mj"] / part["time_ms"]) / (part["v1_energy_mj"] / part["v1_time_ms"]) - 1)
+            out.append({"gpu": g.name, "card": str(card), "networks": int(len(part)), "mean_pct": float(d.mean()),
+                        "mean_abs_pct": float(d.abs().mean())})
+    return out
+
+
+def _card_text(t: dict[str, Any], cards: list[dict[str, Any]] | None) -> list[str]:
+    """The card-to-card paragraph of the H200/H100 section (empty without card data)."""
+    by_card = energy_error_by_card(t["h200_networks"])
+    L: list[str] = []
+    if len(by_card) > 1:
+        L += ["Cards of one model differ. The energy ratio error by the H200 card that measured the network "
+              "(its NVML UUID; the H100 side spreads over many cards): "
+              + "; ".join(f"{c['card'][:12]}: {c['bias_pp']:+.1f} pp mean, {c['mean_abs_pp']:.1f} pp mean |error| "
+                          f"({c['pairs']} networks)" for c in by_card) + "."]
+    if cards:
+        spans = []
+        for gpu in sorted({c["gpu"] for c in cards}):
+            level = [c["mean_pct"] for c in cards if c["gpu"] == gpu and c["networks"] >= CARD_MIN_NETWORKS]
+            if len(level) > 1:
+                spans.append(f"{max(level) - min(level):.1f} points between the {short(gpu)}'s {len(level)} cards")
+        L += ["The same GPU-bound networks measured eager on an earlier lease of the same GPU model (the rows the "
+              "host-free ones superseded, `v1_*`) and eager again on these cards (time within 2%) draw "
+              + "; ".join(f"{c['mean_pct']:+.1f}% power on {short(c['gpu'])} card {c['card'][:12]} "
+                          f"({c['networks']} networks)" for c in cards)
+              + ". The earlier rows were measured another way (schema 1), so only the differences between cards "
+                "of one GPU carry meaning: "
+              + ("; ".join(spans) if spans else "too few networks per card to say")
+              + ". A card's own power level moves a measured energy ratio by points, which a prediction per GPU "
+                "model cannot follow; the fit's pairs come from several cards, so it predicts their average."]
+    return L + [""] if L else []
+
+
 def _tile_text(info: dict[str, Any]) -> str:
     """The tile structure and specification-dependent efficiencies of the fitted model, as words
     (empty for a model fitted without them)."""
@@ -575,7 +645,8 @@ def _scored_floor_text(cross: dict[str, Any]) -> str:
             "and their relative error says nothing about the GPU. Rows left out by it: " + (left or "none") + ".")
 
 
-def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, Any]] | None = None) -> list[str]:
+def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, Any]] | None = None,
+                     cards: list[dict[str, Any]] | None = None) -> list[str]:
     """docs/accuracy.md's cross-GPU section from models/crossgpu_report.json."""
     L = ["## Across GPUs: the cross-GPU operation model", ""]
     if not cross:
@@ -684,6 +755,7 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
                               for r in energy_noise)
                   + ". A measured H200/H100 ratio holds one such measurement of each GPU, so a perfect prediction "
                     "would still be off by about that much.", ""]
+        L += _card_text(t, cards)
         product = [r for r in t["h200_summary"] if r["product_pp"] is not None]
         if product:
             L += ["What the predictor itself answers (the H100's per-operation times, measured ones included, "
@@ -883,7 +955,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
               "extrapolate through the hardware features and the roofline margin and are unvalidated; their "
               "uncertainty band is widened."]
     L += [""]
-    L += crossgpu_section(cross, network_energy_repeatability(data_root))
+    L += crossgpu_section(cross, network_energy_repeatability(data_root), card_power_differences(data_root))
     unc = manifest.get("uncertainty", {})
     if unc:
         b = unc.get("measured_gpu", {})

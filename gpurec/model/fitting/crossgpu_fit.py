@@ -636,9 +636,12 @@ def _gpu_bound_pairs(data_root: Path | str | None) -> Any:
 
     nets = _fp32_rows(load_dataset(root=data_root, table="networks"))
     cols = ["gpu_time_ms", "time_ms", "host_ms", "energy_mj", "gpu_energy_mj", "captured"]
-    nets = nets.assign(**{c: nets[c] if c in nets else np.nan for c in cols})
-    a = nets[nets["gpu"] == H100][["set_key", "mode", *cols]].rename(columns={c: f"h100_{c}" for c in cols})
-    b = nets[nets["gpu"] == H200][["set_key", "mode", *cols]].rename(columns={c: f"h200_{c}" for c in cols})
+    # the card of each measurement: cards of one model differ in power (evaluate_cards)
+    nets = nets.assign(**{c: nets[c] if c in nets else np.nan for c in cols},
+                       gpu_uuid=nets["gpu_uuid"] if "gpu_uuid" in nets else "")
+    keep = ["set_key", "mode", *cols, "gpu_uuid"]
+    a = nets[nets["gpu"] == H100][keep].rename(columns={c: f"h100_{c}" for c in keep[2:]})
+    b = nets[nets["gpu"] == H200][keep].rename(columns={c: f"h200_{c}" for c in keep[2:]})
     a = a.drop_duplicates(["set_key", "mode"], keep="last")
     b = b.drop_duplicates(["set_key", "mode"], keep="last")
     m = a.merge(b, on=["set_key", "mode"])
@@ -806,7 +809,8 @@ def evaluate(table: CrossTable, data_root: Path | str | None = None, cache_dir: 
     }
     cols = ["set_key", "mode", "held_out_arch", "basis", "h100_gpu_time_ms", "h100_time_ms", "h200_time_ms",
             "h200_basis_time_ms", "pred_ratio", "measured_ratio", "pred_h200_ms", "ape", "direct_h200_ms", "direct_ape",
-            "ratio_error_pp", "h100_energy_mj", "h200_energy_mj", "measured_energy_ratio"]
+            "ratio_error_pp", "h100_energy_mj", "h200_energy_mj", "measured_energy_ratio", "h100_gpu_uuid",
+            "h200_gpu_uuid"]
     extra = ["product_ratio", "product_ratio_error_pp", "pred_energy_ratio", "energy_ratio_error_pp"]
     if model is not None:
         h200 = h200_network_errors(model, data_root, cache_dir, predictor=predictor)
