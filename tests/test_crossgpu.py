@@ -158,6 +158,35 @@ def test_leave_one_gpu_out_scores_only_rows_above_the_kernel_time_floor() -> Non
     assert next(r for r in per_gpu if r["gpu"] == "B")["rows_below_floor"] == 0
 
 
+def test_a_kind_group_no_other_gpu_measured_is_scored_apart() -> None:
+    """The H100's recurrent layers have no row on any other GPU: the fold without the H100 has
+    nothing to learn them from, so their error is reported beside the MAPE, not inside it."""
+    from gpurec.model.fitting.crossgpu_fit import score_leave_one_gpu_out
+    from gpurec.reports.accuracy import _scored_floor_text
+
+    logo = pd.DataFrame({"gpu": ["A", "A", "A"], "group": ["matmul", "other", "other"], "kind": ["Linear", "LSTM", "GRU"],
+                         "source": "s", "target_ms": [1.0, 1.0, 1.0], "pred_ms": [1.1, 1000.0, 3.0],
+                         "group_seen": [True, False, False]})
+    per_op, (a,) = score_leave_one_gpu_out(logo)
+    assert (a["rows"], a["mape"]) == (1, pytest.approx(0.1))
+    assert (a["rows_kind_unseen"], a["kinds_unseen"]) == (2, ["GRU", "LSTM"])
+    assert a["kind_unseen_mape"] == pytest.approx((999 + 2) / 2)
+    assert [r["group"] for r in per_op] == ["matmul"]
+    text = _scored_floor_text({"scored_min_gpu_ms": 0.01, "per_gpu": [{**a, "gpu": "NVIDIA H100 80GB HBM3"}]})
+    assert "H100 2 rows (GRU, LSTM; MAPE 50050%)" in text
+
+
+def test_casts_and_lookups_transfer_as_the_work_they_are() -> None:
+    """autocast's casts are elementwise copies and embedding lookups gathers, across GPUs; the
+    recurrent layers stay a group of their own."""
+    from gpurec.model.crossgpu import physical_group
+    from gpurec.model.features import kind_group
+
+    assert (kind_group("autocast_cast"), physical_group("autocast_cast")) == ("other", "elementwise")
+    assert physical_group("Embedding") == "data_movement" and physical_group("cumsum") == "reduce"
+    assert physical_group("LSTM") == "other" and physical_group("Conv2d") == kind_group("Conv2d") == "conv"
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, "shipped"])
 def test_a_gpu_no_worse_in_any_spec_is_never_slower(seed: int | str) -> None:
     model = _shipped() if seed == "shipped" else _random_model(int(seed))

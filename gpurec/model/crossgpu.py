@@ -74,6 +74,25 @@ TENSOR_MODES = ("none", "tf32", "fp16", "bf16")
 _TENSOR_PEAK_COLUMN = {1: "tf32_tflops", 2: "fp16_tflops", 3: "bf16_tflops"}
 
 
+# Kinds that the main model's coarse groups (gpurec.model.features.kind_group) leave in "other" but
+# that are one physical kind of work: the cross-GPU model transfers them as that work, with the
+# efficiencies it learnt on every GPU, instead of an "other" group that only the H100 (and H200)
+# ever measured.  A dtype cast is an elementwise copy, an embedding lookup and a relative-position
+# table are gathers, a comparison or integer cast is elementwise, cumsum is a scan.  cuDNN's
+# recurrent layers stay "other": a sequence of small GEMMs bound by their steps, like no other kind.
+_PHYSICAL_GROUP = {"autocast_cast": "elementwise", "embedding": "data_movement",
+                   "_get_relative_position_bias": "data_movement", "eq": "elementwise", "ne": "elementwise",
+                   "invert": "elementwise", "int": "elementwise", "long": "elementwise", "triu": "elementwise",
+                   "cumsum": "reduce"}
+
+
+def physical_group(kind: str) -> str:
+    """The cross-GPU model's group of an operation kind: kind_group, with the "other" kinds of
+    one physical kind of work (_PHYSICAL_GROUP) moved to that work's group."""
+    group = kind_group(kind)
+    return _PHYSICAL_GROUP.get(kind.lower(), group) if group == "other" else group
+
+
 class CrossGPUModelError(ValueError):
     """The cross-GPU model file is missing, of another schema, or does not fit this code."""
 
@@ -177,7 +196,7 @@ def op_table_from_block(block: OpBlock, tf32_convs: bool = True) -> OpTable:
     has_bwd = training * ((v[:, col("flops_bwd")] > 0) | (v[:, col("input_requires_grad")] > 0))
     flops_mode = v[:, col("flops_total")] + training * v[:, col("flops_bwd")]
     bytes_mode = v[:, col("bytes_total")] * (1.0 + 2.0 * has_bwd)  # as gpurec.model.features
-    groups = [kind_group(k) for k in block.kinds]
+    groups = [physical_group(k) for k in block.kinds]
     math = v[:, col("math_mode")]  # 0 fp32, 1 tf32, 2 fp16, 3 bf16 (gpurec.ops.features.MATH_MODES)
     gemm = np.array([g in GEMM_GROUPS for g in groups], dtype=bool)
     conv = np.array([g == "conv" for g in groups], dtype=bool)

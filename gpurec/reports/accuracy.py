@@ -640,9 +640,16 @@ def _scored_floor_text(cross: dict[str, Any]) -> str:
         return ""
     left = ", ".join(f"{short(g['gpu'])} {g['rows_below_floor']}" for g in cross.get("per_gpu", [])
                      if g.get("rows_below_floor"))
+    unseen = [g for g in cross.get("per_gpu", []) if g.get("rows_kind_unseen")]
+    apart = ("" if not unseen else
+             " Rows of a kind group that no other GPU measured have nothing to transfer from and are scored apart: "
+             + "; ".join(f"{short(g['gpu'])} {g['rows_kind_unseen']} rows ({', '.join(g.get('kinds_unseen') or [])}; "
+                         f"MAPE {100 * g['kind_unseen_mape']:.0f}%)" if g.get("kind_unseen_mape") is not None else
+                         f"{short(g['gpu'])} {g['rows_kind_unseen']} rows" for g in unseen) + ".")
     return (f" Only rows whose measured GPU time is at least {1000 * floor_ms:g} µs are scored, the same rule on "
             "every GPU: operations that launch no kernel or a tiny one (views, data movement) measure about 0 ms "
-            "and their relative error says nothing about the GPU. Rows left out by it: " + (left or "none") + ".")
+            "and their relative error says nothing about the GPU. Rows left out by it: " + (left or "none") + "."
+            + apart)
 
 
 def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, Any]] | None = None,
@@ -663,7 +670,8 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
           "a V100's missing BF16 tensor cores show), DRAM bandwidth and the SMs' own load/store rate, combined "
           "by a soft maximum whose sharpness (how far compute and memory overlap) is learnt per operation, with "
           "a power-headroom factor, wave quantisation and efficiencies bounded in (0, 1) learnt from the "
-          "operation's features only." + _tile_text(info) + " It is monotone by construction: a GPU no worse in any "
+          "operation's features only, per group of the work an operation does (autocast's dtype casts with the "
+          "elementwise operations, embedding lookups with data movement: `physical_group`)." + _tile_text(info) + " It is monotone by construction: a GPU no worse in any "
           "specification (FP32 and tensor-core peaks, bandwidth, L2, SMs, clock, board power) is never predicted slower "
           "(tested over every such catalogue pair, `tests/test_crossgpu.py`).", "",
           "Fitted by `gpurec train-crossgpu` on the rows with data: " + ", ".join(

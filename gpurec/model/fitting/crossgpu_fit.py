@@ -47,13 +47,14 @@ from gpurec.model.crossgpu import (
     group_onehot,
     op_table,
     op_table_from_block,
+    physical_group,
     spec_logs,
     spec_row,
     spec_weight_floor,
     tensor_peak,
     wave_factor,
 )
-from gpurec.model.features import KIND_GROUPS, kind_group
+from gpurec.model.features import KIND_GROUPS
 
 GPU_DOMINATED_RATIO = 0.9
 GPU_DOMINATED_HOST_FACTOR = 1.25
@@ -103,7 +104,7 @@ def _neusight_rows(data_root: Path | str | None) -> tuple[Any, OpTable]:
 
     d = load_dataset(source="neusight", root=data_root)
     d = d[~d["host_dominated"] & (d["gpu_time_ms"] > 0)].reset_index(drop=True)
-    groups = [kind_group(k) for k in d["op_kind"]]
+    groups = [physical_group(k) for k in d["op_kind"]]
     # GEMM output columns and batch: linear (B*M) x K, bmm B x (M x K), conv (B*Ho*Wo) x C_out
     op = d["neusight_op"].to_numpy()
     gemm_n = np.where(np.isin(op, ["linear", "bmm"]), d["k"], np.where(op == "conv", d["output_channel"], np.nan))
@@ -175,7 +176,7 @@ def _own_rows(data_root: Path | str | None, cache_dir: str | None, log: Callable
     log(f"cross-GPU: {len(rows)} own rows matched to their operations in {time.perf_counter() - t0:.0f} s "
         f"(unmatched: {matched.unmatched or 'none'})")
     table = op_table_from_block(matched.block, tf32_convs=True)  # the rows ran with cuDNN TF32 allowed
-    groups = [kind_group(k) for k in matched.block.kinds]
+    groups = [physical_group(k) for k in matched.block.kinds]
     frame = rows[["gpu", "op_kind", "mode", "source", "target_ms", "op_signature", "set_key"]].rename(
         columns={"op_kind": "kind"}).assign(group=groups, split="train")
     return frame, table
@@ -435,7 +436,10 @@ def leave_one_gpu_out(table: CrossTable, gpus: list[str] | None = None, log: Cal
         m = fit(table, training_rows(table, exclude_gpu=g), info={"held_out": g},
                 networks=None if g in (H100, H200) else networks, tiles=tiles, spec_terms=tiles)
         idx = np.flatnonzero(table.frame["gpu"].to_numpy() == g)
+        seen = set(table.frame["group"].to_numpy()[training_rows(table, exclude_gpu=g)])
         part = table.frame.iloc[idx].reset_index(drop=True).assign(pred_ms=predict_rows(m, table, idx))
+        # a kind group no other GPU measured has nothing to transfer from: scored apart
+        part = part.assign(group_seen=part["group"].isin(seen).to_numpy())
         parts.append(part)
         models[g] = m
         ape = np.abs(part["pred_ms"] / part["target_ms"] - 1)
@@ -780,14 +784,23 @@ def fit_memory_energy(model: CrossGPUModel, predictor: Any, data_root: Path | st
 def score_leave_one_gpu_out(logo: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """MAPE per (GPU, kind group) and per GPU of leave-one-GPU-out predictions (columns gpu, group,
     source, target_ms, pred_ms), over rows measuring at least SCORED_MIN_GPU_MS; the rows below it
-    are counted per GPU (``rows_below_floor``), not dropped silently."""
+    are counted per GPU (``rows_below_floor``), not dropped silently.  Rows of a kind group that no
+    other GPU measured (``group_seen`` False: nothing to transfer from, e.g. the H100's recurrent
+    layers) are scored apart (``rows_kind_unseen``, ``kind_unseen_mape``, ``kinds_unseen``)."""
     logo = logo.assign(ape=np.abs(logo["pred_ms"] / logo["target_ms"] - 1))
     below = logo[logo["target_ms"] < SCORED_MIN_GPU_MS].groupby("gpu").size()
     logo = logo[logo["target_ms"] >= SCORED_MIN_GPU_MS]
+    seen = logo["group_seen"].to_numpy(dtype=bool) if "group_seen" in logo else np.ones(len(logo), dtype=bool)
+    unseen = logo[~seen]
+    unseen_gpu = unseen.groupby("gpu").size()
+    unseen_mape = {g: float(p["ape"].mean()) for g, p in unseen.groupby("gpu")}
+    logo = logo[seen]
     per_op = [{"gpu": gpu, "group": group, "rows": int(len(part)), "mape": float(part["ape"].mean()),
                "median_ape": float(part["ape"].median())} for (gpu, group), part in logo.groupby(["gpu", "group"])]
     per_gpu = [{"gpu": g, "rows": int(len(p)), "mape": float(p["ape"].mean()), "median_ape": float(p["ape"].median()),
-                "sources": sorted(p["source"].unique().tolist()), "rows_below_floor": int(below.get(g, 0))}
+                "sources": sorted(p["source"].unique().tolist()), "rows_below_floor": int(below.get(g, 0)),
+                "rows_kind_unseen": int(unseen_gpu.get(g, 0)), "kind_unseen_mape": unseen_mape.get(g),
+                "kinds_unseen": sorted(unseen[unseen["gpu"] == g]["kind"].unique().tolist()) if "kind" in unseen else []}
                for g, p in logo.groupby("gpu")]
     return per_op, per_gpu
 
