@@ -567,8 +567,9 @@ def card_power_differences(data_root: Path | None = None, time_agreement: float 
     """Per GPU and card: networks measured eager on an earlier lease (``v1_*``, kept beside the
     host-free rows that superseded them) and eager again on this card, GPU-bound (host-free /
     eager time >= ``gpu_bound``) with times within ``time_agreement``: the mean power difference
-    (%, this card against the earlier one).  Same network, same method, another card of the
-    same model: how far cards differ in power."""
+    (%, this card against the earlier one).  The same eager step on two cards of one model; the
+    earlier rows were measured by the schema-1 method, so the differences between this GPU's cards,
+    not each card's level, tell how far cards differ in power."""
     import numpy as np
 
     from gpurec.dataset.load import default_root

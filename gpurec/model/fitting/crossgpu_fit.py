@@ -640,7 +640,7 @@ def _gpu_bound_pairs(data_root: Path | str | None) -> Any:
 
     nets = _fp32_rows(load_dataset(root=data_root, table="networks"))
     cols = ["gpu_time_ms", "time_ms", "host_ms", "energy_mj", "gpu_energy_mj", "captured"]
-    # the card of each measurement: cards of one model differ in power (evaluate_cards)
+    # the card of each measurement: cards of one model differ in power (gpurec.reports.accuracy.energy_error_by_card)
     nets = nets.assign(**{c: nets[c] if c in nets else np.nan for c in cols},
                        gpu_uuid=nets["gpu_uuid"] if "gpu_uuid" in nets else "")
     keep = ["set_key", "mode", *cols, "gpu_uuid"]
