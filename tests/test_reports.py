@@ -316,3 +316,27 @@ def test_counters_features_join_the_eager_figures_of_superseded_rows() -> None:
     # the host-free row takes its eager predecessor's figures; the eager-only row keeps its own
     assert got["time_ms"].tolist() == [3.0, 2.0] and got["energy_mj"].tolist() == [30.0, 5.0]
     assert got["power_w"].iloc[0] == 10.0 and pd.isna(got["power_w"].iloc[1])
+
+
+def test_unseen_before_and_after_say_how_many_networks_and_split_the_gpus() -> None:
+    """The snapshot before scored fewer networks than the shipped models now do (test sets grow as
+    GPUs measure them), and pooling H100 and H200 hides which GPU misses: both are shown."""
+    from gpurec.reports.accuracy import energy_section, unseen_by_gpu
+
+    def rec(gpu: str, key: str, t: float, w: float) -> dict:
+        return {"gpu": gpu, "mode": "inference", "set_key": key, "measured_time_ms": 10.0, "measured_power_w": 100.0,
+                "pred_time_ms": 10.0 * t, "pred_power_w": 100.0 * w}
+
+    rep = {"test_set": {"records": [rec("NVIDIA H100 80GB HBM3", "a:b8:r224", 1.02, 1.0),
+                                    rec("NVIDIA H200", "a:b8:r224", 1.30, 1.0)]}}
+    by_gpu = unseen_by_gpu(rep)
+    assert by_gpu["NVIDIA H100 80GB HBM3"]["inference"]["time_mape"] == pytest.approx(2.0)
+    assert by_gpu["NVIDIA H200"]["inference"]["over_15pct"] == ["a:b8:r224"]
+    from gpurec.model.fitting.kind_errors import unseen_summary
+
+    energy = {"bounds": {"estimates": 1, "above_limit": 0, "below_idle": 0, "max_power_over_limit": 0.5}, "grid": [],
+              "before": {"unseen": {"inference": {"n": 1, "time_mape": 3.0, "energy_mape": 4.0}}},
+              "after": {"unseen": unseen_summary(rep), "per_kind": [], "unseen_by_gpu": by_gpu}}
+    text = "\n".join(energy_section(energy, {}))
+    assert "| inference | 1 → 2 | 3.0% | 16.0% |" in text
+    assert "| H100 inference | 1 | — | 2.0% |" in text and "| H200 inference | 1 | — | 30.0% |" in text
