@@ -433,10 +433,11 @@ def leave_one_gpu_out(table: CrossTable, gpus: list[str] | None = None, log: Cal
     parts, models = [], {}
     for g in gpus:
         t0 = time.perf_counter()
-        m = fit(table, training_rows(table, exclude_gpu=g), info={"held_out": g},
+        rows = training_rows(table, exclude_gpu=g)
+        m = fit(table, rows, info={"held_out": g},
                 networks=None if g in (H100, H200) else networks, tiles=tiles, spec_terms=tiles)
         idx = np.flatnonzero(table.frame["gpu"].to_numpy() == g)
-        seen = set(table.frame["group"].to_numpy()[training_rows(table, exclude_gpu=g)])
+        seen = set(table.frame["group"].to_numpy()[rows])
         part = table.frame.iloc[idx].reset_index(drop=True).assign(pred_ms=predict_rows(m, table, idx))
         # a kind group no other GPU measured has nothing to transfer from: scored apart
         part = part.assign(group_seen=part["group"].isin(seen).to_numpy())
@@ -781,6 +782,14 @@ def fit_memory_energy(model: CrossGPUModel, predictor: Any, data_root: Path | st
     return float(best.x)
 
 
+def _kind_unseen(part: Any) -> dict[str, Any]:
+    """One GPU's rows of kind groups no other GPU measured (None: none): count, MAPE, kinds."""
+    if part is None:
+        return {"rows_kind_unseen": 0, "kind_unseen_mape": None, "kinds_unseen": []}
+    return {"rows_kind_unseen": int(len(part)), "kind_unseen_mape": float(part["ape"].mean()),
+            "kinds_unseen": sorted(part["kind"].unique().tolist()) if "kind" in part else []}
+
+
 def score_leave_one_gpu_out(logo: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """MAPE per (GPU, kind group) and per GPU of leave-one-GPU-out predictions (columns gpu, group,
     source, target_ms, pred_ms), over rows measuring at least SCORED_MIN_GPU_MS; the rows below it
@@ -791,16 +800,13 @@ def score_leave_one_gpu_out(logo: Any) -> tuple[list[dict[str, Any]], list[dict[
     below = logo[logo["target_ms"] < SCORED_MIN_GPU_MS].groupby("gpu").size()
     logo = logo[logo["target_ms"] >= SCORED_MIN_GPU_MS]
     seen = logo["group_seen"].to_numpy(dtype=bool) if "group_seen" in logo else np.ones(len(logo), dtype=bool)
-    unseen = logo[~seen]
-    unseen_gpu = unseen.groupby("gpu").size()
-    unseen_mape = {g: float(p["ape"].mean()) for g, p in unseen.groupby("gpu")}
+    unseen = dict(tuple(logo[~seen].groupby("gpu")))
     logo = logo[seen]
     per_op = [{"gpu": gpu, "group": group, "rows": int(len(part)), "mape": float(part["ape"].mean()),
                "median_ape": float(part["ape"].median())} for (gpu, group), part in logo.groupby(["gpu", "group"])]
     per_gpu = [{"gpu": g, "rows": int(len(p)), "mape": float(p["ape"].mean()), "median_ape": float(p["ape"].median()),
                 "sources": sorted(p["source"].unique().tolist()), "rows_below_floor": int(below.get(g, 0)),
-                "rows_kind_unseen": int(unseen_gpu.get(g, 0)), "kind_unseen_mape": unseen_mape.get(g),
-                "kinds_unseen": sorted(unseen[unseen["gpu"] == g]["kind"].unique().tolist()) if "kind" in unseen else []}
+                **_kind_unseen(unseen.get(g))}
                for g, p in logo.groupby("gpu")]
     return per_op, per_gpu
 
