@@ -247,15 +247,13 @@ def test_shipped_datasets_load() -> None:
     assert set(h100["mode"]) == {"inference", "training"}
     assert h100["op_signature"].str.len().eq(16).all()
     assert (h100["time_ms"] > 0).all()
-    # every H100 operation is host-free now (issue 12); the H200's are eager-only (2026-11-26) or
-    # host-free (from 2026-11-27), and a host-free one keeps the eager row's figures beside it
+    # every H100 operation is host-free now (issue 12), and every H200 one since session 13: the
+    # eager-only rows of 2026-11-26 stay beside the host-free ones as v1_* figures
     assert (h100["schema"] == 2).all() and "energy_mj" not in h100
     h200 = gpurec.load_dataset("H200")
-    eager, h200_host_free = h200[h200["schema"] == 1], h200[h200["schema"] == 2]
-    assert len(eager) + len(h200_host_free) == len(h200) and len(h200_host_free) >= 3600
-    assert (eager["energy_mj"] > 0).all() and (eager["power_w"] > 0).all()
-    assert h200_host_free["captured"].all() and (h200_host_free["gpu_time_ms"] > 0).all()
-    assert (h200_host_free["gpu_energy_mj"] > 0).all() and h200_host_free["v1_energy_mj"].notna().sum() >= 900
+    assert (h200["schema"] == 2).all() and "energy_mj" not in h200 and len(h200) >= 10700
+    assert h200["captured"].all() and (h200["gpu_time_ms"] > 0).all()
+    assert (h200["gpu_energy_mj"] > 0).all() and h200["v1_energy_mj"].notna().sum() >= 3200
     host_free = h100
     assert len(host_free) >= 9000 and host_free["captured"].all()
     assert (host_free["gpu_time_ms"] > 0).all() and (host_free["gpu_energy_mj"] > 0).all()
