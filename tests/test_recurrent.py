@@ -229,6 +229,32 @@ def test_power_that_bends_with_the_batch_takes_the_squared_term() -> None:
     assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(700.0 * share(unseen), rel=1e-4)
 
 
+def test_power_that_grows_with_the_chains_in_flight_and_the_gates_takes_those_terms() -> None:
+    """cuDNN keeps several layers' and both directions' chains in flight, and an LSTM step does 4
+    gates' work to a GRU's 3: a law in layers x directions and step FLOPs is found by the
+    leave-one-architecture-out choice and predicts a deeper unseen LSTM's power, which the
+    hidden-size law misses."""
+    from gpurec.model.fitting.recurrent_fit import fit_recurrent_power
+
+    names = [*NAMES, "hw_tdp_w"]
+    X = np.column_stack([_rows(_training_grid()), np.full(40, 700.0)])
+    groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in _training_grid()]
+
+    def share(X: np.ndarray) -> np.ndarray:
+        s = recurrent_shape(X, names)
+        lb = np.log(s.batch)
+        flops = 2.0 * s.batch * s.gates * s.hidden * s.hidden
+        return 0.01 * np.exp(-0.2 * lb + 0.03 * lb * lb) * flops ** 0.15 * (s.layers * s.directions) ** 0.1
+
+    model, report = fit_recurrent_power(X, np.log(700.0 * share(X)), np.full(40, "inference"), groups, names)
+    assert model is not None
+    assert model.fits["inference"].terms == ("log_batch", "log_batch_sq", "log_step_flops", "log_chains")
+    c = report["candidates"]["inference"]
+    assert c["log_batch+log_batch_sq+log_step_flops+log_chains"] < 1e-4 < c["log_batch+log_batch_sq+log_hidden"]
+    unseen = np.column_stack([_rows([("LSTM", 8, 384, 768, 3, 1)]), [700.0]])
+    assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(700.0 * share(unseen), rel=1e-4)
+
+
 def test_step_time_whose_hidden_slope_depends_on_the_batch_takes_the_interaction() -> None:
     """Latency-bound small batches barely feel the hidden size, compute-bound large ones do: the
     batch x hidden term is chosen and extrapolates to a deeper, wider unseen layer."""

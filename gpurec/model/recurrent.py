@@ -39,7 +39,7 @@ import numpy as np
 GATES: dict[str, float] = {"LSTM": 4.0, "GRU": 3.0, "RNN": 1.0}
 SHARES: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # the layer and direction shares tried
 TERMS: tuple[str, ...] = ("log_batch", "log_batch_sq", "log_hidden", "log_batch_hidden", "log_step_flops",
-                          "log_step_weight_bytes")
+                          "log_step_weight_bytes", "log_chains")
 _COLUMNS = ("batch", "seq_len", "embed_dim", "out_features", "num_heads", "element_bytes", "math_mode",
             "mode_training")
 
@@ -137,6 +137,9 @@ def step_terms(s: RecurrentShape, terms: Sequence[str]) -> np.ndarray:
         "log_batch_hidden": b * h,
         "log_step_flops": np.log(np.maximum(2.0 * s.batch * s.gates * s.hidden * s.hidden, 1.0)),
         "log_step_weight_bytes": np.log(np.maximum(s.element_bytes * s.gates * s.hidden * s.hidden, 1.0)),
+        # layers x directions: the chains cuDNN can keep in flight at once (a layer runs step t while
+        # the one below runs t+1; two directions run on two streams), so more of the GPU is busy
+        "log_chains": np.log(np.maximum(s.layers * s.directions, 1.0)),
     }
     unknown = [t for t in terms if t not in values]
     if unknown:
