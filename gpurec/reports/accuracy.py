@@ -664,8 +664,9 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
     t = crossgpu_tables(cross)
     info = cross.get("model_info", {})
     src = info.get("sources", {})
-    L += ["Every catalogue GPU but the H100 (the cross-GPU anchor) - the H200 included, although part of its "
-          "rows are host-free since 2026-11-27 and enter the fit below - takes the H100's GPU time - its measured "
+    h200_eager_rows = sum(v for k, v in src.items() if k.startswith("h200_eager|"))
+    L += ["Every catalogue GPU but the H100 (the cross-GPU anchor) - the H200 included, although its host-free "
+          "rows enter the fit below - takes the H100's GPU time - its measured "
           "operations and its "
           "whole-network correction included - times, per operation, the ratio of a physical model's times "
           "(`gpurec/model/crossgpu.py`): a roofline over the FP32 peak or the tensor-core peak of the "
@@ -688,13 +689,16 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
           "left out, and the floor is subtracted from the rest (`gpurec/dataset/external.py`).",
           "* **H200 host-free rows** (from session 11): timed as CUDA-graph replays like the H100's; their target "
           "is the measured GPU time.",
-          "* **H200 eager rows** (2026-11-26, where no host-free row of the operation exists) count where the GPU "
-          "dominates: the same operation on the H100 has host-free / "
-          f"eager ≥ {info.get('gpu_dominated_h200', {}).get('h100_host_free_over_eager_min')} and the H200's "
-          f"eager time is ≥ {info.get('gpu_dominated_h200', {}).get('h200_eager_over_h100_host_ms_min')}× the "
-          "H100 host's issue time (eager back-to-back time is about max(host, GPU)). Their target is the eager "
-          "time times the same operation's H100 host-free / eager time: back-to-back eager calls leave gaps "
-          "between kernels even where the GPU dominates, and the H200 runs the same kernels.",
+          ("* **H200 eager rows** (2026-11-26, where no host-free row of the operation exists) count where the GPU "
+           "dominates: the same operation on the H100 has host-free / "
+           f"eager ≥ {info.get('gpu_dominated_h200', {}).get('h100_host_free_over_eager_min')} and the H200's "
+           f"eager time is ≥ {info.get('gpu_dominated_h200', {}).get('h200_eager_over_h100_host_ms_min')}× the "
+           "H100 host's issue time (eager back-to-back time is about max(host, GPU)). Their target is the eager "
+           "time times the same operation's H100 host-free / eager time: back-to-back eager calls leave gaps "
+           "between kernels even where the GPU dominates, and the H200 runs the same kernels."
+           if h200_eager_rows else
+           "* **H200 eager rows** (2026-11-26): none is used; every one of those operations has a host-free row "
+           "now, which takes its place."),
           f"* **H200/H100 network pairs**: {info.get('network_pairs', 0)} networks of the training architectures, "
           "host-free on both or GPU-bound on both (rule below), enter the fit through their measured time ratio "
           "against the "
