@@ -497,6 +497,21 @@ def test_ratio_section_reports_all_and_held_out_networks_in_time_and_energy() ->
     assert "| resnet50:b8:r224 | inference |  | host_free |" in "\n".join(crossgpu_section(cross))
 
 
+def test_cross_section_describes_h200_eager_rows_only_when_the_fit_used_some() -> None:
+    """Since every H200 operation has a host-free row, the fit uses no eager one: the section must
+    not describe a rule for rows that are not there, and must describe it while some are."""
+    from gpurec.reports.accuracy import crossgpu_section
+
+    info = {"sources": {"h100_host_free|NVIDIA H100 80GB HBM3": 10, "h200_host_free|NVIDIA H200": 5},
+            "gpu_dominated_h200": {"h100_host_free_over_eager_min": 0.9, "h200_eager_over_h100_host_ms_min": 1.25}}
+    text = "\n".join(crossgpu_section({"model_info": info}))
+    assert "none is used; every one of those operations has a host-free row" in text
+    assert "count where the GPU dominates" not in text
+    info["sources"]["h200_eager|NVIDIA H200"] = 3
+    text = "\n".join(crossgpu_section({"model_info": info}))
+    assert "count where the GPU dominates" in text and "none is used" not in text
+
+
 def test_energy_noise_floor_counts_only_networks_that_ran_the_same_way(monkeypatch) -> None:
     H200 = "NVIDIA H200"
     import gpurec.reports.dataset as ds
