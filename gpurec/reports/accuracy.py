@@ -847,6 +847,11 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
               f"({', '.join(ts.get('archs', []))}) — target {'met' if ok_t and ok_e else 'NOT met'}"
               f"{'' if o['n'] >= 10 else ' (too few networks to be conclusive)'}.**", ""]
         L += table(["estimate", "GPU", "mode", *HEAD], render_error_rows(tabs["unseen"], ("estimate",)))
+        if any("H100" not in str(r.get("gpu", "")) for r in ts.get("records", [])):
+            L += ["", "Rows of a GPU other than the H100 score the trained models' own estimate for that GPU "
+                  "(its rows in the boosters). `predict` and `recommend` give every GPU but the H100 the H100's "
+                  "time times the cross-GPU ratio instead (\"Across GPUs\" below); what a user gets on those "
+                  "networks is in \"Host-free time and energy, unseen test architectures\"."]
         L += ["", *by_batch_lines(ts.get("records", []))]
         if ts.get("measured_lookup"):
             L += ["", f"{100 * ts.get('lookup_hit_share_ops', 0):.0f}% of the test networks' operations were "
