@@ -316,3 +316,52 @@ def test_submodules_the_step_never_calls_still_hold_their_parameters() -> None:
     cast = extract_operations(WithAux(), (8, 64), keep_sources=False, precision="bf16")
     assert cast.dormant_state_bytes == (floats + head_bias) * 2 + count
     assert extract_operations("googlenet", (1, 3, 224, 224), keep_sources=False).dormant_state_bytes > 25e6
+
+
+def test_a_reshape_that_cannot_view_its_permuted_input_copies_it() -> None:
+    """PyTorch's reshape returns a view only where the input's strides allow one: after a permute
+    that moves a dimension across others it copies (Swin-style window partitions), and the copy
+    holds memory; a reshape that only splits a permuted tensor's dimensions stays a view."""
+
+    class Partition(nn.Module):
+        def __init__(self, split_only: bool) -> None:
+            super().__init__()
+            self.split_only = split_only
+            self.proj = nn.Linear(32, 32, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x.permute(0, 2, 1)  # (B, L, C), strides (C*L, 1, L)
+            y = y.reshape(x.shape[0], 4, 16, 32) if self.split_only else y.reshape(-1, 32)
+            return self.proj(y)
+
+    b, length, c = 64, 64, 32
+    act = b * length * c * 4
+    view = step_memory(extract_operations(Partition(True), (b, c, length), keep_sources=False), "inference")
+    copy = step_memory(extract_operations(Partition(False), (b, c, length), keep_sources=False), "inference")
+    # the view: the step's input and the projection's output; the copy lives beside both
+    assert view.activations_bytes == 2 * act
+    assert copy.activations_bytes == 3 * act
+
+
+def test_strides_after_a_view_follow_pytorch() -> None:
+    """The stride rule agrees with PyTorch's own on permuted, expanded and contiguous tensors."""
+    from gpurec.ops.memory import _strides_after_view
+
+    cases = [((2, 3, 4), (0, 2, 1), (2, 12)), ((2, 3, 4), (0, 2, 1), (2, 4, 3)), ((2, 3, 4), (0, 2, 1), (8, 3)),
+             ((2, 3, 4), (1, 0, 2), (3, 8)), ((2, 3, 4), (1, 0, 2), (6, 4)), ((6, 1, 4), (0, 2, 1), (6, 4)),
+             ((2, 8, 8, 5), (0, 2, 1, 3), (2, 8, 2, 4, 5)), ((2, 8, 8, 5), (0, 2, 1, 3), (16, 8, 5))]
+    for shape, dims, new_shape in cases:
+        t = torch.empty(shape).permute(*dims)
+        expected = t.view(new_shape).stride() if _viewable(t, new_shape) else None
+        assert _strides_after_view(t.shape, t.stride(), new_shape) == expected, (shape, dims, new_shape)
+    e = torch.empty(3, 1).expand(3, 5)
+    assert _strides_after_view(e.shape, e.stride(), (15,)) is None
+    assert _strides_after_view(e.shape, e.stride(), (3, 5, 1)) == e.view(3, 5, 1).stride()
+
+
+def _viewable(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    try:
+        t.view(shape)
+    except RuntimeError:
+        return False
+    return True

@@ -217,6 +217,77 @@ def _block(nbytes: int) -> int:
     return 0 if nbytes <= 0 else -(-int(nbytes) // BLOCK_BYTES) * BLOCK_BYTES
 
 
+# View operations whose result PyTorch may have to copy: reshape and flatten return a view
+# only where the input's strides allow one (``at::detail::computeStride``), else a new tensor.
+RESHAPE_KINDS = frozenset({"reshape", "flatten", "Flatten", "view", "view_as", "unflatten", "Unflatten", "squeeze",
+                           "unsqueeze"})
+# View operations that leave a tensor's storage as it is but change its strides.
+STRIDING_KINDS = frozenset({"permute", "transpose", "t", "expand", "expand_as"})
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(int(n), 1)
+    return tuple(reversed(out))
+
+
+def _strides_after_view(old_shape: Sequence[int], old_strides: Sequence[int], new_shape: Sequence[int]
+                        ) -> tuple[int, ...] | None:
+    """The strides of ``new_shape`` viewed on a tensor of ``old_shape`` and ``old_strides``, or None
+    where no view exists and reshape copies (``at::detail::computeStride``)."""
+    if _numel(old_shape) == 0 or not old_shape:
+        return _contiguous_strides(new_shape)
+    new_strides = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base = int(old_strides[-1])
+    tensor_numel = view_numel = 1
+    for d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= int(old_shape[d])
+        if d == 0 or (int(old_shape[d - 1]) != 1 and int(old_strides[d - 1]) != tensor_numel * chunk_base):
+            while view_d >= 0 and (view_numel < tensor_numel or int(new_shape[view_d]) == 1):
+                new_strides[view_d] = view_numel * chunk_base
+                view_numel *= int(new_shape[view_d])
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base = int(old_strides[d - 1])
+                tensor_numel = view_numel = 1
+    return tuple(new_strides) if view_d == -1 else None
+
+
+def _strided_view(op: Any, in_strides: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """Strides of a permute, transpose or expand of a tensor with ``in_strides`` (None: contiguous);
+    None where the result is contiguous after all (or its strides cannot be read)."""
+    shape_in = list(op.input_shapes[0]) if op.input_shapes else []
+    shape_out = list(op.output_shapes[0]) if op.output_shapes else []
+    if not shape_in or not shape_out:
+        return None
+    strides = list(in_strides) if in_strides is not None and len(in_strides) == len(shape_in) \
+        else list(_contiguous_strides(shape_in))
+    args = [a for a in ((op.settings or {}).get("args") or [])[1:] if isinstance(a, int)]
+    if op.kind == "permute" and sorted(d % len(shape_in) for d in args) == list(range(len(shape_in))):
+        out = [strides[d % len(shape_in)] for d in args]
+    elif op.kind == "transpose" and len(args) == 2:
+        a, b = (d % len(shape_in) for d in args)
+        out = strides[:]
+        out[a], out[b] = out[b], out[a]
+    elif op.kind == "t" and len(shape_in) == 2:
+        out = strides[::-1]
+    elif op.kind in ("expand", "expand_as"):
+        pad = len(shape_out) - len(shape_in)
+        padded_shape, padded = [1] * pad + shape_in, [0] * pad + strides
+        out = [0 if int(n) == 1 and int(m) != 1 else st for n, m, st in zip(padded_shape, shape_out, padded,
+                                                                            strict=True)]
+    else:
+        return None
+    if len(out) != len(shape_out):
+        return None
+    return None if tuple(out) == _contiguous_strides(shape_out) else tuple(out)
+
+
 def _rnn_bytes(op: Any) -> int:
     """layers x directions x sequence x batch x hidden x gates x element bytes of a cuDNN RNN
     (its reserve space in training and its workspace both scale with it); 0 for other kinds."""
@@ -555,6 +626,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     clone_bytes = conv_io = matmul_io = rnn = 0
     released: dict[str, int] = {}  # saved storage -> the operation whose backward frees it (-1: never)
     internal = [0] * len(ops)  # bytes an operation keeps inside itself for its backward (masks, copies)
+    strides_of: dict[str, tuple[int, ...]] = {}  # node -> strides, for the views that are not contiguous
     needs_grad: set[str] = set()  # storages that carry a gradient in backward
     index_of: dict[str, int] | None = None  # node -> index, built at the first weight cast
     training = mode == "training"
@@ -588,7 +660,18 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
                 if i == first_reader:
                     inputs.add(root)
             last_use[root] = i
-        if nodes and (op.in_place or kind in VIEW_KINDS or dropout and _returns_its_input(op)):
+        copied = False  # a reshape that cannot be a view of its permuted or expanded input copies it
+        if nodes and kind in RESHAPE_KINDS and nodes[0] in strides_of and op.input_shapes and op.output_shapes:
+            s_out = _strides_after_view(op.input_shapes[0], strides_of[nodes[0]], op.output_shapes[0])
+            if s_out is None:
+                copied = True
+            elif s_out != _contiguous_strides(op.output_shapes[0]):
+                strides_of[op.node] = s_out
+        elif nodes and kind in STRIDING_KINDS:
+            s_out = _strided_view(op, strides_of.get(nodes[0]))
+            if s_out is not None:
+                strides_of[op.node] = s_out
+        if nodes and not copied and (op.in_place or kind in VIEW_KINDS or dropout and _returns_its_input(op)):
             storage_of[op.node] = storage_of[nodes[0]]
         else:
             storage_of[op.node] = op.node
