@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -205,28 +206,36 @@ def test_power_is_a_share_of_the_tdp_from_batch_and_hidden() -> None:
     assert np.exp(model.apply(np.zeros(40), other, "inference")) == pytest.approx(350.0 * share, rel=1e-4)
 
 
-def test_power_that_bends_with_the_batch_takes_the_squared_term() -> None:
-    """Chains draw little more at batch 8 than at 1 but much more at 128 (per-step kernels fill
-    the GPU): a law in (log batch)^2 is found by the leave-one-architecture-out choice and predicts
-    an unseen architecture's power."""
+def _fit_power_law(share: Any) -> tuple[Any, dict, list[str]]:
+    """The power model fitted on the training grid's rows drawing ``share(X)`` of a 700 W TDP,
+    grouped by architecture, with the feature names it reads."""
     from gpurec.model.fitting.recurrent_fit import fit_recurrent_power
 
     names = [*NAMES, "hw_tdp_w"]
     X = np.column_stack([_rows(_training_grid()), np.full(40, 700.0)])
     groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in _training_grid()]
+    model, report = fit_recurrent_power(X, np.log(700.0 * share(X, names)), np.full(40, "inference"), groups, names)
+    return model, report, names
 
-    def share(X: np.ndarray) -> np.ndarray:
+
+def test_power_that_bends_with_the_batch_takes_the_squared_term() -> None:
+    """Chains draw little more at batch 8 than at 1 but much more at 128 (per-step kernels fill
+    the GPU): a law in (log batch)^2 is found by the leave-one-architecture-out choice and predicts
+    an unseen architecture's power."""
+
+    def share(X: np.ndarray, names: list[str]) -> np.ndarray:
         s = recurrent_shape(X, names)
         lb = np.log(s.batch)
         return 0.25 * np.exp(-0.05 * lb + 0.03 * lb * lb) * (s.hidden / 256) ** 0.2
 
-    model, report = fit_recurrent_power(X, np.log(700.0 * share(X)), np.full(40, "inference"), groups, names)
+    model, report, names = _fit_power_law(share)
     assert model is not None
     assert model.fits["inference"].terms == ("log_batch", "log_batch_sq", "log_hidden")
     c = report["candidates"]["inference"]
     assert c["log_batch+log_batch_sq+log_hidden"] < 1e-4 < c["log_batch+log_hidden"]
     unseen = np.column_stack([_rows([("LSTM", 64, 384, 768, 3, 1)]), [700.0]])
-    assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(700.0 * share(unseen), rel=1e-4)
+    assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(700.0 * share(unseen, names),
+                                                                                rel=1e-4)
 
 
 def test_power_that_grows_with_the_chains_in_flight_and_the_gates_takes_those_terms() -> None:
@@ -234,25 +243,21 @@ def test_power_that_grows_with_the_chains_in_flight_and_the_gates_takes_those_te
     gates' work to a GRU's 3: a law in layers x directions and step FLOPs is found by the
     leave-one-architecture-out choice and predicts a deeper unseen LSTM's power, which the
     hidden-size law misses."""
-    from gpurec.model.fitting.recurrent_fit import fit_recurrent_power
 
-    names = [*NAMES, "hw_tdp_w"]
-    X = np.column_stack([_rows(_training_grid()), np.full(40, 700.0)])
-    groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in _training_grid()]
-
-    def share(X: np.ndarray) -> np.ndarray:
+    def share(X: np.ndarray, names: list[str]) -> np.ndarray:
         s = recurrent_shape(X, names)
         lb = np.log(s.batch)
         flops = 2.0 * s.batch * s.gates * s.hidden * s.hidden
         return 0.01 * np.exp(-0.2 * lb + 0.03 * lb * lb) * flops ** 0.15 * (s.layers * s.directions) ** 0.1
 
-    model, report = fit_recurrent_power(X, np.log(700.0 * share(X)), np.full(40, "inference"), groups, names)
+    model, report, names = _fit_power_law(share)
     assert model is not None
     assert model.fits["inference"].terms == ("log_batch", "log_batch_sq", "log_step_flops", "log_chains")
     c = report["candidates"]["inference"]
     assert c["log_batch+log_batch_sq+log_step_flops+log_chains"] < 1e-4 < c["log_batch+log_batch_sq+log_hidden"]
     unseen = np.column_stack([_rows([("LSTM", 8, 384, 768, 3, 1)]), [700.0]])
-    assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(700.0 * share(unseen), rel=1e-4)
+    assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(700.0 * share(unseen, names),
+                                                                                rel=1e-4)
 
 
 def test_step_time_whose_hidden_slope_depends_on_the_batch_takes_the_interaction() -> None:
