@@ -276,7 +276,7 @@ def _strided_view(op: Any, in_strides: tuple[int, ...] | None) -> tuple[int, ...
         out[a], out[b] = out[b], out[a]
     elif op.kind == "t" and len(shape_in) == 2:
         out = strides[::-1]
-    elif op.kind in ("expand", "expand_as"):
+    elif op.kind in ("expand", "expand_as") and len(shape_out) >= len(shape_in):
         pad = len(shape_out) - len(shape_in)
         padded_shape, padded = [1] * pad + shape_in, [0] * pad + strides
         out = [0 if int(n) == 1 and int(m) != 1 else st for n, m, st in zip(padded_shape, shape_out, padded,
