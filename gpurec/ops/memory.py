@@ -48,7 +48,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# Operations that return a view of their first input (no new storage).
+# Operations that return a view of their first input (no new storage; a reshape or flatten that
+# cannot view its permuted or expanded input copies it instead: RESHAPE_KINDS below).
 VIEW_KINDS = frozenset({
     "reshape", "view", "flatten", "permute", "transpose", "t", "expand", "expand_as", "squeeze", "unsqueeze",
     "getitem", "split", "chunk", "unbind", "narrow", "view_as", "unflatten", "Flatten", "Unflatten", "detach",
