@@ -296,7 +296,40 @@ def test_power_correction_leaves_recurrent_layers_power_as_predicted() -> None:
     assert (apply_power(sums, coef)[:10] < held[:10] - 0.25 * rec_w[:10]).all()  # the old form cuts it
     c = Correction("none", "scale", {"*|inference": {}}, {"*|inference": coef}, {}, hold_recurrent=True)
     assert c.apply(sums, "H100", "inference")[1] == pytest.approx(true_w, rel=1e-4)
-    assert Correction.from_dict(c.as_dict()).hold_recurrent
+    assert Correction.from_dict(c.as_dict()).hold_recurrent == "dynamic"  # True: a session 12-13 file
     old = c.as_dict()
     del old["hold_recurrent"]
-    assert not Correction.from_dict(old).hold_recurrent
+    assert Correction.from_dict(old).hold_recurrent == "none"
+    with pytest.raises(ValueError, match="hold_recurrent"):
+        Correction("none", "scale", {}, {}, {}, hold_recurrent="all")
+
+
+def test_power_correction_holds_the_idle_power_under_recurrent_layers() -> None:
+    """'whole': the idle power under a recurrent layer's time stays as predicted too, so a 'scale'
+    below 1 learnt on CNNs cuts only the rest of an RNN network ("dynamic" cut the idle part)."""
+    from gpurec.model.network import POWER_CLASSES, Correction, aggregate, apply_power, fit_power
+
+    rng = np.random.default_rng(5)
+    n_nets, per = 40, 20
+    t = rng.uniform(0.01, 2.0, n_nets * per)
+    w = rng.uniform(150, 600, n_nets * per)
+    rec = POWER_CLASSES.index("recurrent")
+    classes = rng.integers(0, len(POWER_CLASSES) - 1, n_nets * per)
+    classes[: 10 * per] = np.where(rng.random(10 * per) < 0.7, rec, classes[: 10 * per])
+    offsets = np.arange(0, n_nets * per + 1, per)
+    idle = 120.0
+    sums = aggregate(t, w, offsets, 0.02, power_classes=classes, idle_w=idle, limit_w=700.0)
+    is_rec = classes == rec
+    rec_time = np.add.reduceat(np.where(is_rec, t, 0.0), offsets[:-1])
+    assert sums.recurrent_time_ms == pytest.approx(rec_time)
+    assert sums.take(np.arange(3)).recurrent_time_ms == pytest.approx(rec_time[:3])
+    whole_w = np.add.reduceat(np.where(is_rec, t * w, 0.0), offsets[:-1]) / sums.sum_time_ms
+    true_w = 0.5 * (sums.power_ops_w - whole_w) + whole_w
+    coef = fit_power(sums, true_w, "scale", ridge=1e-8, hold_recurrent="whole")
+    assert coef["scale"] == pytest.approx(0.5, abs=1e-3)
+    assert apply_power(sums, coef, hold_recurrent="whole") == pytest.approx(true_w, rel=1e-4)
+    dyn = apply_power(sums, coef, hold_recurrent="dynamic")
+    assert (dyn[:10] < true_w[:10] - 0.4 * idle * rec_time[:10] / sums.sum_time_ms[:10]).all()
+    assert dyn[10:] == pytest.approx(true_w[10:], rel=1e-9)  # no recurrent layer: the forms agree
+    c = Correction("none", "scale", {"*|inference": {}}, {"*|inference": coef}, {}, hold_recurrent="whole")
+    assert Correction.from_dict(c.as_dict()).apply(sums, "H100", "inference")[1] == pytest.approx(true_w, rel=1e-4)

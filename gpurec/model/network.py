@@ -20,7 +20,8 @@ draws a different power than the same operation among its neighbours, and how di
 depends on its kind (CNN sums under-predicted the network's energy, ViT training ones
 over-predicted it), so each class's dynamic energy gets its own factor (1 + dyn_k).  Whole
 recurrent layers have a power model fitted on whole layers and no factor: the correction leaves
-their dynamic power as predicted and p_ops above is the rest's (Correction.hold_recurrent).
+their power (idle under their time included) as predicted and p_ops above is the rest's
+(Correction.hold_recurrent).
 
 Every power lies within the GPU's [idle power, power limit] (gpurec.catalog
 ``GPUSpec.power_bounds_w``): each operation's before summing, and the network's after the
@@ -115,6 +116,7 @@ class NetworkSums:
     dyn_energy_mj: np.ndarray | None = None  # (networks, len(POWER_CLASSES)): energy above idle per class
     idle_w: np.ndarray | None = None  # per network: the GPU's power bounds (None: unbounded)
     limit_w: np.ndarray | None = None
+    recurrent_time_ms: np.ndarray | None = None  # per network: time in whole recurrent layers
 
     @property
     def measured_share(self) -> np.ndarray:
@@ -142,7 +144,7 @@ class NetworkSums:
         opt = lambda a: None if a is None else a[idx]  # noqa: E731
         return NetworkSums(self.sum_time_ms[idx], self.sum_energy_mj[idx], self.n_ops[idx], self.n_small[idx],
                            self.small_time_ms[idx], opt(self.measured_time_ms), opt(self.dyn_energy_mj),
-                           opt(self.idle_w), opt(self.limit_w))
+                           opt(self.idle_w), opt(self.limit_w), opt(self.recurrent_time_ms))
 
     @staticmethod
     def concat(parts: Sequence[NetworkSums]) -> NetworkSums:
@@ -207,7 +209,7 @@ def aggregate(time_ms: np.ndarray, power_w: np.ndarray, offsets: np.ndarray, sma
     mt = None if measured is None else cs(np.where(measured, time_ms, 0.0))
     idle_n = None if idle_w is None else np.broadcast_to(np.asarray(idle_w, dtype=np.float64), (n,)).copy()
     limit_n = None if limit_w is None else np.broadcast_to(np.asarray(limit_w, dtype=np.float64), (n,)).copy()
-    dyn = None
+    dyn = rec_t = None
     if power_classes is not None:
         idle_op = 0.0 if idle_n is None else np.repeat(idle_n, hi - lo)
         dyn_op = energy - time_ms * idle_op
@@ -215,23 +217,45 @@ def aggregate(time_ms: np.ndarray, power_w: np.ndarray, offsets: np.ndarray, sma
         for k in range(len(POWER_CLASSES)):
             c = cs(np.where(power_classes == k, dyn_op, 0.0))
             dyn[:, k] = c[hi] - c[lo]
+        rt = cs(np.where(power_classes == POWER_CLASSES.index("recurrent"), time_ms, 0.0))
+        rec_t = rt[hi] - rt[lo]
     return NetworkSums(t[hi] - t[lo], e[hi] - e[lo], (hi - lo).astype(np.float64), s[hi] - s[lo], st[hi] - st[lo],
-                       None if mt is None else mt[hi] - mt[lo], dyn, idle_n, limit_n)
+                       None if mt is None else mt[hi] - mt[lo], dyn, idle_n, limit_n, rec_t)
 
 
 def _time_design(s: NetworkSums) -> np.ndarray:
     return np.stack([s.sum_time_ms, np.ones_like(s.sum_time_ms), s.n_ops, s.n_small], axis=1)
 
 
-def _recurrent_w(s: NetworkSums, hold_recurrent: bool) -> np.ndarray:
-    """The recurrent layers' dynamic power (W over the summed time) that the correction leaves as
-    predicted (``hold_recurrent``), else zeros."""
-    if not hold_recurrent:
+# What of the recurrent layers' predicted power the power correction leaves as predicted
+# (Correction.hold_recurrent): "none" (model files of session 11 and before), "dynamic" (the
+# power above idle; sessions 12-13) or "whole" (idle included).
+HOLD_RECURRENT = ("none", "dynamic", "whole")
+
+
+def _hold_form(hold_recurrent: bool | str) -> str:
+    """A hold form of HOLD_RECURRENT (model files of sessions 12-13 saved a bool: True = "dynamic")."""
+    if isinstance(hold_recurrent, (bool, np.bool_)):
+        return "dynamic" if hold_recurrent else "none"
+    if hold_recurrent not in HOLD_RECURRENT:
+        raise ValueError(f"hold_recurrent must be one of {HOLD_RECURRENT}, not {hold_recurrent!r}")
+    return hold_recurrent
+
+
+def _recurrent_w(s: NetworkSums, hold_recurrent: bool | str) -> np.ndarray:
+    """The recurrent layers' power (W over the summed time) that the correction leaves as
+    predicted: their dynamic power ("dynamic"), that plus the idle power under their time
+    ("whole"), else zeros."""
+    form = _hold_form(hold_recurrent)
+    if form == "none":
         return np.zeros(len(s.sum_time_ms))
-    return s.dyn_share_w[:, POWER_CLASSES.index("recurrent")]
+    rec = s.dyn_share_w[:, POWER_CLASSES.index("recurrent")]
+    if form == "whole" and s.idle_w is not None and s.recurrent_time_ms is not None:
+        rec = rec + s.idle_w * s.recurrent_time_ms / np.maximum(s.sum_time_ms, 1e-12)
+    return rec
 
 
-def _power_design(s: NetworkSums, hold_recurrent: bool = False) -> np.ndarray:
+def _power_design(s: NetworkSums, hold_recurrent: bool | str = False) -> np.ndarray:
     p = s.power_ops_w - _recurrent_w(s, hold_recurrent)
     return np.column_stack([p, p * s.small_fraction, p * np.log(np.maximum(s.sum_time_ms, 1e-6)), s.dyn_share_w])
 
@@ -281,7 +305,7 @@ def fit_time(s: NetworkSums, measured_ms: np.ndarray, variant: str, ridge: float
 
 
 def fit_power(s: NetworkSums, measured_w: np.ndarray, variant: str, ridge: float = 0.1,
-              hold_recurrent: bool = False) -> dict[str, float]:
+              hold_recurrent: bool | str = False) -> dict[str, float]:
     return _fit_relative(_power_design(s, hold_recurrent), measured_w, POWER_VARIANTS[variant], POWER_TERMS,
                          POWER_IDENTITY, ridge, _recurrent_w(s, hold_recurrent))
 
@@ -293,10 +317,10 @@ def apply_time(s: NetworkSums, coef: dict[str, float]) -> np.ndarray:
     return np.maximum(out, 0.1 * s.sum_time_ms)
 
 
-def apply_power(s: NetworkSums, coef: dict[str, float], hold_recurrent: bool = False) -> np.ndarray:
-    """Corrected network power.  ``hold_recurrent``: the recurrent layers' dynamic power stays as
-    predicted and the relative terms act on the rest (Correction.hold_recurrent says which form a
-    correction was fitted in)."""
+def apply_power(s: NetworkSums, coef: dict[str, float], hold_recurrent: bool | str = False) -> np.ndarray:
+    """Corrected network power.  ``hold_recurrent`` (HOLD_RECURRENT): what of the recurrent layers'
+    power stays as predicted, the relative terms acting on the rest (Correction.hold_recurrent
+    says which form a correction was fitted in)."""
     D = _power_design(s, hold_recurrent)
     out = D @ np.array([coef.get(t, POWER_IDENTITY[t]) for t in POWER_TERMS]) + _recurrent_w(s, hold_recurrent)
     out = np.clip(out, 0.3 * s.power_ops_w, 3.0 * s.power_ops_w)
@@ -359,8 +383,14 @@ class Correction:
     # alone and over-predicted by 23-68%, 'scale' learnt to cut every network's power by ~40% with
     # the other classes' factors giving it back; recurrent layers, which have no factor, kept the
     # cut, and unseen RNNs of known families (predicted from their own family) lost 25-45 points
-    # of energy. Model files fitted before this hold False.
-    hold_recurrent: bool = False
+    # of energy. Model files fitted before this hold False ("none"). Holding the dynamic power
+    # alone ("dynamic", sessions 12-13) still sent the idle power under the layers' time through
+    # 'scale' (0.49 inference, 0.57 training): a held-out GRU classifier's layers, predicted at
+    # 209 W, came out at 137-153 W against 196-241 W measured. "whole" holds it all.
+    hold_recurrent: str = "none"
+
+    def __post_init__(self) -> None:
+        self.hold_recurrent = _hold_form(self.hold_recurrent)
 
     def lookup(self, gpu: str, mode: str) -> tuple[dict[str, float], dict[str, float], str]:
         """Coefficients of ``mode`` (a correction_mode()): the precision's own where it was fitted
@@ -418,7 +448,7 @@ class Correction:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Correction:
         return Correction(d["time_variant"], d["power_variant"], d["time_coef"], d["power_coef"], d.get("n_rows", {}),
-                          bool(d.get("hold_recurrent", False)))
+                          d.get("hold_recurrent", False))
 
     @staticmethod
     def identity() -> Correction:
@@ -427,7 +457,7 @@ class Correction:
 
 def fit_correction(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, time_ms: np.ndarray, power_w: np.ndarray,
                    time_variant: Variant, power_variant: Variant, min_rows_gpu: int = 8, min_rows_pooled: int = 3,
-                   ridge: float = 0.1, specific: Any = None, hold_recurrent: bool = True) -> Correction:
+                   ridge: float = 0.1, specific: Any = None, hold_recurrent: str = "whole") -> Correction:
     """Per GPU+mode where there are enough networks (and the GPU is in ``specific``, when given),
     pooled per mode otherwise."""
     tc: dict[str, dict[str, float]] = {}
