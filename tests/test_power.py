@@ -333,3 +333,26 @@ def test_power_correction_holds_the_idle_power_under_recurrent_layers() -> None:
     assert dyn[10:] == pytest.approx(true_w[10:], rel=1e-9)  # no recurrent layer: the forms agree
     c = Correction("none", "scale", {"*|inference": {}}, {"*|inference": coef}, {}, hold_recurrent="whole")
     assert Correction.from_dict(c.as_dict()).apply(sums, "H100", "inference")[1] == pytest.approx(true_w, rel=1e-4)
+
+
+def test_kernel_sum_over_step_tells_overlapping_recurrent_kernels_apart(tmp_path: Path) -> None:
+    """The in-network kernel sum of a network with an LSTM exceeds its step time (cuDNN's streams
+    overlap), and the report's per-kind bias of recurrent layers is read against it."""
+    import pandas as pd
+
+    from gpurec.model.fitting.kind_errors import kernel_sum_over_step
+
+    gpu = "NVIDIA H100 80GB HBM3"
+    inn = pd.DataFrame({"gpu": gpu, "mode": "inference", "precision": "fp32",
+                        "set_key": ["lstm_lm_1x256:b8:s96"] * 2 + ["resnet18:b8:r224"] * 2 + ["gru_lm_2x256:b8:s96"] * 2,
+                        "op_kind": ["Embedding", "LSTM", "Conv2d", "ReLU", "GRU", "Linear"],
+                        "kernel_ms": [0.1, 2.5, 1.0, 0.9, 3.0, 0.6], "position": [0, 1, 0, 1, 0, 1]})
+    nets = pd.DataFrame({"gpu": gpu, "mode": "inference", "precision": "fp32", "status": "ok",
+                         "set_key": ["lstm_lm_1x256:b8:s96", "resnet18:b8:r224", "gru_lm_2x256:b8:s96"],
+                         "gpu_time_ms": [2.0, 2.0, 3.0]})
+    (tmp_path / "h100").mkdir()
+    inn.to_parquet(tmp_path / "h100" / "in_network.parquet")
+    nets.to_parquet(tmp_path / "h100" / "networks.parquet")
+    out = {r["recurrent"]: r for r in kernel_sum_over_step(tmp_path)}
+    assert out[True]["networks"] == 2 and out[True]["median_ratio"] == pytest.approx((1.3 + 1.2) / 2)
+    assert out[False]["networks"] == 1 and out[False]["median_ratio"] == pytest.approx(0.95)

@@ -1401,6 +1401,7 @@ def energy_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str,
     from gpurec.model.fitting.kind_errors import (
         POWER_GRID,
         gpu_bound_transfer,
+        kernel_sum_over_step,
         per_kind_errors,
         power_bound_violations,
         unseen_summary,
@@ -1414,7 +1415,7 @@ def energy_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str,
     out: dict[str, Any] = {
         "before": json.loads(before_file.read_text()) if before_file.exists() else None,
         "after": {"unseen": unseen_summary(rep), "per_kind": per_kind_errors(predictor, data_root),
-                  "unseen_by_gpu": unseen_by_gpu(rep)},
+                  "unseen_by_gpu": unseen_by_gpu(rep), "kernel_sum_over_step": kernel_sum_over_step(data_root)},
         "bounds": power_bound_violations(predictor, POWER_GRID), "grid": POWER_GRID,
         "transfer": gpu_bound_transfer(host_gpu["records"]) if host_gpu is not None else None,
         "rows_by_gpu_mode": rep.get("rows", {}).get("by_gpu_mode", {}),
@@ -1508,6 +1509,18 @@ def energy_section(energy: dict[str, Any] | None, manifest: dict[str, Any]) -> l
                           f"{100 * o['share_of_error']:.0f}%" if o else "—", f"{100 * r['share_of_error']:.0f}%"]))
     L += table(["GPU", "mode", "kind", "ops", "measured ms", "bias before", "bias after", "weighted error before",
                 "weighted error after", "share before", "share after"], lines)
+    overlap = {(r["gpu"], r["mode"], r["recurrent"]): r for r in after.get("kernel_sum_over_step", [])}
+    if any(r["kind"] == "recurrent layer" for r in after["per_kind"]) and overlap:
+        L += ["", "The recurrent layers' bias is against an inflated reference: cuDNN runs an LSTM or GRU module's layers and "
+              "directions on several streams at once, so their kernel times add up to more than the step takes. "
+              "Median in-network kernel sum / host-free step time, all measured networks:", ""]
+        lines = []
+        for gpu, mode in sorted({(g, m) for g, m, _ in overlap}):
+            with_rnn, rest = overlap.get((gpu, mode, True)), overlap.get((gpu, mode, False))
+            lines.append(row([short(gpu), mode,
+                              f"{with_rnn['median_ratio']:.2f} ({with_rnn['networks']})" if with_rnn else "—",
+                              f"{rest['median_ratio']:.2f} ({rest['networks']})" if rest else "—"]))
+        L += table(["GPU", "mode", "networks with a recurrent layer", "other networks"], lines)
     L += ["", "The hand-written architectures and operation sweeps that target these kinds (`gpurec.synthsets`; "
           "plan `datasets/plans/targeted.json`, `gpurec tools plan --targeted`) are not measured yet: the "
           "per-kind time error changes only once their rows are collected and the models retrained.", ""]

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from gpurec.model.network import RECURRENT_KINDS
+
 ERROR_KINDS: tuple[str, ...] = ("conv (dense)", "conv (grouped/depthwise)", "channel concat", "window attention",
                                 "squeeze-excite gate", "stochastic depth", "batch norm", "linear / attention",
                                 "autocast cast", "recurrent layer", "other")
@@ -53,12 +55,13 @@ def error_kind(kind: str, groups: float) -> str:
     return "other"
 
 
-def _in_network_rows(data_root: Any, archs: set[str], precision: str) -> Any:
-    """The in-network positions of ``archs`` measured at ``precision``."""
+def _in_network_rows(data_root: Any, archs: set[str] | None, precision: str) -> Any:
+    """The in-network positions of ``archs`` (None: every architecture) measured at ``precision``."""
     from gpurec.dataset import load_dataset
 
     inn = load_dataset(root=data_root, table="in_network")
-    inn = inn[inn["set_key"].map(lambda k: str(k).split(":", 1)[0] in archs)]
+    if archs is not None:
+        inn = inn[inn["set_key"].map(lambda k: str(k).split(":", 1)[0] in archs)]
     if "precision" in inn:
         inn = inn[inn["precision"].map(lambda v: v if isinstance(v, str) and v else "fp32") == precision]
     elif "network_id" in inn:  # positions of fp32 networks only (another precision's id ends in it)
@@ -129,6 +132,36 @@ def per_kind_errors(predictor: Any, data_root: Any = None, archs: Sequence[str] 
                     "weighted_error_pct": a["abs_ms"] / m * 100.0 if m > 0 else float("nan"),
                     "share_of_error": a["abs_ms"] / total_abs[(gpu, mode)] if total_abs[(gpu, mode)] > 0 else 0.0,
                     "misaligned": misaligned.get((gpu, mode), 0)})
+    return out
+
+
+def kernel_sum_over_step(data_root: Any = None, precision: str = "fp32") -> list[dict[str, Any]]:
+    """Per (gpu, mode) and network class (with or without a whole recurrent layer): the median of a
+    network's in-network kernel times summed over the host-free time of its whole step.
+
+    Why: per_kind_errors scores each operation against its in-network kernel time, which adds up to
+    the step's time only where kernels do not overlap.  cuDNN runs a recurrent layer's layers and
+    directions on several streams at once, so its kernel times add up to more than the time they
+    take; this says by how much, from the data, beside the per-kind bias it inflates."""
+    from gpurec.dataset import load_dataset
+
+    inn = _in_network_rows(data_root, None, precision)
+    nets = load_dataset(root=data_root, table="networks")
+    if "precision" in nets:
+        nets = nets[nets["precision"].map(lambda v: v if isinstance(v, str) and v else "fp32") == precision]
+    if not len(inn) or "gpu_time_ms" not in nets:
+        return []
+    keys = ["gpu", "set_key", "mode"]
+    sums = inn.groupby(keys).agg(kernel_ms=("kernel_ms", "sum"),
+                                 recurrent=("op_kind", lambda k: bool(np.isin(k, RECURRENT_KINDS).any())))
+    step = nets.dropna(subset=["gpu_time_ms"]).groupby(keys)["gpu_time_ms"].median()
+    both = sums.join(step, how="inner")
+    both = both[both["gpu_time_ms"] > 0]
+    out = []
+    for (gpu, mode, rec), g in both.groupby([both.index.get_level_values("gpu"), both.index.get_level_values("mode"),
+                                             "recurrent"], sort=True):
+        out.append({"gpu": str(gpu), "mode": str(mode), "recurrent": bool(rec), "networks": int(len(g)),
+                    "median_ratio": float(np.median(g["kernel_ms"] / g["gpu_time_ms"]))})
     return out
 
 
