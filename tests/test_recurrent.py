@@ -206,15 +206,18 @@ def test_power_is_a_share_of_the_tdp_from_batch_and_hidden() -> None:
     assert np.exp(model.apply(np.zeros(40), other, "inference")) == pytest.approx(350.0 * share, rel=1e-4)
 
 
-def _fit_power_law(share: Any) -> tuple[Any, dict, list[str]]:
-    """The power model fitted on the training grid's rows drawing ``share(X)`` of a 700 W TDP,
-    grouped by architecture, with the feature names it reads."""
+def _fit_power_law(share: Any, grid: list[tuple[str, int, int, int, int, int]] | None = None
+                   ) -> tuple[Any, dict, list[str]]:
+    """The power model fitted on the rows of ``grid`` (default: the training grid) drawing
+    ``share(X)`` of a 700 W TDP, grouped by architecture, with the feature names it reads."""
     from gpurec.model.fitting.recurrent_fit import fit_recurrent_power
 
+    grid = grid or _training_grid()
     names = [*NAMES, "hw_tdp_w"]
-    X = np.column_stack([_rows(_training_grid()), np.full(40, 700.0)])
-    groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in _training_grid()]
-    model, report = fit_recurrent_power(X, np.log(700.0 * share(X, names)), np.full(40, "inference"), groups, names)
+    X = np.column_stack([_rows(grid), np.full(len(grid), 700.0)])
+    groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in grid]
+    model, report = fit_recurrent_power(X, np.log(700.0 * share(X, names)), np.full(len(grid), "inference"), groups,
+                                        names)
     return model, report, names
 
 
@@ -318,3 +321,30 @@ def test_fit_recurrent_into_trained_models(tmp_path) -> None:  # noqa: ANN001
         warnings.simplefilter("ignore")
         p = load_predictor(tmp_path / "m", check_data=False)
     assert p.recurrent is not None and p.recurrent_power is not None and p.host_model.recurrent is not None
+
+
+def test_power_of_a_bidirectional_stack_grows_with_the_chains_in_flight_not_all_chains() -> None:
+    """A bidirectional layer waits for the whole layer below, so only its two directions draw power
+    together whatever the depth: a law in the chains in flight is chosen over layers x directions
+    and predicts an unseen 2-layer bidirectional GRU's power, which the latter over-predicts."""
+
+    def share(X: np.ndarray, names: list[str]) -> np.ndarray:
+        s = recurrent_shape(X, names)
+        lb = np.log(s.batch)
+        flops = 2.0 * s.batch * s.gates * s.hidden * s.hidden
+        in_flight = np.where(s.directions > 1, s.directions, s.layers)
+        return 0.01 * np.exp(-0.2 * lb + 0.03 * lb * lb) * flops ** 0.15 * in_flight ** 0.2
+
+    # the sequence plan's training stacks: 1-4 unidirectional layers, bidirectional ones of 1 and 3
+    archs = [("LSTM", 256, 1, 2), ("LSTM", 1024, 1, 1), ("LSTM", 512, 2, 1), ("LSTM", 384, 4, 1),
+             ("GRU", 512, 3, 2), ("GRU", 1024, 1, 1), ("GRU", 256, 2, 1), ("GRU", 640, 3, 1)]
+    grid = [(k, b, s, h, layers, d) for k, h, layers, d in archs for b in (1, 8, 32, 128) for s in (32, 128)]
+    model, report, names = _fit_power_law(share, grid)
+    assert model is not None
+    assert model.fits["inference"].terms == ("log_batch", "log_batch_sq", "log_step_flops", "log_chains_in_flight")
+    c = report["candidates"]["inference"]
+    assert c["log_batch+log_batch_sq+log_step_flops+log_chains_in_flight"] < 1e-4
+    assert c["log_batch+log_batch_sq+log_step_flops+log_chains"] > 1e-3
+    unseen = np.column_stack([_rows([("GRU", 8, 384, 384, 2, 2)]), [700.0]])
+    assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(700.0 * share(unseen, names),
+                                                                                rel=1e-4)

@@ -39,7 +39,7 @@ import numpy as np
 GATES: dict[str, float] = {"LSTM": 4.0, "GRU": 3.0, "RNN": 1.0}
 SHARES: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # the layer and direction shares tried
 TERMS: tuple[str, ...] = ("log_batch", "log_batch_sq", "log_hidden", "log_batch_hidden", "log_step_flops",
-                          "log_step_weight_bytes", "log_chains")
+                          "log_step_weight_bytes", "log_chains", "log_chains_in_flight")
 _COLUMNS = ("batch", "seq_len", "embed_dim", "out_features", "num_heads", "element_bytes", "math_mode",
             "mode_training")
 
@@ -140,6 +140,10 @@ def step_terms(s: RecurrentShape, terms: Sequence[str]) -> np.ndarray:
         # layers x directions: the chains cuDNN can keep in flight at once (a layer runs step t while
         # the one below runs t+1; two directions run on two streams), so more of the GPU is busy
         "log_chains": np.log(np.maximum(s.layers * s.directions, 1.0)),
+        # the chains that can be in flight at once: a bidirectional layer needs the whole output of
+        # the layer below (as chain_steps says), so only its two directions run together; the
+        # layers of a unidirectional stack pipeline
+        "log_chains_in_flight": np.log(np.maximum(np.where(s.directions > 1, s.directions, s.layers), 1.0)),
     }
     unknown = [t for t in terms if t not in values]
     if unknown:
