@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -271,12 +272,12 @@ def test_per_kind_errors_at_a_precision_reads_that_precision_s_rows_only(shipped
     assert fp32["conv (dense)"]["share_of_error"] == pytest.approx(1.0) and "autocast cast" not in fp32
 
 
-def test_power_correction_leaves_recurrent_layers_power_as_predicted() -> None:
-    """A 'scale' learnt on other networks must not cut a recurrent layer's dynamic power: the
-    correction acts on the rest of the network; model files fitted before keep their form."""
-    from gpurec.model.network import POWER_CLASSES, Correction, aggregate, apply_power, fit_power
+def _rnn_networks(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any]:
+    """40 random networks of 20 operations, the first 10 mostly whole recurrent layers: per-op
+    times, powers, power classes, offsets and their sums (idle 120 W, limit 700 W)."""
+    from gpurec.model.network import POWER_CLASSES, aggregate
 
-    rng = np.random.default_rng(4)
+    rng = np.random.default_rng(seed)
     n_nets, per = 40, 20
     t = rng.uniform(0.01, 2.0, n_nets * per)
     w = rng.uniform(150, 600, n_nets * per)
@@ -284,8 +285,16 @@ def test_power_correction_leaves_recurrent_layers_power_as_predicted() -> None:
     classes = rng.integers(0, len(POWER_CLASSES) - 1, n_nets * per)
     classes[: 10 * per] = np.where(rng.random(10 * per) < 0.7, rec, classes[: 10 * per])  # 10 RNN networks
     offsets = np.arange(0, n_nets * per + 1, per)
-    idle = 120.0
-    sums = aggregate(t, w, offsets, 0.02, power_classes=classes, idle_w=idle, limit_w=700.0)
+    return t, w, classes, offsets, aggregate(t, w, offsets, 0.02, power_classes=classes, idle_w=120.0, limit_w=700.0)
+
+
+def test_power_correction_leaves_recurrent_layers_power_as_predicted() -> None:
+    """A 'scale' learnt on other networks must not cut a recurrent layer's dynamic power: the
+    correction acts on the rest of the network; model files fitted before keep their form."""
+    from gpurec.model.network import POWER_CLASSES, Correction, apply_power, fit_power
+
+    rec = POWER_CLASSES.index("recurrent")
+    *_, sums = _rnn_networks(4)
     rec_w = sums.dyn_energy_mj[:, rec] / sums.sum_time_ms
     assert (rec_w[:10] > 50).all() and (rec_w[10:] == 0).all()
     true_w = 0.7 * (sums.power_ops_w - rec_w) + rec_w
@@ -307,19 +316,11 @@ def test_power_correction_leaves_recurrent_layers_power_as_predicted() -> None:
 def test_power_correction_holds_the_idle_power_under_recurrent_layers() -> None:
     """'whole': the idle power under a recurrent layer's time stays as predicted too, so a 'scale'
     below 1 learnt on CNNs cuts only the rest of an RNN network ("dynamic" cut the idle part)."""
-    from gpurec.model.network import POWER_CLASSES, Correction, aggregate, apply_power, fit_power
+    from gpurec.model.network import POWER_CLASSES, Correction, apply_power, fit_power
 
-    rng = np.random.default_rng(5)
-    n_nets, per = 40, 20
-    t = rng.uniform(0.01, 2.0, n_nets * per)
-    w = rng.uniform(150, 600, n_nets * per)
-    rec = POWER_CLASSES.index("recurrent")
-    classes = rng.integers(0, len(POWER_CLASSES) - 1, n_nets * per)
-    classes[: 10 * per] = np.where(rng.random(10 * per) < 0.7, rec, classes[: 10 * per])
-    offsets = np.arange(0, n_nets * per + 1, per)
-    idle = 120.0
-    sums = aggregate(t, w, offsets, 0.02, power_classes=classes, idle_w=idle, limit_w=700.0)
-    is_rec = classes == rec
+    t, w, classes, offsets, sums = _rnn_networks(5)
+    idle = float(sums.idle_w[0])
+    is_rec = classes == POWER_CLASSES.index("recurrent")
     rec_time = np.add.reduceat(np.where(is_rec, t, 0.0), offsets[:-1])
     assert sums.recurrent_time_ms == pytest.approx(rec_time)
     assert sums.take(np.arange(3)).recurrent_time_ms == pytest.approx(rec_time[:3])
