@@ -358,6 +358,36 @@ def _host_side(hd: dict[str, Any]) -> list[str]:
     return L
 
 
+def _sequence_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Sequence networks of the unseen sequence architectures against their targets (met or not
+    on the H100, where the targets are set; the other GPUs shown beside)."""
+    from gpurec.model.fitting.evaluate import SEQUENCE_TARGETS_PCT as T
+
+    L = ["### Sequence models, unseen sequence architectures", "",
+         f"Targets on the H100: host-free time ≤ {T['time']:.0f}% and energy ≤ {T['energy']:.0f}% MAPE, eager time "
+         f"≤ {T['eager_time']:.0f}%, every LSTM language model within {T['lstm_lm_each']:.0f}% in host-free time "
+         "and energy. Every measured fp32 network of "
+         + ", ".join(sorted({a for r in rows for a in r["archs"]})) + " (never trained on).", ""]
+    if not rows:
+        return L + ["No measured network of an unseen sequence architecture.", ""]
+    lines = []
+    for r in rows:
+        w = r["worst"]
+        lm = f"{r['lstm_lm_within']} of {r['lstm_lm_networks']}" if r["lstm_lm_networks"] else "—"
+        verdict = "—"
+        if "H100" in r["gpu"] and r["family"] == "all":
+            ok = (r["gpu_time_mape"] <= T["time"] and r["gpu_energy_mape"] <= T["energy"]
+                  and r["eager_time_mape"] <= T["eager_time"] and r["lstm_lm_within"] == r["lstm_lm_networks"])
+            verdict = "met" if ok else "**not met**"
+        lines.append(row([short(r["gpu"]), r["family"], str(r["n"]), _f(r["gpu_time_mape"]),
+                          _f(r["gpu_energy_mape"]), _f(r["eager_time_mape"]),
+                          f"{w['set_key']} {w['mode']}: time {w['time_error_pct']:+.1f}%, energy "
+                          f"{w['energy_error_pct']:+.1f}%" if w else "—", lm, verdict]))
+    L += table(["GPU", "family", "networks", "host-free time MAPE", "host-free energy MAPE", "eager time MAPE",
+                "worst network", "LSTM LMs within target", "targets"], lines)
+    return L + [""]
+
+
 def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any],
                      sources: dict[str, Any] | None = None) -> list[str]:
     """The GPU's work and the host's work predicted apart, on the unseen test
@@ -415,6 +445,7 @@ def host_gpu_section(tables: dict[str, Any] | None, rep: dict[str, Any],
           "|---|---|---|---|---|---|"]
     L += [f"| {short(r['gpu'])} | {r['mode']} | {r['measured_bound']} | {_f(r['time_mape'])} | {r['n']} | "
           f"{r['with_run_host_profile']} |" for r in tables["eager"]]
+    L += ["", *_sequence_section(tables.get("sequence", []))]
     L += ["", *_host_side(rep.get("host_dispatch", {}))]
     b = tables["bound"]
     o = b.get("overall", {})

@@ -195,6 +195,45 @@ def host_free_accuracy(records: Any, test_only: bool = True) -> list[dict[str, A
     return out
 
 
+# The sequence-model targets on networks of unseen sequence architectures (host-free MAPE, eager
+# MAPE, and every LSTM language model's time and energy within this many per cent).
+SEQUENCE_TARGETS_PCT = {"time": 8.0, "energy": 10.0, "eager_time": 25.0, "lstm_lm_each": 10.0}
+
+
+def sequence_accuracy(records: Any, archs: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Per GPU and family (transformer: BERT/GPT; recurrent: LSTM/GRU; and all), on the networks of
+    the unseen sequence architectures (gpurec.sets.SEQ_TEST_ARCHS): host-free time and energy MAPE,
+    eager time MAPE (the measuring run's host profile), the worst network, and how many LSTM
+    language models are within SEQUENCE_TARGETS_PCT['lstm_lm_each'] in both time and energy."""
+    from gpurec.sets import SEQ_TEST_ARCHS
+
+    archs = tuple(archs if archs is not None else SEQ_TEST_ARCHS)
+    arch = records["set_key"].map(lambda k: str(k).split(":", 1)[0])
+    df = records[arch.isin(archs)].assign(arch=arch)
+    family = df["arch"].map(lambda a: "recurrent" if a.startswith(("lstm", "gru")) else "transformer")
+    df = df.assign(family=family)
+    out = []
+    for gpu, by_gpu in df.groupby("gpu", sort=True):
+        for fam, part in [("all", by_gpu), *by_gpu.groupby("family", sort=True)]:
+            t, n = _mape(part["pred_gpu_time_ms"], part["measured_gpu_time_ms"])
+            e, _ = _mape(part["pred_gpu_energy_mj"], part["measured_gpu_energy_mj"])
+            g, n_eager = _mape(part["pred_time_ms"], part["measured_time_ms"])
+            err_t = (part["pred_gpu_time_ms"] / part["measured_gpu_time_ms"] - 1.0) * 100.0
+            err_e = (part["pred_gpu_energy_mj"] / part["measured_gpu_energy_mj"] - 1.0) * 100.0
+            worst = np.maximum(err_t.abs(), err_e.abs())
+            w = worst.idxmax() if len(worst.dropna()) else None
+            lm = part["arch"].str.startswith("lstm_lm")
+            within = (err_t.abs() <= SEQUENCE_TARGETS_PCT["lstm_lm_each"]) & (err_e.abs() <= SEQUENCE_TARGETS_PCT["lstm_lm_each"])
+            out.append({"gpu": str(gpu), "family": fam, "n": n, "archs": sorted(set(part["arch"])),
+                        "gpu_time_mape": t, "gpu_energy_mape": e, "eager_time_mape": g, "n_eager": n_eager,
+                        "worst": None if w is None else {"set_key": str(part.at[w, "set_key"]),
+                                                         "mode": str(part.at[w, "mode"]),
+                                                         "time_error_pct": float(err_t[w]),
+                                                         "energy_error_pct": float(err_e[w])},
+                        "lstm_lm_networks": int(lm.sum()), "lstm_lm_within": int((lm & within).sum())})
+    return out
+
+
 def eager_accuracy(records: Any, test_only: bool = True) -> list[dict[str, Any]]:
     """Eager time MAPE (estimate for the measuring host's profile) per GPU, mode and measured bound
     (``unknown`` where the network has no host-free measurement to tell)."""
@@ -317,6 +356,7 @@ def accuracy_tables(predictor: Any, data_root: Any = None, report: dict[str, Any
         repeats = nets.iloc[:0]
     both = pd.concat([nets, repeats], ignore_index=True)
     return {"host_free": host_free_accuracy(records), "eager": eager_accuracy(records),
+            "sequence": sequence_accuracy(records),
             "bound": bound_accuracy(records), "host_share": host_share_accuracy(records),
             "noise_floor": noise_floor(both), "board_noise": board_noise(board_repeats(data_root)),
             "leave_one_gpu_out": leave_one_gpu_out_table(report or {}),
