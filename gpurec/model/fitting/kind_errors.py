@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gpurec.model.network import RECURRENT_KINDS
+from gpurec.model.network import is_recurrent
 
 ERROR_KINDS: tuple[str, ...] = ("conv (dense)", "conv (grouped/depthwise)", "channel concat", "window attention",
                                 "squeeze-excite gate", "stochastic depth", "batch norm", "linear / attention",
@@ -55,6 +55,11 @@ def error_kind(kind: str, groups: float) -> str:
     return "other"
 
 
+def _at_precision(df: Any, precision: str) -> Any:
+    """The rows of ``df`` measured at ``precision`` (rows with no precision are fp32)."""
+    return df[df["precision"].map(lambda v: v if isinstance(v, str) and v else "fp32") == precision]
+
+
 def _in_network_rows(data_root: Any, archs: set[str] | None, precision: str) -> Any:
     """The in-network positions of ``archs`` (None: every architecture) measured at ``precision``."""
     from gpurec.dataset import load_dataset
@@ -63,7 +68,7 @@ def _in_network_rows(data_root: Any, archs: set[str] | None, precision: str) -> 
     if archs is not None:
         inn = inn[inn["set_key"].map(lambda k: str(k).split(":", 1)[0] in archs)]
     if "precision" in inn:
-        inn = inn[inn["precision"].map(lambda v: v if isinstance(v, str) and v else "fp32") == precision]
+        inn = _at_precision(inn, precision)
     elif "network_id" in inn:  # positions of fp32 networks only (another precision's id ends in it)
         inn = inn[inn["network_id"].map(lambda i: str(i).count(":") <= 4)] if precision == "fp32" else inn.iloc[:0]
     return inn
@@ -148,12 +153,12 @@ def kernel_sum_over_step(data_root: Any = None, precision: str = "fp32") -> list
     inn = _in_network_rows(data_root, None, precision)
     nets = load_dataset(root=data_root, table="networks")
     if "precision" in nets:
-        nets = nets[nets["precision"].map(lambda v: v if isinstance(v, str) and v else "fp32") == precision]
+        nets = _at_precision(nets, precision)
     if not len(inn) or "gpu_time_ms" not in nets:
         return []
     keys = ["gpu", "set_key", "mode"]
     sums = inn.groupby(keys).agg(kernel_ms=("kernel_ms", "sum"),
-                                 recurrent=("op_kind", lambda k: bool(np.isin(k, RECURRENT_KINDS).any())))
+                                 recurrent=("op_kind", lambda k: bool(is_recurrent(k).any())))
     step = nets.dropna(subset=["gpu_time_ms"]).groupby(keys)["gpu_time_ms"].median()
     both = sums.join(step, how="inner")
     both = both[both["gpu_time_ms"] > 0]
