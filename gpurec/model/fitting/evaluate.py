@@ -205,12 +205,12 @@ def sequence_accuracy(records: Any, archs: Sequence[str] | None = None) -> list[
     the unseen sequence architectures (gpurec.sets.SEQ_TEST_ARCHS): host-free time and energy MAPE,
     eager time MAPE (the measuring run's host profile), the worst network, and how many LSTM
     language models are within SEQUENCE_TARGETS_PCT['lstm_lm_each'] in both time and energy."""
-    from gpurec.sets import SEQ_TEST_ARCHS, seq_family
+    from gpurec.sets import SEQ_TEST_ARCHS
 
     archs = tuple(archs if archs is not None else SEQ_TEST_ARCHS)
     arch = records["set_key"].map(lambda k: arch_of(str(k)))
     df = records[arch.isin(archs)].assign(arch=arch)
-    df = df.assign(family=df["arch"].map(lambda a: "recurrent" if seq_family(a) == "rnn" else "transformer"))
+    df = df.assign(family=df["arch"].map(lambda a: "recurrent" if a.startswith(("lstm", "gru")) else "transformer"))
     out = []
     for gpu, by_gpu in df.groupby("gpu", sort=True):
         for fam, part in [("all", by_gpu), *by_gpu.groupby("family", sort=True)]:
