@@ -497,6 +497,66 @@ def test_ratio_section_reports_all_and_held_out_networks_in_time_and_energy() ->
     assert "| resnet50:b8:r224 | inference |  | host_free |" in "\n".join(crossgpu_section(cross))
 
 
+def test_networks_pair_at_another_precision_and_get_the_predictors_ratios_there(monkeypatch) -> None:
+    import gpurec.dataset as dataset
+    from gpurec.model._sets import test_arch_names
+    from gpurec.model.fitting import crossgpu_fit
+    from gpurec.model.fitting.crossgpu_fit import H100, H200, h200_network_errors_at
+
+    held = sorted(test_arch_names())[0]
+
+    def row(gpu: str, key: str, precision: str, gpu_time_ms: float, gpu_energy_mj: float) -> dict:
+        return {"gpu": gpu, "set_key": key, "mode": "training", "precision": precision, "time_ms": gpu_time_ms + 1,
+                "energy_mj": gpu_energy_mj + 1, "host_ms": 0.5, "gpu_time_ms": gpu_time_ms,
+                "gpu_energy_mj": gpu_energy_mj, "captured": True}
+
+    nets = pd.DataFrame([row(H100, "resnet50:b8:r224", "bf16-mixed", 10.0, 100.0),
+                         row(H200, "resnet50:b8:r224", "bf16-mixed", 9.0, 90.0),
+                         row(H100, f"{held}:b8:r224", "bf16-mixed", 10.0, 100.0),
+                         row(H200, f"{held}:b8:r224", "bf16-mixed", 8.0, 96.0),
+                         # fp32 rows of the same network never pair at bf16-mixed
+                         row(H100, "vgg11:b8:r224", "fp32", 10.0, 100.0), row(H200, "vgg11:b8:r224", "fp32", 5.0, 50.0)])
+    monkeypatch.setattr(dataset, "load_dataset", lambda root=None, table="operations", **kw: nets)
+    asked = []
+
+    def ratios(predictor, model, m, parse_set, precision=None):
+        asked.append(precision)
+        return {"product_ratio": np.array([0.92, 0.8]), "pred_energy_ratio": np.array([0.9, np.nan])}
+
+    monkeypatch.setattr(crossgpu_fit, "_product_ratios", ratios)
+    m = h200_network_errors_at(object(), object(), "bf16-mixed").set_index("set_key")
+    assert asked == ["bf16-mixed"] and sorted(m.index) == sorted(["resnet50:b8:r224", f"{held}:b8:r224"])
+    assert m.loc["resnet50:b8:r224", "product_ratio_error_pp"] == pytest.approx(2.0)
+    assert m.loc[f"{held}:b8:r224", "measured_energy_ratio"] == pytest.approx(0.96)
+    assert bool(m.loc[f"{held}:b8:r224", "held_out_arch"]) and not bool(m.loc["resnet50:b8:r224", "held_out_arch"])
+
+
+def test_precision_section_scores_each_precision_and_counts_what_it_could_not_score() -> None:
+    from gpurec.reports.accuracy import crossgpu_section, crossgpu_tables
+
+    def net(key: str, held: bool, t_err: float, e_err: float | None) -> dict:
+        return {"set_key": key, "mode": "training", "precision": "bf16-mixed", "held_out_arch": held,
+                "measured_ratio": 0.95, "product_ratio": 0.95 + t_err / 100, "product_ratio_error_pp": t_err,
+                "measured_energy_ratio": 0.9, "pred_energy_ratio": None if e_err is None else 0.9 + e_err / 100,
+                "energy_ratio_error_pp": e_err}
+
+    cross = {"h200_networks_by_precision": {"bf16-mixed": [
+        net("resnet50:b8:r224", False, 1.0, -2.0), net("resnet50:b32:r224", False, -3.0, 2.0),
+        net("vgg13_bn:b8:r224", True, 5.0, 4.0), net("alexnet:b8:r224", False, 1.0, None)]}}
+    pp = crossgpu_tables(cross)["by_precision"]["bf16-mixed"]
+    everything, held = pp["summary"]
+    assert (pp["pairs"], pp["unscored"], everything["networks"], held["networks"]) == (4, 1, 3, 1)
+    assert everything["time_pp"] == pytest.approx(3.0) and everything["time_met"]
+    assert everything["time_bias_pp"] == pytest.approx(1.0)
+    assert everything["energy_pp"] == pytest.approx(8 / 3) and everything["energy_met"]
+    assert held["time_pp"] == pytest.approx(5.0) and not held["time_met"]
+    (resnet,) = [r for r in pp["per_arch"] if r["arch"] == "resnet50"]
+    assert resnet["networks"] == 2 and resnet["product_ratio"] == pytest.approx(0.94)
+    text = "\n".join(crossgpu_section(cross))
+    assert "### H200 against H100 at bf16-mixed" in text and "1 networks the predictor could not estimate" in text
+    assert "| held-out architectures only | 1 | 5.0 | +5.0 | **not met** | 4.0 | +4.0 | **not met** |" in text
+
+
 def test_cross_section_describes_h200_eager_rows_only_when_the_fit_used_some() -> None:
     """Since every H200 operation has a host-free row, the fit uses no eager one: the section must
     not describe a rule for rows that are not there, and must describe it while some are."""

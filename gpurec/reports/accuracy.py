@@ -535,6 +535,7 @@ def crossgpu_tables(cross: dict[str, Any]) -> dict[str, Any]:
             if r.get("ratio_error_pp") is not None]
     return {"groups": groups, "gpus": gpus, "per_gpu": gpu_rows, "public": public, "public_gpu": public_gpu,
             "h200_networks": nets, "h200_summary": summary,
+            "by_precision": {p: _precision_pairs(rows) for p, rows in cross.get("h200_networks_by_precision", {}).items()},
             "leave_h200_out_pp": sum(logo) / len(logo) if logo else None,
             "h200_mape": sum(r["ape"] for r in nets) / len(nets) if nets else None,
             "h200_direct_mape": (sum(r["direct_ape"] for r in nets) / len(nets)
@@ -686,6 +687,66 @@ def _scored_floor_text(cross: dict[str, Any]) -> str:
             + apart)
 
 
+def _precision_pairs(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One precision's H200/H100 network pairs (crossgpu_fit.h200_network_errors_at): the mean |error|
+    and bias of the predicted time and energy ratios on all networks and on the held-out architectures'
+    (each against CROSS_TARGETS' ratio target), per architecture, and how many the predictor could not
+    estimate (counted, never dropped silently)."""
+    def mean(v: list[float]) -> float | None:
+        return sum(v) / len(v) if v else None
+
+    scored = [r for r in rows if r.get("product_ratio_error_pp") is not None
+              and r.get("energy_ratio_error_pp") is not None]
+    summary = []
+    for label, part in (("all networks measured on both", scored),
+                        ("held-out architectures only", [r for r in scored if r.get("held_out_arch")])):
+        t = [r["product_ratio_error_pp"] for r in part]
+        e = [r["energy_ratio_error_pp"] for r in part]
+        summary.append({"label": label, "networks": len(part), "time_pp": mean([abs(x) for x in t]),
+                        "time_bias_pp": mean(t), "energy_pp": mean([abs(x) for x in e]), "energy_bias_pp": mean(e)})
+    for r in summary:
+        r["time_met"] = r["time_pp"] is not None and r["time_pp"] <= CROSS_TARGETS["ratio_pp"]
+        r["energy_met"] = r["energy_pp"] is not None and r["energy_pp"] <= CROSS_TARGETS["ratio_pp"]
+    archs: dict[str, list[dict[str, Any]]] = {}
+    for r in scored:
+        archs.setdefault(r["set_key"].split(":")[0], []).append(r)
+    per_arch = [{"arch": a, "held_out_arch": bool(part[0].get("held_out_arch")), "networks": len(part),
+                 **{k: mean([r[k] for r in part]) for k in ("measured_ratio", "product_ratio",
+                                                            "measured_energy_ratio", "pred_energy_ratio")}}
+                for a, part in sorted(archs.items())]
+    return {"summary": summary, "per_arch": per_arch, "pairs": len(rows), "unscored": len(rows) - len(scored)}
+
+
+def _precision_text(t: dict[str, Any]) -> list[str]:
+    """The H200/H100 subsections at precisions other than fp32 (empty when none was paired)."""
+    L: list[str] = []
+    for precision, pp in t["by_precision"].items():
+        L += [f"### H200 against H100 at {precision} (target ≤ 3 pp, time and energy)", "",
+              f"The {pp['pairs']} {precision} networks measured on both GPUs (basis as above; every one host-free "
+              "where both were replayed as CUDA graphs). Predicted: what `gpurec predict --precision "
+              f"{precision}` answers on each GPU, the ratio of its GPU times and of its GPU energies. The "
+              "cross-GPU model is fitted on fp32 pairs alone, so every row here checks how it carries to another "
+              "precision; the held-out architectures are, in addition, ones no model trained on."
+              + (f" {pp['unscored']} networks the predictor could not estimate are left out of the means."
+                 if pp["unscored"] else ""), ""]
+        lines = [f"| {r['label']} | {r['networks']} | {_fmt(r['time_pp'], '.1f')} | {_fmt(r['time_bias_pp'], '+.1f')} | "
+                 f"{'met' if r['time_met'] else '**not met**'} | {_fmt(r['energy_pp'], '.1f')} | "
+                 f"{_fmt(r['energy_bias_pp'], '+.1f')} | {'met' if r['energy_met'] else '**not met**'} |"
+                 for r in pp["summary"]]
+        L += table(["networks", "count", "mean |time ratio error| pp", "bias pp", "≤ 3 pp?",
+                    "mean |energy ratio error| pp", "bias pp", "≤ 3 pp?"], lines) + [""]
+        lines = [f"| {r['arch']} | {'yes' if r['held_out_arch'] else ''} | {r['networks']} | "
+                 f"{r['measured_ratio']:.3f} | {r['product_ratio']:.3f} | "
+                 f"{r['measured_energy_ratio']:.3f} | {r['pred_energy_ratio']:.3f} |" for r in pp["per_arch"]]
+        L += table(["architecture", "held-out arch", "networks", "measured time ratio", "predicted",
+                    "measured energy ratio", "predicted"], lines) + [""]
+    return L
+
+
+def _fmt(v: Any, fmt: str) -> str:
+    return "" if v is None else format(v, fmt)
+
+
 def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, Any]] | None = None,
                      cards: list[dict[str, Any]] | None = None) -> list[str]:
     """docs/accuracy.md's cross-GPU section from models/crossgpu_report.json."""
@@ -819,7 +880,7 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
               ""]
     else:
         L += ["No network is GPU-bound on both GPUs.", ""]
-    return L
+    return L + _precision_text(t)
 
 
 def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: Path | None = None,

@@ -620,15 +620,15 @@ def public_model_errors(models_by_gpu: dict[str, CrossGPUModel], data_root: Path
 
 # -- H200 against H100 on whole networks ---------------------------------------------------------
 
-def _fp32_rows(frame: Any) -> Any:
-    """Rows measured at fp32 (rows from before precision was a column are fp32)."""
+def _fp32_rows(frame: Any, precision: str = "fp32") -> Any:
+    """Rows measured at ``precision`` (rows from before precision was a column are fp32)."""
     if "precision" not in frame:
-        return frame
-    return frame[frame["precision"].fillna("fp32").astype(str) == "fp32"]
+        return frame if precision == "fp32" else frame.iloc[:0]
+    return frame[frame["precision"].fillna("fp32").astype(str) == precision]
 
 
-def _gpu_bound_pairs(data_root: Path | str | None) -> Any:
-    """fp32 networks measured on the H100 and the H200 that tell the GPUs apart, with the time and
+def _gpu_bound_pairs(data_root: Path | str | None, precision: str = "fp32") -> Any:
+    """Networks (fp32 unless ``precision``) measured on the H100 and the H200 that tell the GPUs apart, with the time and
     energy to compare (``h100_basis_time_ms``/``h200_basis_time_ms``, ``h100_basis_energy_mj``/
     ``h200_basis_energy_mj``) and their
     ``basis``: ``host_free`` where both were timed as CUDA-graph replays (GPU time and GPU energy
@@ -639,7 +639,7 @@ def _gpu_bound_pairs(data_root: Path | str | None) -> Any:
 
     from gpurec.dataset import load_dataset
 
-    nets = _fp32_rows(load_dataset(root=data_root, table="networks"))
+    nets = _fp32_rows(load_dataset(root=data_root, table="networks"), precision)
     cols = ["gpu_time_ms", "time_ms", "host_ms", "energy_mj", "gpu_energy_mj", "captured"]
     # the card of each measurement: cards of one model differ in power (gpurec.reports.accuracy.energy_error_by_card)
     nets = nets.assign(**{c: nets[c] if c in nets else np.nan for c in cols},
@@ -712,27 +712,56 @@ def h200_network_errors(model: CrossGPUModel, data_root: Path | str | None = Non
                     ratio_error_pp=100 * (m["pred_ratio"] - m["measured_ratio"]))
 
 
-def _product_ratios(predictor: Any, model: CrossGPUModel, nets: Any, parse_set: Callable[[str], Any]
-                    ) -> dict[str, np.ndarray]:
-    """The predictor's H200/H100 GPU time and GPU energy ratios of each network, with ``model`` as its
-    cross-GPU model (restored afterwards)."""
+def _product_ratios(predictor: Any, model: CrossGPUModel, nets: Any, parse_set: Callable[[str], Any],
+                    precision: str | None = None) -> dict[str, np.ndarray]:
+    """The predictor's H200/H100 GPU time and GPU energy ratios of each network (at ``precision``;
+    None: fp32), with ``model`` as its cross-GPU model (restored afterwards).  A network the predictor
+    cannot estimate keeps NaN, which the reports count apart."""
     saved = predictor.crossgpu
     predictor.crossgpu = model
     predictor.clear_cache()
     t_ratio, e_ratio = np.full(len(nets), np.nan), np.full(len(nets), np.nan)
     try:
-        for i, r in enumerate(nets.itertuples(index=False)):
-            s = parse_set(r.set_key)
-            cand = [(s.arch, s.input_shape)]
-            a = predictor.predict_many(cand, mode=r.mode, gpu=H100)[0]
-            b = predictor.predict_many(cand, mode=r.mode, gpu=H200)[0]
-            if hasattr(a, "gpu_time_ms") and hasattr(b, "gpu_time_ms"):
-                t_ratio[i] = b.gpu_time_ms / a.gpu_time_ms
-                e_ratio[i] = b.gpu_energy_mj / a.gpu_energy_mj
+        for mode in sorted(set(nets["mode"])):  # one predict_many per mode and GPU: the boosters run once
+            idx = np.flatnonzero((nets["mode"] == mode).to_numpy())
+            cands = [(s.arch, s.input_shape) for s in (parse_set(k) for k in nets["set_key"].iloc[idx])]
+            a = predictor.predict_many(cands, mode=mode, gpu=H100, precision=precision)
+            b = predictor.predict_many(cands, mode=mode, gpu=H200, precision=precision)
+            for i, ea, eb in zip(idx, a, b, strict=True):
+                if hasattr(ea, "gpu_time_ms") and hasattr(eb, "gpu_time_ms"):
+                    t_ratio[i] = eb.gpu_time_ms / ea.gpu_time_ms
+                    e_ratio[i] = eb.gpu_energy_mj / ea.gpu_energy_mj
     finally:
         predictor.crossgpu = saved
         predictor.clear_cache()
     return {"product_ratio": t_ratio, "pred_energy_ratio": e_ratio}
+
+
+PAIRED_PRECISIONS = ("bf16-mixed",)  # besides fp32: precisions whose networks both GPUs measured
+
+
+def h200_network_errors_at(predictor: Any, model: CrossGPUModel, precision: str,
+                           data_root: Path | str | None = None) -> Any:
+    """The networks measured at ``precision`` on the H100 and the H200 (_gpu_bound_pairs), with the
+    H200/H100 GPU time and energy ratios measured and predicted by what a user gets at that precision
+    (``predictor`` with ``model`` as its cross-GPU model: its per-operation times and power at that
+    precision; ``product_ratio``, ``pred_energy_ratio``).  The cross-GPU model is fitted on fp32 pairs
+    alone, so every network here checks how its ratios carry to another precision; ``held_out_arch``
+    marks the architectures no model trained on."""
+    from gpurec.model._sets import parse_set, test_arch_names
+    from gpurec.model.fitting.evaluate import arch_of
+
+    m = _gpu_bound_pairs(data_root, precision)
+    held_out = set(test_arch_names())
+    m = m.assign(precision=precision,
+                 measured_ratio=m["h200_basis_time_ms"] / m["h100_basis_time_ms"],
+                 measured_energy_ratio=m["h200_basis_energy_mj"] / m["h100_basis_energy_mj"],
+                 held_out_arch=[arch_of(k) in held_out for k in m["set_key"]])
+    if m.empty:
+        return m
+    m = m.assign(**_product_ratios(predictor, model, m, parse_set, precision))
+    return m.assign(product_ratio_error_pp=100 * (m["product_ratio"] - m["measured_ratio"]),
+                    energy_ratio_error_pp=100 * (m["pred_energy_ratio"] - m["measured_energy_ratio"]))
 
 
 MEMORY_ENERGY_MAX_PJ_PER_BYTE = 200.0  # search bound: HBM is a few pJ per bit, GDDR about twice that
@@ -839,6 +868,15 @@ def evaluate(table: CrossTable, data_root: Path | str | None = None, cache_dir: 
                      "H200/H100 network pairs of the training architectures included",
             "network_pairs": int(len(networks.keys)) if networks is not None else 0,
             "energy": "predictor (its power model) with this cross-GPU model" if predictor is not None else None}
+    if model is not None and predictor is not None:
+        keep = ["set_key", "mode", "precision", "held_out_arch", "basis", "measured_ratio", "product_ratio",
+                "product_ratio_error_pp", "measured_energy_ratio", "pred_energy_ratio", "energy_ratio_error_pp",
+                "h100_basis_time_ms", "h200_basis_time_ms", "h200_gpu_uuid"]
+        out["h200_networks_by_precision"] = {}
+        for precision in PAIRED_PRECISIONS:
+            at = h200_network_errors_at(predictor, model, precision, data_root)
+            log(f"cross-GPU: {len(at)} {precision} H200/H100 network pairs")
+            out["h200_networks_by_precision"][precision] = at[[c for c in keep if c in at]].to_dict(orient="records")
     if H200 in models:
         logo_h200 = h200_network_errors(models[H200], data_root, cache_dir)
         out["h200_networks_leave_h200_out"] = logo_h200[["set_key", "mode", "held_out_arch", "basis", "pred_ratio",
