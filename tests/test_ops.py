@@ -412,6 +412,36 @@ def test_unknown_model_suggests_names() -> None:
         extract_operations("qqqqzzzz", B2)
 
 
+def test_a_torchvision_that_does_not_load_with_this_torch_says_how_to_install_a_pair(monkeypatch) -> None:
+    """A fresh environment from two package indexes (CPU torch, CUDA torchvision) fails inside
+    torchvision's import with "operator torchvision::nms does not exist": one typed error with
+    the fix, not a traceback."""
+    import importlib
+    import importlib.metadata
+
+    import gpurec.ops.extract as extract
+
+    real = importlib.import_module
+
+    def broken(name: str, *args, **kwargs):
+        if name.startswith("torchvision"):
+            raise RuntimeError("operator torchvision::nms does not exist")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    monkeypatch.setattr(importlib.metadata, "version", lambda dist: "0.28.0")
+    monkeypatch.setattr(extract.torch, "__version__", "2.13.0+cpu")
+    with pytest.raises(extract.TorchvisionUnusable) as ei:
+        extract.classification_models()
+    assert isinstance(ei.value, ExtractionError)  # the CLI's one-line error, exit code 2
+    msg = str(ei.value)
+    assert "torchvision 0.28.0 does not load with torch 2.13.0+cpu (operator torchvision::nms" in msg
+    assert "'torch==2.13.0' 'torchvision==0.28.*'" in msg and "\n" not in msg
+    monkeypatch.setattr(extract.torch, "__version__", "2.14.1")
+    with pytest.raises(extract.TorchvisionUnusable, match="'torchvision==0.29.*'"):
+        extract._build_meta("resnet18")  # building a classifier goes through the same check
+
+
 @pytest.mark.parametrize("shape,match", [
     ((0, 3, 224, 224), r"must be a positive integer \(0 at position 0\)"),
     ((-2, 3, 224, 224), r"must be a positive integer \(-2 at position 0\)"),

@@ -97,10 +97,46 @@ class UnknownModel(ExtractionError):
     """Model name not in torchvision's classification models."""
 
 
+class TorchvisionUnusable(ExtractionError):
+    """torchvision is installed but does not load with this torch: most often a pair from two
+    package indexes (a CPU-only torch beside a CUDA torchvision), whose compiled operators fail."""
+
+
+# torchvision release -> the torch release it is built against (the range gpurec supports)
+TORCHVISION_FOR_TORCH = {"2.11": "0.26", "2.12": "0.27", "2.13": "0.28", "2.14": "0.29"}
+
+
+def torchvision_models() -> Any:
+    """``torchvision.models``, or TorchvisionUnusable saying how to install a matching pair."""
+    import importlib
+
+    try:
+        return importlib.import_module("torchvision.models")
+    except (ImportError, RuntimeError, OSError) as exc:
+        raise TorchvisionUnusable(_torchvision_fix(exc)) from exc
+
+
+def _torchvision_fix(exc: BaseException) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        have = version("torchvision")
+    except PackageNotFoundError:
+        have = None
+    minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    want = TORCHVISION_FOR_TORCH.get(minor)
+    pair = f"'torch=={torch.__version__.split('+')[0]}' 'torchvision=={want}.*'" if want else \
+        "a torch and torchvision release of one date"
+    first = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return (("torchvision is not installed" if have is None else
+             f"torchvision {have} does not load with torch {torch.__version__} ({first})")
+            + f"; install the two as a matching pair from one index, e.g. `pip install --index-url "
+              f"https://download.pytorch.org/whl/cpu {pair}` (drop --index-url for the CUDA build)")
+
+
 def classification_models() -> list[str]:
     """The torchvision classification model names (80 in torchvision 0.26-0.29)."""
-    import torchvision.models as tvm
-
+    tvm = torchvision_models()
     return sorted(tvm.list_models(module=tvm))
 
 
@@ -398,8 +434,7 @@ def _build_meta(name: str) -> nn.Module:
     if name in SYNTH_BUILDERS:  # the hand-written architectures of gpurec.sets (SYNTH/SWEEP_ARCHS)
         with _building_on_meta():
             return build_synthetic(name)
-    import torchvision.models as tvm
-
+    tvm = torchvision_models()
     kwargs: dict[str, Any] = {"weights": None}
     if name in ("googlenet", "inception_v3"):
         kwargs["init_weights"] = False
