@@ -620,7 +620,7 @@ def public_model_errors(models_by_gpu: dict[str, CrossGPUModel], data_root: Path
 
 # -- H200 against H100 on whole networks ---------------------------------------------------------
 
-def _fp32_rows(frame: Any, precision: str = "fp32") -> Any:
+def _rows_at(frame: Any, precision: str = "fp32") -> Any:
     """Rows measured at ``precision`` (rows from before precision was a column are fp32)."""
     if "precision" not in frame:
         return frame if precision == "fp32" else frame.iloc[:0]
@@ -639,7 +639,7 @@ def _gpu_bound_pairs(data_root: Path | str | None, precision: str = "fp32") -> A
 
     from gpurec.dataset import load_dataset
 
-    nets = _fp32_rows(load_dataset(root=data_root, table="networks"), precision)
+    nets = _rows_at(load_dataset(root=data_root, table="networks"), precision)
     cols = ["gpu_time_ms", "time_ms", "host_ms", "energy_mj", "gpu_energy_mj", "captured"]
     # the card of each measurement: cards of one model differ in power (gpurec.reports.accuracy.energy_error_by_card)
     nets = nets.assign(**{c: nets[c] if c in nets else np.nan for c in cols},
