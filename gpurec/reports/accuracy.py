@@ -725,8 +725,9 @@ def _precision_text(t: dict[str, Any]) -> list[str]:
               f"The {pp['pairs']} {precision} networks measured on both GPUs (basis as above; every one host-free "
               "where both were replayed as CUDA graphs). Predicted: what `gpurec predict --precision "
               f"{precision}` answers on each GPU, the ratio of its GPU times and of its GPU energies. The "
-              "cross-GPU model is fitted on fp32 pairs alone, so every row here checks how it carries to another "
-              "precision; the held-out architectures are, in addition, ones no model trained on."
+              "cross-GPU model's network pairs are fp32 alone, but its operation rows include both GPUs' "
+              f"{precision} operations of the training architectures, so the held-out architectures (no model "
+              "trained on any of their rows) are the honest check."
               + (f" {pp['unscored']} networks the predictor could not estimate are left out of the means."
                  if pp["unscored"] else ""), ""]
         lines = [f"| {r['label']} | {r['networks']} | {_fmt(r['time_pp'], '.1f')} | {_fmt(r['time_bias_pp'], '+.1f')} | "

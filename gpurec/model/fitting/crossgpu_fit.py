@@ -745,9 +745,9 @@ def h200_network_errors_at(predictor: Any, model: CrossGPUModel, precision: str,
     """The networks measured at ``precision`` on the H100 and the H200 (_gpu_bound_pairs), with the
     H200/H100 GPU time and energy ratios measured and predicted by what a user gets at that precision
     (``predictor`` with ``model`` as its cross-GPU model: its per-operation times and power at that
-    precision; ``product_ratio``, ``pred_energy_ratio``).  The cross-GPU model is fitted on fp32 pairs
-    alone, so every network here checks how its ratios carry to another precision; ``held_out_arch``
-    marks the architectures no model trained on."""
+    precision; ``product_ratio``, ``pred_energy_ratio``).  The cross-GPU model's network pairs are
+    fp32 alone (its operation rows are of every precision); ``held_out_arch`` marks the architectures
+    no model trained on, the honest check."""
     from gpurec.model._sets import parse_set, test_arch_names
     from gpurec.model.fitting.evaluate import arch_of
 
