@@ -837,21 +837,18 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
           "host-free network time × the time ratio, against the H200's time on the pair's basis (GPU time, or "
           "eager time of a GPU-bound step, about its GPU time).", ""]
     if t["h200_networks"]:
-        def pct(v: Any, fmt: str) -> str:
-            return "" if v is None else format(v, fmt)
-
         lines = [f"| {r['set_key']} | {r['mode']} | {'yes' if r.get('held_out_arch') else ''} | "
                  f"{r.get('basis', 'eager')} | "
                  f"{r['measured_ratio']:.3f} | {r['pred_ratio']:.3f} | {r['ratio_error_pp']:+.1f} | "
-                 f"{pct(r.get('measured_energy_ratio'), '.3f')} | {pct(r.get('pred_energy_ratio'), '.3f')} | "
-                 f"{pct(r.get('energy_ratio_error_pp'), '+.1f')} | "
+                 f"{_fmt(r.get('measured_energy_ratio'), '.3f')} | {_fmt(r.get('pred_energy_ratio'), '.3f')} | "
+                 f"{_fmt(r.get('energy_ratio_error_pp'), '+.1f')} | "
                  f"{r.get('h200_basis_time_ms', r['h200_time_ms']):.2f} | {r['pred_h200_ms']:.2f} | {100 * r['ape']:.1f}% |"
                  for r in t["h200_networks"]]
         L += table(["network", "mode", "held-out arch", "basis", "measured ratio", "predicted ratio", "error pp",
                     "measured energy ratio", "predicted energy ratio", "energy error pp", "H200 ms",
                     "predicted ms", "APE"], lines) + [""]
-        lines = [f"| {r['label']} | {r['networks']} | {pct(r['time_pp'], '.1f')} | {pct(r['time_bias_pp'], '+.1f')} | "
-                 f"{'met' if r['time_met'] else '**not met**'} | {pct(r['energy_pp'], '.1f')} | "
+        lines = [f"| {r['label']} | {r['networks']} | {_fmt(r['time_pp'], '.1f')} | {_fmt(r['time_bias_pp'], '+.1f')} | "
+                 f"{'met' if r['time_met'] else '**not met**'} | {_fmt(r['energy_pp'], '.1f')} | "
                  f"{'met' if r['energy_met'] else '**not met**'} |" for r in t["h200_summary"]]
         L += table(["networks", "count", "mean |time ratio error| pp", "bias pp", "≤ 3 pp?",
                     "mean |energy ratio error| pp", "≤ 3 pp?"], lines) + [""]
