@@ -19,7 +19,7 @@ from gpurec.collect import runner as runner_mod
 from gpurec.collect.runner import done_ids
 from gpurec.dataset.store import read_jsonl
 from gpurec.ops.extract import ExtractionError, extract_operations
-from gpurec.ops.precision import PRECISIONS, item_id
+from gpurec.ops.precision import PRECISIONS, item_id, rows_at_precision
 from gpurec.tools.plan import PlanPart, build_parts_plan
 
 SET = ModelInputSet("resnet18", 2, 32)
@@ -142,6 +142,21 @@ def test_a_caller_module_is_left_as_it_was() -> None:
 def test_unknown_precision_is_refused() -> None:
     with pytest.raises(ExtractionError, match="precision must be one of fp32, tf32"):
         extract_operations(Block(), (2, 3, 8, 8), precision="bf32")
+
+
+def test_rows_without_a_recorded_precision_are_fp32_in_every_table_filter() -> None:
+    """Rows written before precision was recorded read as absent, None, NaN or empty: all fp32,
+    and never another precision (one filter, so no report can count them differently)."""
+    import pandas as pd
+
+    df = pd.DataFrame({"id": list("abcdef"),
+                       "precision": ["fp32", None, float("nan"), "", "bf16-mixed", "fp16-mixed"]})
+    assert rows_at_precision(df)["id"].tolist() == list("abcd")
+    assert rows_at_precision(df, "bf16-mixed")["id"].tolist() == ["e"]
+    assert rows_at_precision(df, "bf16")["id"].tolist() == []
+    legacy = pd.DataFrame({"id": ["x", "y"]})
+    assert rows_at_precision(legacy)["id"].tolist() == ["x", "y"]
+    assert rows_at_precision(legacy, "bf16-mixed").empty
 
 
 # -- units ----------------------------------------------------------------------------------------

@@ -46,13 +46,12 @@ from gpurec.dataset.store import (
     raw_row_files,
     read_jsonl_lines,
 )
+from gpurec.ops.precision import DEFAULT_PRECISION, PRECISIONS, precision_or_default
 
 ITEMS = ("op", "network", "peak", "idle")
 MODES = ("inference", "training")
-PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16", "fp16")
 STATUSES = ("ok", "failed")
 UNIT_SUFFIXES = ("_ms", "_mj", "_w", "_mhz", "_s", "_c")  # fields that must be finite numbers
-DEFAULT_PRECISION = "fp32"  # rows written before precision was a column
 IDENTITY = ("gpu", "_precision", "id")  # a row's identity in the tables (see row_identity)
 TABLES = ("operations", "networks", "in_network", "repeats", "idle")
 SKIP_HINT = ("Raw rows are kept as measured: fix or remove the file that holds it, or pass --skip-invalid-rows "
@@ -93,7 +92,7 @@ class RawRow:
 
 def row_precision(row: dict[str, Any]) -> str:
     """A row's precision; rows written before precision was recorded are "fp32"."""
-    return row.get("precision") or DEFAULT_PRECISION
+    return precision_or_default(row.get("precision"))
 
 
 def _canonical(names: dict[str, str], gpu: str) -> str:

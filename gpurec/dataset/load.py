@@ -6,6 +6,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gpurec.ops.precision import rows_at_precision
+
 DATASET_DIR_ENV = "GPUREC_DATASETS"
 
 
@@ -42,7 +44,7 @@ def fp32_rows(df: Any) -> Any:
     column are fp32): what predictions without a ``precision=`` are compared against."""
     if "precision" not in df:
         return df
-    return df[df["precision"].fillna("fp32") == "fp32"].reset_index(drop=True)
+    return rows_at_precision(df).reset_index(drop=True)
 
 
 def load_dataset(gpu: str | None = None, root: Path | str | None = None, table: str = "operations",

@@ -30,6 +30,7 @@ import numpy as np
 from gpurec.catalog import HARDWARE_FEATURES, GPUSpec, resolve_gpu
 from gpurec.ops.cache import SetOperations
 from gpurec.ops.features import FEATURE_NAMES, operation_feature_row
+from gpurec.ops.precision import precision_or_default
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -499,8 +500,7 @@ def _candidate_sets(row: Any) -> list[str]:
 
 def row_precision_of(row: Any) -> str:
     """A row's precision: rows measured before precision was a column are fp32."""
-    p = getattr(row, "precision", None)
-    return p if isinstance(p, str) and p else "fp32"
+    return precision_or_default(getattr(row, "precision", None))
 
 
 def operations_of_rows(df: pd.DataFrame, extractor: SetExtractor) -> RowOps:

@@ -37,6 +37,20 @@ def low_dtype(precision: str) -> Any:
     return getattr(torch, LOW_DTYPE.get(check_precision(precision), "float32"))
 
 
+def precision_or_default(value: Any) -> str:
+    """A stored precision. Rows written before precision was recorded have none (absent, None,
+    NaN or empty): they were measured at PyTorch's default, fp32."""
+    return value if isinstance(value, str) and value else DEFAULT_PRECISION
+
+
+def rows_at_precision(frame: Any, precision: str = DEFAULT_PRECISION) -> Any:
+    """The rows of a table measured at ``precision`` (a table without the column is all fp32).
+    One filter for every table, so no caller can disagree on what an unrecorded precision is."""
+    if "precision" not in frame:
+        return frame if precision == DEFAULT_PRECISION else frame.iloc[:0]
+    return frame[frame["precision"].map(precision_or_default) == precision]
+
+
 def item_id(item: str, key: str, mode: str, precision: str = DEFAULT_PRECISION) -> str:
     """A work item's / row's id: fp32 ids are as they always were, others end in the precision."""
     base = f"{item}:{key}:{mode}"

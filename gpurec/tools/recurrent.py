@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from gpurec.ops.precision import precision_or_default
+
 
 def recurrent_rows(data_root: Path | str | None, builder: Any) -> tuple[Any, dict[str, np.ndarray], Any]:
     """The recurrent operation rows usable as training rows (test architectures never), their
@@ -87,7 +89,7 @@ def evaluate_held_out(model_dir: Path | str, data_root: Path | str | None = None
 
     _, nets, _ = load_tables(data_root if data_root is not None else default_root())
     nets = nets[(nets["status"] == "ok") & nets["set_key"].map(lambda k: arch_of(str(k)) in SEQ_TEST_ARCHS)
-                & (nets["precision"].fillna("fp32") == "fp32")]
+                & (nets["precision"].map(precision_or_default) == "fp32")]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         p = load_predictor(model_dir, check_data=False)

@@ -55,6 +55,7 @@ from gpurec.model.crossgpu import (
     wave_factor,
 )
 from gpurec.model.features import KIND_GROUPS
+from gpurec.ops.precision import rows_at_precision
 
 GPU_DOMINATED_RATIO = 0.9
 GPU_DOMINATED_HOST_FACTOR = 1.25
@@ -620,13 +621,6 @@ def public_model_errors(models_by_gpu: dict[str, CrossGPUModel], data_root: Path
 
 # -- H200 against H100 on whole networks ---------------------------------------------------------
 
-def _rows_at(frame: Any, precision: str = "fp32") -> Any:
-    """Rows measured at ``precision`` (rows from before precision was a column are fp32)."""
-    if "precision" not in frame:
-        return frame if precision == "fp32" else frame.iloc[:0]
-    return frame[frame["precision"].fillna("fp32").astype(str) == precision]
-
-
 def _gpu_bound_pairs(data_root: Path | str | None, precision: str = "fp32") -> Any:
     """Networks (fp32 unless ``precision``) measured on the H100 and the H200 that tell the GPUs apart, with the time and
     energy to compare (``h100_basis_time_ms``/``h200_basis_time_ms``, ``h100_basis_energy_mj``/
@@ -639,7 +633,7 @@ def _gpu_bound_pairs(data_root: Path | str | None, precision: str = "fp32") -> A
 
     from gpurec.dataset import load_dataset
 
-    nets = _rows_at(load_dataset(root=data_root, table="networks"), precision)
+    nets = rows_at_precision(load_dataset(root=data_root, table="networks"), precision)
     cols = ["gpu_time_ms", "time_ms", "host_ms", "energy_mj", "gpu_energy_mj", "captured"]
     # the card of each measurement: cards of one model differ in power (gpurec.reports.accuracy.energy_error_by_card)
     nets = nets.assign(**{c: nets[c] if c in nets else np.nan for c in cols},

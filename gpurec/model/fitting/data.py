@@ -42,6 +42,7 @@ from gpurec.model.features import (
 )
 from gpurec.model.fitting.evaluate import arch_of, family, row_families
 from gpurec.model.network import correction_mode
+from gpurec.ops.precision import precision_or_default
 
 TIME_TARGETS = ("auto", "host_free", "eager")
 GPU_TIME_SOURCES = ("in_network", "isolated")
@@ -306,7 +307,7 @@ def prepare(data_root: Path | str | None, feature: FeatureConfig, time_target: s
     if len(nets):
         # Every precision's networks are extracted at their precision: the network correction is
         # fitted per correction_mode (step mode and precision); the network reports stay fp32 (is_fp32).
-        prec = nets["precision"].fillna("fp32").astype(str) if "precision" in nets else "fp32"
+        prec = nets["precision"].map(precision_or_default) if "precision" in nets else "fp32"
         nets = nets.assign(precision=prec, arch=nets["set_key"].map(arch_of))
         nets = nets[nets["arch"].isin(train_archs | test_archs)].reset_index(drop=True)
         nets = nets.assign(family=nets["arch"].map(family), is_test=nets["arch"].isin(test_archs),

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from gpurec.ops.precision import precision_or_default
 from gpurec.results import HOST_BOUND_RATIO, bounds_of
 
 _FAMILY = re.compile(r"^[a-z]+")
@@ -116,11 +117,6 @@ def _col(df: Any, name: str) -> np.ndarray:
     return pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
 
 
-def row_precision(value: Any) -> str:
-    """A row's precision column: absent or empty in rows from before precision was a column (fp32)."""
-    return value if isinstance(value, str) and value else "fp32"
-
-
 def network_records(predictor: Any, nets: Any, host_profiles: dict[str, list[Any]] | None = None,
                     use_run_host: bool = True) -> Any:
     """One row per measured network row: measured and estimated gpu_time_ms, gpu_energy_mj,
@@ -143,7 +139,7 @@ def network_records(predictor: Any, nets: Any, host_profiles: dict[str, list[Any
     for i, r in enumerate(nets.itertuples(index=False)):
         run = str(getattr(r, "run_id", ""))
         host = run_host.get(run) if use_run_host else None
-        precision = row_precision(getattr(r, "precision", None))
+        precision = precision_or_default(getattr(r, "precision", None))
         rec: dict[str, Any] = {"gpu": r.gpu, "set_key": r.set_key, "mode": r.mode, "run_id": run,
                                "precision": precision,
                                "arch": arch_of(r.set_key), "is_test": arch_of(r.set_key) in test_arch_names(),
@@ -375,7 +371,7 @@ def planned_networks(plan_file: Any, precision: str) -> list[tuple[str, str]]:
         return []
     items = json.loads(path.read_text()).get("items", [])
     return sorted({(str(i.get("set_key") or i.get("key")), str(i.get("mode"))) for i in items
-                   if i.get("item") == "network" and row_precision(i.get("precision")) == precision})
+                   if i.get("item") == "network" and precision_or_default(i.get("precision")) == precision})
 
 
 def precision_accuracy(predictor: Any, data_root: Any = None, fp32_records: Any = None,
@@ -393,7 +389,7 @@ def precision_accuracy(predictor: Any, data_root: Any = None, fp32_records: Any 
     nets = load_dataset(root=data_root, table="networks")
     if "precision" not in nets:
         return {"precisions": {}}
-    low = nets[nets["precision"].map(row_precision) != "fp32"].reset_index(drop=True)
+    low = nets[nets["precision"].map(precision_or_default) != "fp32"].reset_index(drop=True)
     if not len(low):
         return {"precisions": {}}
     records = network_records(predictor, low, host_profiles_by_run(data_root))

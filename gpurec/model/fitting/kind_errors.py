@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from gpurec.model.network import is_recurrent
+from gpurec.ops.precision import rows_at_precision
 
 ERROR_KINDS: tuple[str, ...] = ("conv (dense)", "conv (grouped/depthwise)", "channel concat", "window attention",
                                 "squeeze-excite gate", "stochastic depth", "batch norm", "linear / attention",
@@ -55,11 +56,6 @@ def error_kind(kind: str, groups: float) -> str:
     return "other"
 
 
-def _at_precision(df: Any, precision: str) -> Any:
-    """The rows of ``df`` measured at ``precision`` (rows with no precision are fp32)."""
-    return df[df["precision"].map(lambda v: v if isinstance(v, str) and v else "fp32") == precision]
-
-
 def _in_network_rows(data_root: Any, archs: set[str] | None, precision: str) -> Any:
     """The in-network positions of ``archs`` (None: every architecture) measured at ``precision``."""
     from gpurec.dataset import load_dataset
@@ -68,7 +64,7 @@ def _in_network_rows(data_root: Any, archs: set[str] | None, precision: str) -> 
     if archs is not None:
         inn = inn[inn["set_key"].map(lambda k: str(k).split(":", 1)[0] in archs)]
     if "precision" in inn:
-        inn = _at_precision(inn, precision)
+        inn = rows_at_precision(inn, precision)
     elif "network_id" in inn:  # positions of fp32 networks only (another precision's id ends in it)
         inn = inn[inn["network_id"].map(lambda i: str(i).count(":") <= 4)] if precision == "fp32" else inn.iloc[:0]
     return inn
@@ -153,7 +149,7 @@ def kernel_sum_over_step(data_root: Any = None, precision: str = "fp32") -> list
     inn = _in_network_rows(data_root, None, precision)
     nets = load_dataset(root=data_root, table="networks")
     if "precision" in nets:
-        nets = _at_precision(nets, precision)
+        nets = rows_at_precision(nets, precision)
     if not len(inn) or "gpu_time_ms" not in nets:
         return []
     keys = ["gpu", "set_key", "mode"]

@@ -18,6 +18,7 @@ from gpurec.model.host_model import NetworkCalibration
 from gpurec.model.network import Correction
 from gpurec.model.provenance import library_versions
 from gpurec.model.regressors import Routed
+from gpurec.ops.precision import precision_or_default
 
 
 def ranges(p: Prepared, cfg: TrainConfig) -> dict[str, dict[str, list[float]]]:
@@ -83,7 +84,7 @@ def build_manifest(p: Prepared, cfg: TrainConfig, final: dict[str, Routed], corr
         "versions": library_versions(),
         "gpus_measured": gpus,
         # the math modes the operation rows were measured in (the predictor warns outside them)
-        "precisions_measured": sorted(set(p.ops["precision"].fillna("fp32").astype(str).tolist())
+        "precisions_measured": sorted(set(p.ops["precision"].map(precision_or_default).tolist())
                                       if "precision" in p.ops else ["fp32"]),
         "gpus_networks_measured": sorted(set(p.nets["gpu"].astype(str).tolist())) if len(p.nets) else [],
         "hyperparameters": {t: {"params": next(iter(final[t].models_.values())).params,

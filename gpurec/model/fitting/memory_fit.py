@@ -28,6 +28,7 @@ import numpy as np
 
 from gpurec.model.memory import MEMORY_FILE, MEMORY_MODES, MEMORY_TERMS, memory_fit_to_dict
 from gpurec.ops.memory import MemoryFit, MemoryTerms
+from gpurec.ops.precision import precision_or_default
 
 LEFTOVER_LIMIT_BYTES = 256 * 2**20  # library workspaces stay allocated; anything more is an earlier row's
 # Above the GPU's library floor, what an earlier row left behind.  Read off the committed H100 and
@@ -117,8 +118,7 @@ def peak_table(data_root: Path | str | None = None) -> Any:
             s = parse_set_key(str(r["set_key"]))
         except ValueError as exc:
             raise ValueError(f"peak row {r.get('id')}: set key {r['set_key']!r} does not parse ({exc})") from exc
-        precision = r.get("precision")
-        precision = precision if isinstance(precision, str) and precision else "fp32"
+        precision = precision_or_default(r.get("precision"))
         item = str(r.get("item") or "network")
         records.append({"gpu": str(r["gpu"]), "id": r.get("id"), "item": item, "set_key": s.key, "arch": s.arch,
                         "batch": int(s.input_shape[0]), "mode": str(r["mode"]), "precision": precision,
