@@ -279,7 +279,7 @@ def build_gpu_dataset(gpu_dir: Path | str, *, allow_corrupt: bool = False, skip_
     if "model_sets" in df:  # absent when a shard holds only idle readings so far
         df["model_sets"] = df["model_sets"].map(lambda v: json.dumps(v) if isinstance(v, list) else v)
     if "precision" in df:
-        df["precision"] = df["precision"].fillna(DEFAULT_PRECISION)
+        df["precision"] = df["precision"].map(precision_or_default)
     df["_precision"] = df["precision"] if "precision" in df else DEFAULT_PRECISION
     is_repeat = df.get("repeat", pd.Series(False, index=df.index)).fillna(False).astype(bool)
     idle = df[df["item"] == "idle"]
