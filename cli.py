@@ -1107,7 +1107,8 @@ def tools_plan(out: Path = typer.Option(None, "--out",
                sets: str = typer.Option("main", "--sets",
                                         help="main: the torchvision sets; seq: the sequence-model sets; "
                                              "targeted: the hand-written architectures and operation sweeps "
-                                             "(gpurec.sets SYNTH_ARCHS, SWEEP_ARCHS); peaks: one peak-memory "
+                                             "(gpurec.sets SYNTH_ARCHS, SWEEP_ARCHS); rnn-sweep: the LSTM and GRU "
+                                             "operation sweeps (SEQ_SWEEP_ARCHS); peaks: one peak-memory "
                                              "item per network of the main plan; peaks-networks: one per "
                                              "network of the seq, targeted, precision and main plans"),
                precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP + "; the main plan's "
@@ -1121,12 +1122,14 @@ def tools_plan(out: Path = typer.Option(None, "--out",
         DEFAULT_PLAN,
         NETWORK_PEAKS_PLAN,
         PEAKS_PLAN,
+        RNN_SWEEP_PLAN,
         SEQ_PLAN,
         TARGETED_PLAN,
         write_main_plan,
         write_network_peaks_plan,
         write_peaks_plan,
         write_preset_plan,
+        write_rnn_sweep_plan,
         write_seq_plan,
         write_targeted_plan,
     )
@@ -1142,7 +1145,7 @@ def tools_plan(out: Path = typer.Option(None, "--out",
     if precision != "fp32":
         _fail(f"--precision applies to the main sets only (or use --preset); not to --sets {sets}", 2)
     writers = {"seq": (write_seq_plan, SEQ_PLAN), "targeted": (write_targeted_plan, TARGETED_PLAN),
-               "peaks": (write_peaks_plan, PEAKS_PLAN),
+               "rnn-sweep": (write_rnn_sweep_plan, RNN_SWEEP_PLAN), "peaks": (write_peaks_plan, PEAKS_PLAN),
                "peaks-networks": (write_network_peaks_plan, NETWORK_PEAKS_PLAN)}
     if sets not in writers:
         _fail(f"--sets must be one of main, {', '.join(writers)}, not {sets!r}", 2)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpurec.sets import SEQ_DATASET_ARCHS, SEQ_TEST_ARCHS
+from gpurec.sets import SEQ_DATASET_ARCHS, SEQ_SWEEP_ARCHS, SEQ_TEST_ARCHS
 
 PAD_ID = 0  # padding token: masked out of attention, position 0 in RoBERTa-style positions
 MAX_POSITIONS = 1024
@@ -77,7 +77,25 @@ class RecurrentSpec:
     dropout: float = 0.1
 
 
-SPECS: dict[str, EncoderSpec | DecoderSpec | RecurrentSpec] = {
+@dataclass(frozen=True)
+class RecurrentSweepSpec:
+    """Recurrent layers side by side, each its own operation: (input size, hidden size, layers,
+    bidirectional) per branch, every branch over token ids embedded at its input size."""
+
+    cell: str  # "LSTM" or "GRU"
+    branches: tuple[tuple[int, int, int, bool], ...]
+    vocab: int = 10000
+    dropout: float = 0.1
+
+
+def _sweep_branches() -> tuple[tuple[int, int, int, bool], ...]:
+    """Hidden sizes around and beyond the training models' (256-1024) but none of the held-out
+    models' (768, 384), one to three layers; the widest take a 512-wide input; a few bidirectional."""
+    uni = tuple((h if h <= 896 else 512, h, n, False) for h in (192, 448, 576, 896, 1280) for n in (1, 2, 3))
+    return uni + tuple((256, h, n, True) for h in (192, 448, 576) for n in (1, 2))
+
+
+SPECS: dict[str, EncoderSpec | DecoderSpec | RecurrentSpec | RecurrentSweepSpec] = {
     # training architectures
     "bert_d256_post": EncoderSpec(256, 4, 4, norm_first=False, attention="torch"),
     "bert_d512_pre": EncoderSpec(512, 8, 6, norm_first=True, attention="manual"),
@@ -99,11 +117,14 @@ SPECS: dict[str, EncoderSpec | DecoderSpec | RecurrentSpec] = {
     "gpt_d768": DecoderSpec(768, 12, 6, attention="sdpa", gelu="tanh"),
     "lstm_lm_3x768": RecurrentSpec("LSTM", 768, 3, False, "lm"),
     "gru_cls_bi_2x384": RecurrentSpec("GRU", 384, 2, True, "max", embed=256),
+    # recurrent operation sweeps (measured per operation only)
+    "lstm_sweep": RecurrentSweepSpec("LSTM", _sweep_branches()),
+    "gru_sweep": RecurrentSweepSpec("GRU", _sweep_branches()),
 }
 
 
 def sequence_arch_names() -> tuple[str, ...]:
-    return SEQ_DATASET_ARCHS + SEQ_TEST_ARCHS
+    return SEQ_DATASET_ARCHS + SEQ_TEST_ARCHS + SEQ_SWEEP_ARCHS
 
 
 def build(arch: str) -> nn.Module:
@@ -117,6 +138,8 @@ def build(arch: str) -> nn.Module:
         return Encoder(spec)
     if isinstance(spec, DecoderSpec):
         return Decoder(spec)
+    if isinstance(spec, RecurrentSweepSpec):
+        return RecurrentSweep(spec)
     return Recurrent(spec)
 
 
@@ -316,3 +339,24 @@ class Recurrent(nn.Module):
             return F.log_softmax(self.head(self.drop(y)), dim=-1)
         pooled = y.max(dim=1).values if self.spec.head == "max" else y.mean(dim=1)
         return self.head(pooled)
+
+
+class RecurrentSweep(nn.Module):
+    """An operation sweep (gpurec.sets.SEQ_SWEEP_ARCHS): one recurrent layer stack per branch of
+    the spec, each over the tokens embedded at its input size; the output concatenates every
+    branch's last step, so training reaches each stack's backward.  Not a network anyone runs:
+    only its operations are measured."""
+
+    def __init__(self, spec: RecurrentSweepSpec) -> None:
+        super().__init__()
+        self.spec, self.vocab_size = spec, spec.vocab
+        cls = nn.LSTM if spec.cell == "LSTM" else nn.GRU
+        inputs = sorted({b[0] for b in spec.branches})
+        self.tok = nn.ModuleDict({str(d): nn.Embedding(spec.vocab, d) for d in inputs})
+        self.rnns = nn.ModuleList(cls(d, h, n, batch_first=True, bidirectional=bi,
+                                      dropout=spec.dropout if n > 1 else 0.0) for d, h, n, bi in spec.branches)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        embedded = {d: emb(ids) for d, emb in self.tok.items()}
+        last = [rnn(embedded[str(b[0])])[0][:, -1] for rnn, b in zip(self.rnns, self.spec.branches, strict=True)]
+        return torch.cat(last, dim=1)

@@ -101,6 +101,12 @@ SEQ_TEST_SHAPES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 }
 
 
+# Recurrent operation sweeps: LSTM or GRU layers of many sizes side by side over token ids,
+# measured per operation only, at the training sets' shapes (SEQ_SHAPES["rnn"]).  Without them
+# the recurrent models saw five hidden sizes; the sweeps' sizes avoid the held-out ones (768, 384).
+SEQ_SWEEP_ARCHS: tuple[str, ...] = ("lstm_sweep", "gru_sweep")
+
+
 def seq_family(arch: str) -> str:
     """"bert", "gpt" or "rnn" (LSTM and GRU models) from a sequence architecture's name."""
     head = arch.split("_", 1)[0]
@@ -112,7 +118,7 @@ def seq_family(arch: str) -> str:
 
 
 def is_sequence_arch(arch: str) -> bool:
-    return arch in SEQ_DATASET_ARCHS or arch in SEQ_TEST_ARCHS
+    return arch in SEQ_DATASET_ARCHS or arch in SEQ_TEST_ARCHS or arch in SEQ_SWEEP_ARCHS
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from gpurec.ops.extract import extract_operations, sdpa_backend
 from gpurec.sets import (
     SEQ_DATASET_ARCHS,
     SEQ_SHAPES,
+    SEQ_SWEEP_ARCHS,
     SEQ_TEST_ARCHS,
     SEQ_TEST_SHAPES,
     ModelInputSet,
@@ -45,7 +46,7 @@ def test_sequence_set_keys_round_trip_beside_image_keys() -> None:
 
 def test_sequence_architectures_are_split_into_training_and_held_out() -> None:
     assert not set(SEQ_DATASET_ARCHS) & set(SEQ_TEST_ARCHS) and 3 <= len(SEQ_TEST_ARCHS) <= 4
-    assert set(seqmodels.SPECS) == set(SEQ_DATASET_ARCHS) | set(SEQ_TEST_ARCHS)
+    assert set(seqmodels.SPECS) == set(SEQ_DATASET_ARCHS) | set(SEQ_TEST_ARCHS) | set(SEQ_SWEEP_ARCHS)
     for fam in ("bert", "gpt", "rnn"):
         assert any(seq_family(a) == fam for a in SEQ_TEST_ARCHS), fam  # every family has an unseen model
     train = {s.key for s in sequence_input_sets(SEQ_DATASET_ARCHS, SEQ_SHAPES)}
@@ -54,6 +55,52 @@ def test_sequence_architectures_are_split_into_training_and_held_out() -> None:
         len(SEQ_SHAPES[seq_family(a)][0]) * len(SEQ_SHAPES[seq_family(a)][1]) for a in SEQ_DATASET_ARCHS)
     with pytest.raises(seqmodels.UnknownSequenceArch, match="not a sequence architecture"):
         seqmodels.build("resnet50")
+
+
+def test_recurrent_sweeps_add_sizes_without_the_held_out_models_layers() -> None:
+    """The LSTM and GRU sweeps: one operation per branch, every branch a layer stack no training
+    model has and none a held-out model has, so the held-out recurrent networks stay unseen."""
+    from gpurec.ops import extract_operations
+
+    def layers(arch: str) -> set[tuple[str, int, int, int, bool]]:
+        spec = seqmodels.SPECS[arch]
+        if isinstance(spec, seqmodels.RecurrentSweepSpec):
+            return {(spec.cell, d, h, n, bi) for d, h, n, bi in spec.branches}
+        if isinstance(spec, seqmodels.RecurrentSpec):
+            return {(spec.cell, spec.embed or spec.hidden, spec.hidden, spec.layers, spec.bidirectional)}
+        return set()
+
+    swept = set().union(*(layers(a) for a in SEQ_SWEEP_ARCHS))
+    assert len(swept) == sum(len(seqmodels.SPECS[a].branches) for a in SEQ_SWEEP_ARCHS) >= 40
+    assert not swept & set().union(*(layers(a) for a in SEQ_TEST_ARCHS))
+    assert not swept & set().union(*(layers(a) for a in SEQ_DATASET_ARCHS))
+    held_out_hidden = {h for a in SEQ_TEST_ARCHS for _, _, h, _, _ in layers(a)}
+    assert not {h for _, _, h, _, _ in swept} & held_out_hidden
+    for mode in ("inference", "training"):
+        ops = extract_operations("gru_sweep", (8, 32), mode=mode)
+        rnn = [o for o in ops if o.kind == "GRU"]
+        assert {(o.settings["input_size"], o.settings["hidden_size"], o.settings["num_layers"],
+                 o.settings["bidirectional"]) for o in rnn} == {b for b in (
+                     (d, h, n, bi) for d, h, n, bi in seqmodels.SPECS["gru_sweep"].branches)}
+        assert all(tuple(o.input_shapes[0][:2]) == (8, 32) for o in rnn)
+    assert seqmodels.build("lstm_sweep").vocab_size == seqmodels.SPECS["lstm_sweep"].vocab
+
+
+def test_rnn_sweep_plan_holds_operations_only(tmp_path) -> None:
+    import json
+
+    from gpurec.tools.plan import write_rnn_sweep_plan
+
+    counts = write_rnn_sweep_plan(tmp_path / "rnn_sweep.json")
+    items = json.loads((tmp_path / "rnn_sweep.json").read_text())["items"]
+    assert counts["items"] == len(items) == counts["op"] and {w["item"] for w in items} == {"op"}
+    kinds = {w["kind"] for w in items}
+    assert {"LSTM", "GRU"} <= kinds
+    archs = {k.split(":")[0] for w in items for k in w["model_sets"]}
+    assert archs == set(SEQ_SWEEP_ARCHS)
+    batches, lengths = SEQ_SHAPES["rnn"]
+    assert {w["set_key"] for w in items if w["kind"] == "LSTM"} == {
+        f"lstm_sweep:b{b}:s{s}" for b in batches for s in lengths}
 
 
 # -- extraction ---------------------------------------------------------------------------------

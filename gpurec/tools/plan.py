@@ -153,6 +153,20 @@ def write_seq_plan(out: Path | str = SEQ_PLAN) -> dict[str, int]:
     return _write(out, held_out_first(items, SEQ_TEST_ARCHS))
 
 
+RNN_SWEEP_PLAN = Path("datasets") / "plans" / "rnn_sweep.json"
+
+
+def write_rnn_sweep_plan(out: Path | str = RNN_SWEEP_PLAN) -> dict[str, int]:
+    """Write the recurrent sweep plan: operation rows of the LSTM and GRU sweeps
+    (gpurec.sets.SEQ_SWEEP_ARCHS) at the recurrent training sets' shapes, both modes; no network
+    rows (a sweep is not a network anyone runs).  Returns how many items of each kind it holds."""
+    from gpurec.collect.plan import MODES, SEQ_SHAPES, build_plan, sequence_input_sets
+    from gpurec.sets import SEQ_SWEEP_ARCHS
+
+    sets = sequence_input_sets(SEQ_SWEEP_ARCHS, {"rnn": SEQ_SHAPES["rnn"]})
+    return _write(out, build_plan(sets, MODES, networks=False, operations=True))
+
+
 def held_out_first(items: Sequence[Any], held_out: Sequence[str]) -> list[Any]:
     """The order a lease with little GPU time gets most from: networks of the held-out
     architectures (what accuracy on unseen networks is judged on), then every operation (what
