@@ -644,3 +644,56 @@ def test_card_power_levels_compare_the_same_gpu_bound_networks_on_two_cards(monk
     text = "\n".join(crossgpu_section(cross, None, many))
     assert "GPU-aaaa: -1.0 pp mean, 3.0 pp mean |error| (2 networks)" in text
     assert "9.5 points between the H200's 2 cards" in text
+
+
+def test_temperature_shift_recovers_the_slope_and_brings_ratios_to_equal_temperature(monkeypatch) -> None:
+    """A measured H200/H100 power ratio that rises 0.5% per °C of the cards' temperature difference:
+    the slope is recovered from the training architectures' pairs alone, the error is split by that
+    difference, and measured ratios brought to equal temperature leave only the model's own error."""
+    import gpurec.reports.dataset as ds
+    from gpurec.reports.accuracy import card_temperatures, crossgpu_section, temperature_power_shift
+
+    H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    rng = np.random.default_rng(0)
+    d_t = rng.uniform(-8.0, 8.0, 40)
+    temps, nets = {}, []
+    for i, d in enumerate(d_t):
+        key = f"resnet50:b{i + 1}:r224"
+        temps[(H100, key, "training", "host_free", "fp32")] = 50.0
+        temps[(H200, key, "training", "host_free", "fp32")] = 50.0 + d
+        measured = 0.9 * 0.99 * np.exp(np.log(1.005) * d)  # time ratio x equal-temperature power ratio x heat
+        nets.append({"set_key": key, "mode": "training", "basis": "host_free", "held_out_arch": i >= 30,
+                     "measured_ratio": 0.9, "measured_energy_ratio": measured, "pred_energy_ratio": 0.9 * 0.99 + 0.01,
+                     "energy_ratio_error_pp": 100 * (0.9 * 0.99 + 0.01 - measured)})
+    nets.append({**nets[0], "set_key": "vgg11:b1:r224"})  # no temperature: left out
+    shift = temperature_power_shift(nets, temps)
+    assert (shift["pairs"], shift["fit_pairs"], shift["held_out_pairs"]) == (40, 30, 10)
+    assert shift["slope_pct_per_c"] == pytest.approx(0.5, abs=1e-6)
+    assert shift["equal_temperature_power_ratio"] == pytest.approx(0.99, abs=1e-6)
+    assert shift["equal_temperature_pp"] == pytest.approx(1.0, abs=1e-6)
+    assert shift["raw_pp"] > 1.5
+    coldest, hottest = shift["bins"][0], shift["bins"][-1]
+    assert coldest["bias_pp"] > 0 > hottest["bias_pp"] and sum(b["pairs"] for b in shift["bins"]) == 40
+    assert temperature_power_shift(nets[:5], temps) is None  # too few pairs to fit a slope
+
+    networks = {H100: pd.DataFrame({"set_key": ["a:b1", "a:b1"], "mode": ["training", "inference"],
+                                    "precision": ["fp32", "bf16-mixed"], "gpu_temperature_c": [40.0, 41.0],
+                                    "temperature_c": [45.0, 46.0]})}
+
+    class Gpu:
+        name = H100
+
+        def t(self, table: str) -> pd.DataFrame:
+            return networks[H100] if table == "networks" else pd.DataFrame()
+
+    monkeypatch.setattr(ds, "load_all", lambda root: [Gpu()])
+    assert card_temperatures(Path("unused")) == {
+        (H100, "a:b1", "training", "host_free", "fp32"): 40.0, (H100, "a:b1", "training", "eager", "fp32"): 45.0,
+        (H100, "a:b1", "inference", "host_free", "bf16-mixed"): 41.0,
+        (H100, "a:b1", "inference", "eager", "bf16-mixed"): 46.0}
+    assert temperature_power_shift([{**r, "precision": "bf16-mixed"} for r in nets], temps) is None  # fp32 rows only
+    base = {"pred_ratio": 0.9, "ratio_error_pp": 0.0, "h200_time_ms": 1.0, "pred_h200_ms": 1.0, "ape": 0.0,
+            "direct_ape": 0.1}
+    text = "\n".join(crossgpu_section({"h200_networks": [{**base, **r} for r in nets]}, None, None, temps))
+    assert "moves +0.50% per °C" in text and "equal temperature the ratio is 0.990" in text
+    assert f"about {shift['raw_pp'] - 1.0:.1f} pp of the error is the measuring cards' thermal conditions" in text

@@ -596,6 +596,104 @@ def energy_error_by_card(nets: list[dict[str, Any]]) -> list[dict[str, Any]]:
 CARD_MIN_NETWORKS = 5  # a card's mean power difference over fewer networks is not compared
 
 
+def card_temperatures(data_root: Path | None = None) -> dict[tuple[str, ...], float]:
+    """Each network row's card temperature (°C) as NVML reported it with the measurement, keyed by
+    (GPU name, set key, mode, basis, precision): basis ``host_free`` the CUDA-graph replay's,
+    ``eager`` the eager step's."""
+    import numpy as np
+
+    from gpurec.dataset.load import default_root
+    from gpurec.reports.dataset import load_all
+
+    out: dict[tuple[str, ...], float] = {}
+    for g in load_all(data_root or default_root()):
+        n = g.t("networks")
+        if n.empty or not {"set_key", "mode"} <= set(n.columns):
+            continue
+        precision = n["precision"].fillna("fp32") if "precision" in n.columns else ["fp32"] * len(n)
+        for basis, col in (("host_free", "gpu_temperature_c"), ("eager", "temperature_c")):
+            if col in n.columns:
+                for key, mode, prec, t in zip(n["set_key"], n["mode"], precision, n[col], strict=True):
+                    if t is not None and np.isfinite(t):
+                        out[(g.name, str(key), str(mode), basis, str(prec))] = float(t)
+    return out
+
+
+TEMPERATURE_BINS_C = (-4.0, -2.0, 0.0, 2.0, 4.0)  # edges of the H200-minus-H100 temperature bins
+
+
+def temperature_power_shift(nets: list[dict[str, Any]], temps: dict[tuple[str, ...], float],
+                            anchor: str = "NVIDIA H100 80GB HBM3", other: str = "NVIDIA H200") -> dict[str, Any] | None:
+    """How the two cards' temperature difference moves a measured H200/H100 power ratio.
+
+    Least squares of log(measured power ratio) on the temperature difference (H200 minus H100, °C)
+    over the training architectures' pairs; the energy-ratio error per bin of that difference; and
+    the error against each measured ratio brought to equal temperature by that slope.  A warmer
+    card leaks more, so a measured ratio carries the two cards' thermal conditions, which a
+    prediction per GPU model cannot know.  None with fewer than 10 pairs of known temperatures."""
+    import numpy as np
+
+    def key(gpu: str, r: dict[str, Any]) -> tuple[str, ...]:
+        return gpu, r["set_key"], r["mode"], r.get("basis", "eager"), r.get("precision", "fp32")
+
+    rows = [(r, temps[key(other, r)] - temps[key(anchor, r)]) for r in nets
+            if r.get("energy_ratio_error_pp") is not None and r.get("measured_energy_ratio")
+            and key(other, r) in temps and key(anchor, r) in temps]
+    train = [(r, d) for r, d in rows if not r.get("held_out_arch")]
+    if len(train) < 10:
+        return None
+    d_t = np.array([d for _, d in train])
+    y = np.log([r["measured_energy_ratio"] / r["measured_ratio"] for r, _ in train])
+    intercept, slope = np.linalg.lstsq(np.c_[np.ones(len(d_t)), d_t], y, rcond=None)[0]
+    edges = (-np.inf, *TEMPERATURE_BINS_C, np.inf)
+    bins = []
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        err = [r["energy_ratio_error_pp"] for r, d in rows if lo < d <= hi]
+        if err:
+            bins.append({"low_c": float(lo), "high_c": float(hi), "pairs": len(err), "bias_pp": float(np.mean(err))})
+
+    def equal_temperature(part: list[tuple[dict[str, Any], float]]) -> float | None:
+        e = [100 * (r["pred_energy_ratio"] - r["measured_energy_ratio"] * np.exp(-slope * d)) for r, d in part]
+        return float(np.mean(np.abs(e))) if e else None
+
+    return {"pairs": len(rows), "fit_pairs": len(train), "slope_pct_per_c": float(100 * (np.exp(slope) - 1)),
+            "equal_temperature_power_ratio": float(np.exp(intercept)), "mean_difference_c": float(np.mean([d for _, d in rows])),
+            "bins": bins, "raw_pp": float(np.mean([abs(r["energy_ratio_error_pp"]) for r, _ in rows])),
+            "equal_temperature_pp": equal_temperature(rows),
+            "held_out_equal_temperature_pp": equal_temperature([(r, d) for r, d in rows if r.get("held_out_arch")]),
+            "held_out_pairs": sum(bool(r.get("held_out_arch")) for r, _ in rows)}
+
+
+def _temperature_text(shift: dict[str, Any] | None) -> list[str]:
+    """The card-temperature paragraph of the H200/H100 section (empty without temperatures)."""
+    if not shift:
+        return []
+
+    def edge(lo: float, hi: float) -> str:
+        return f"≤ {hi:+.0f} °C" if lo == float("-inf") else f"> {lo:+.0f} °C" if hi == float("inf") \
+            else f"{lo:+.0f} to {hi:+.0f} °C"
+
+    held = shift["held_out_equal_temperature_pp"]
+    return [f"Card temperature. Over the {shift['fit_pairs']} training architectures' pairs, the measured H200/H100 "
+            f"power ratio moves {shift['slope_pct_per_c']:+.2f}% per °C that the H200's card ran warmer than the "
+            f"H100's (least squares on the temperatures NVML reported with each measurement; at equal temperature "
+            f"the ratio is {shift['equal_temperature_power_ratio']:.3f}); over all {shift['pairs']} pairs the H200's card "
+            f"ran {abs(shift['mean_difference_c']):.1f} °C {'cooler' if shift['mean_difference_c'] < 0 else 'warmer'} "
+            f"on average. Energy ratio error by the H200-minus-H100 difference: "
+            + "; ".join(f"{edge(b['low_c'], b['high_c'])}: {b['bias_pp']:+.1f} pp mean ({b['pairs']} networks)"
+                        for b in shift["bins"])
+            + f". Against each measured ratio brought to equal temperature by that slope (a diagnostic, not the "
+              f"target, which stays on the measured ratios), the mean |energy ratio error| is "
+              f"{shift['equal_temperature_pp']:.1f} pp (measured: {shift['raw_pp']:.1f} pp)"
+            + (f", {held:.1f} pp on the {shift['held_out_pairs']} held-out architectures' pairs" if held is not None else "")
+            + (". The leases' cards run at the temperatures their hosts give them and a recommendation is for a "
+               f"typical card, so about {shift['raw_pp'] - shift['equal_temperature_pp']:.1f} pp of the error is the "
+               "measuring cards' thermal conditions (as far as one linear slope tells), not the model."
+               if shift["equal_temperature_pp"] < shift["raw_pp"] else
+               ". Bringing the ratios to equal temperature does not shrink the error here: the cards' temperatures "
+               "do not explain it."), ""]
+
+
 def card_power_differences(data_root: Path | None = None, time_agreement: float = 0.02,
                            gpu_bound: float = 0.9) -> list[dict[str, Any]]:
     """Per GPU and card: networks measured eager on an earlier lease (``v1_*``, kept beside the
@@ -717,7 +815,8 @@ def _precision_pairs(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"summary": summary, "per_arch": per_arch, "pairs": len(rows), "unscored": len(rows) - len(scored)}
 
 
-def _precision_text(t: dict[str, Any]) -> list[str]:
+def _precision_text(t: dict[str, Any], cross: dict[str, Any],
+                    temps: dict[tuple[str, ...], float] | None = None) -> list[str]:
     """The H200/H100 subsections at precisions other than fp32 (empty when none was paired)."""
     L: list[str] = []
     for precision, pp in t["by_precision"].items():
@@ -741,6 +840,8 @@ def _precision_text(t: dict[str, Any]) -> list[str]:
                  f"{r['measured_energy_ratio']:.3f} | {r['pred_energy_ratio']:.3f} |" for r in pp["per_arch"]]
         L += table(["architecture", "held-out arch", "networks", "measured time ratio", "predicted",
                     "measured energy ratio", "predicted"], lines) + [""]
+        rows = cross.get("h200_networks_by_precision", {}).get(precision, [])
+        L += _temperature_text(temperature_power_shift(rows, temps) if temps else None)
     return L
 
 
@@ -749,7 +850,8 @@ def _fmt(v: Any, fmt: str) -> str:
 
 
 def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, Any]] | None = None,
-                     cards: list[dict[str, Any]] | None = None) -> list[str]:
+                     cards: list[dict[str, Any]] | None = None,
+                     temps: dict[tuple[str, ...], float] | None = None) -> list[str]:
     """docs/accuracy.md's cross-GPU section from models/crossgpu_report.json."""
     L = ["## Across GPUs: the cross-GPU operation model", ""]
     if not cross:
@@ -861,6 +963,7 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
                   + ". A measured H200/H100 ratio holds one such measurement of each GPU, so a perfect prediction "
                     "would still be off by about that much.", ""]
         L += _card_text(t, cards)
+        L += _temperature_text(temperature_power_shift(t["h200_networks"], temps) if temps else None)
         product = [r for r in t["h200_summary"] if r["product_pp"] is not None]
         if product:
             L += ["What the predictor itself answers (the H100's per-operation times, measured ones included, "
@@ -878,7 +981,7 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
               ""]
     else:
         L += ["No network is GPU-bound on both GPUs.", ""]
-    return L + _precision_text(t)
+    return L + _precision_text(t, cross, temps)
 
 
 def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: Path | None = None,
@@ -1065,7 +1168,8 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
               "extrapolate through the hardware features and the roofline margin and are unvalidated; their "
               "uncertainty band is widened."]
     L += [""]
-    L += crossgpu_section(cross, network_energy_repeatability(data_root), card_power_differences(data_root))
+    L += crossgpu_section(cross, network_energy_repeatability(data_root), card_power_differences(data_root),
+                          card_temperatures(data_root))
     unc = manifest.get("uncertainty", {})
     if unc:
         b = unc.get("measured_gpu", {})
