@@ -267,6 +267,22 @@ def test_sequence_plan_runs_through_the_runner(tmp_path: Path, fast_worker: Fake
     assert all(r["time_ms"] > 0 for r in rows)
 
 
+def test_recurrent_sweep_operations_run_through_the_runner(tmp_path: Path, fast_worker: FakeNVML) -> None:
+    """The sweep's operations measure as the device will measure them: built by name, each layer
+    stack found by its key, forward and backward, no failure."""
+    plan = build_plan([SequenceInputSet("gru_sweep", 2, 6)], networks=False)
+    assert {w.kind for w in plan} >= {"GRU", "Embedding", "getitem", "cat"}
+    grus = [w for w in plan if w.kind == "GRU"]
+    assert len(grus) == 2 * len(seqmodels.SPECS["gru_sweep"].branches)  # every branch, both modes
+    items = grus[:2] + grus[-2:] + [w for w in plan if w.kind in ("getitem", "cat") and w.mode == "training"][:2]
+    cfg = CollectConfig(window=FAST, repeat_every=0, max_consecutive_failures=5, host_bench_blocks=0)
+    summary = run_worker(items, tmp_path, cfg, shard_name="sweep", device="cpu", log=lambda _: None)
+    rows = [r for r in read_jsonl(tmp_path / "rows-sweep.jsonl") if r["item"] != "idle"]
+    assert summary["failed"] == 0, [r.get("error") for r in rows if r["status"] != "ok"]
+    assert sorted(r["id"] for r in rows) == sorted(w.id for w in items)
+    assert all(r["backward"] for r in rows if r["mode"] == "training" and r["op_kind"] == "GRU")
+
+
 def test_network_unit_feeds_token_ids_in_range() -> None:
     from gpurec.collect.runner import NetworkUnit
 
