@@ -141,9 +141,20 @@ def test_analytic_binary_agrees_with_meta_and_declines_the_rest() -> None:
                 ref = fn(a, b)
                 assert got is not None and got[1] == 0
                 assert (got[0].shape, got[0].stride(), got[0].dtype) == (ref.shape, ref.stride(), ref.dtype)
+    # squeeze-excite's scale * x: one operand of the output's shape, the other broadcast, either order
+    for fn in (operator.mul, operator.add, operator.truediv):
+        for full, part in [((8, 32, 56, 56), (8, 32, 1, 1)), ((2, 64, 7, 7), (1, 64, 1, 1)), ((3, 5, 2, 3), (3, 1, 2, 1)),
+                           ((2, 197, 768), (2, 197, 1)), ((4, 10), (1, 10))]:
+            for a, b in ((meta(full), meta(part)), (meta(part), meta(full))):
+                got, ref = _analytic_binary((a, b), {}), fn(a, b)
+                assert got is not None and got[1] == 0
+                assert (got[0].shape, got[0].stride(), got[0].dtype) == (ref.shape, ref.stride(), ref.dtype)
     x = meta((8, 16, 4, 4))
     declined = [
-        (x, meta((8, 16, 1, 1))),  # broadcasting
+        (meta((8, 1)), meta((1, 16))),  # both broadcast
+        (x, meta((8, 3, 1, 1))),  # shapes the real call rejects
+        (meta((8, 16, 1, 4)), meta((8, 1, 1, 4))),  # broadcast against a size-1 dimension
+        (x, meta((16, 1, 1))),  # fewer dimensions
         (x, 2.0),  # a scalar
         (x, meta((8, 16, 4, 4), dtype=torch.float16)),  # type promotion
         (meta((8, 16), dtype=torch.int64), meta((8, 16), dtype=torch.int64)),  # integer division is not closed

@@ -500,7 +500,7 @@ def test_backward_flops_count_one_forward_per_operand_needing_a_gradient() -> No
 
 @pytest.mark.parametrize("training", [False, True])
 def test_analytic_leaves_agree_with_meta_kernels(training: bool) -> None:
-    """The shortcut for Conv2d, BatchNorm2d and activations gives the meta kernels' output
+    """The shortcut for Conv2d, BatchNorm2d, activations and adaptive average pooling gives the meta kernels' output
     shapes and FlopCounterMode's FLOPs, and declines what it does not handle."""
     from torch import nn
     from torch.utils.flop_counter import FlopCounterMode
@@ -512,7 +512,8 @@ def test_analytic_leaves_agree_with_meta_kernels(training: bool) -> None:
              nn.Conv2d(8, 4, 3, dilation=2, padding=2), nn.Conv2d(8, 24, 7, stride=3, padding=3, groups=4),
              nn.Conv2d(8, 16, 1)]
     others = [nn.BatchNorm2d(8), nn.ReLU(), nn.ReLU(inplace=True), nn.ReLU6(inplace=True), nn.SiLU(), nn.GELU(),
-              nn.Hardswish(), nn.Hardsigmoid(), nn.Sigmoid(), nn.Tanh(), nn.Hardtanh()]
+              nn.Hardswish(), nn.Hardsigmoid(), nn.Sigmoid(), nn.Tanh(), nn.Hardtanh(), nn.AdaptiveAvgPool2d(1),
+              nn.AdaptiveAvgPool2d((7, 7)), nn.AdaptiveAvgPool2d((None, 2)), nn.AdaptiveAvgPool2d((3, 5))]
     for shape in [(2, 8, 17, 23), (1, 8, 7, 7), (4, 8, 224, 224)]:
         for mod in convs + others:
             mod = mod.to("meta").train(training)
@@ -530,7 +531,9 @@ def test_analytic_leaves_agree_with_meta_kernels(training: bool) -> None:
                 (nn.Conv2d(8, 16, 11).to("meta"), (x,)),  # kernel larger than the input
                 (nn.ConvTranspose2d(8, 16, 3).to("meta"), (x,)),
                 (nn.ReLU(), (x.transpose(2, 3),)),  # not contiguous
-                (nn.BatchNorm2d(4).to("meta"), (x,))]
+                (nn.BatchNorm2d(4).to("meta"), (x,)),
+                (nn.AdaptiveAvgPool2d(1), (torch.empty(2, 8, 0, 9, device="meta"),)),  # empty: the real call raises
+                (nn.AdaptiveAvgPool2d(1), (torch.empty(8, 9, 9, device="meta"),))]  # 3-D
     for mod, args in declined:
         assert _analytic_leaf(mod, args, {}) is None, mod
     one = nn.BatchNorm2d(8).to("meta").train()

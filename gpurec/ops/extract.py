@@ -2047,6 +2047,8 @@ def _analytic_leaf(mod: nn.Module, args: Any, kwargs: Any) -> tuple[torch.Tensor
             if mod.training and x.shape[0] * x.shape[2] * x.shape[3] == 1:
                 return None  # the real call raises "Expected more than 1 value per channel"
         return torch.empty(x.shape, dtype=x.dtype, device="meta"), 0
+    if kind is nn.AdaptiveAvgPool2d:
+        return _analytic_adaptive_pool(mod, x)
     if kind is not nn.Conv2d or mod.padding_mode != "zeros" or isinstance(mod.padding, str):
         return None
     w = mod.weight
@@ -2065,6 +2067,21 @@ def _analytic_leaf(mod: nn.Module, args: Any, kwargs: Any) -> tuple[torch.Tensor
     return torch.empty(out_shape, dtype=x.dtype, device="meta"), int(flops)
 
 
+def _analytic_adaptive_pool(mod: nn.AdaptiveAvgPool2d, x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """AdaptiveAvgPool2d on a contiguous 4-D float input with no empty dimension: a contiguous
+    (N, C, *output_size) result and no FLOPs counted (FlopCounterMode counts none for it)."""
+    size = mod.output_size
+    hw = (size, size) if isinstance(size, int) else tuple(size)
+    if x.dim() != 4 or not x.dtype.is_floating_point or 0 in x.shape or len(hw) != 2:
+        return None
+    if x.stride() != torch.empty(x.shape, dtype=x.dtype, device="meta").stride():
+        return None
+    out = [x.shape[2 + i] if s is None else int(s) for i, s in enumerate(hw)]
+    if min(out) <= 0:
+        return None
+    return torch.empty((x.shape[0], x.shape[1], *out), dtype=x.dtype, device="meta"), 0
+
+
 def _is_param_or_buffer(modules: dict[str, nn.Module], target: str) -> bool:
     """Does the get_attr ``target`` name a parameter or buffer (not a plain tensor attribute)?"""
     owner, _, attr = target.rpartition(".")
@@ -2078,20 +2095,28 @@ _BINARY_FUNCTIONS = frozenset({operator.add, operator.sub, operator.mul, operato
 
 def _analytic_binary(args: Any, kwargs: Any) -> tuple[torch.Tensor, int] | None:
     """Output and FLOPs (none counted by FlopCounterMode) of ``a + b`` (or -, *, /) on two
-    floating-point meta tensors of one shape, dtype and contiguous layout, without the meta
-    kernel: residual additions were the commonest call left that ran on meta.  Anything else
-    (broadcasting, scalars, other layouts, in-place forms) returns None and runs on meta;
-    tests/test_extract_speed.py checks the result against meta."""
+    floating-point meta tensors of one dtype and contiguous layout, without the meta kernel:
+    residual additions, and squeeze-excite's ``scale * x`` (one operand of the output's shape,
+    the other broadcast along some of its dimensions), were the commonest calls left that ran on
+    meta.  Anything else (both operands broadcast, scalars, other layouts, in-place forms) returns
+    None and runs on meta; tests/test_extract_speed.py checks the result against meta."""
     if kwargs or len(args) != 2:
         return None
     a, b = args
     if not (_is_tensor(a) and _is_tensor(b)) or a.device.type != "meta" or b.device.type != "meta":
         return None
-    if a.dtype != b.dtype or not a.dtype.is_floating_point or a.shape != b.shape:
+    if a.dtype != b.dtype or not a.dtype.is_floating_point or a.dim() != b.dim():
         return None
-    out = torch.empty(a.shape, dtype=a.dtype, device="meta")
-    stride = out.stride()
-    if a.stride() != stride or b.stride() != stride:
+    full, other = (a, b) if all(x >= y for x, y in zip(a.shape, b.shape, strict=True)) else (b, a)
+    if any(y not in (x, 1) for x, y in zip(full.shape, other.shape, strict=True)):
+        return None  # both broadcast, or shapes the real call rejects
+    out = torch.empty(full.shape, dtype=a.dtype, device="meta")
+    if full.stride() != out.stride():
+        return None
+    if other.shape != full.shape and 1 in full.shape:
+        return None  # a broadcast against size-1 dimensions: the kernel's stride choice is not this simple
+    if other.stride() != (out.stride() if other.shape == full.shape else
+                          torch.empty(other.shape, dtype=a.dtype, device="meta").stride()):
         return None
     return out, 0
 
