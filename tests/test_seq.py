@@ -80,8 +80,7 @@ def test_recurrent_sweeps_add_sizes_without_the_held_out_models_layers() -> None
         ops = extract_operations("gru_sweep", (8, 32), mode=mode)
         rnn = [o for o in ops if o.kind == "GRU"]
         assert {(o.settings["input_size"], o.settings["hidden_size"], o.settings["num_layers"],
-                 o.settings["bidirectional"]) for o in rnn} == {b for b in (
-                     (d, h, n, bi) for d, h, n, bi in seqmodels.SPECS["gru_sweep"].branches)}
+                 o.settings["bidirectional"]) for o in rnn} == set(seqmodels.SPECS["gru_sweep"].branches)
         assert all(tuple(o.input_shapes[0][:2]) == (8, 32) for o in rnn)
     assert seqmodels.build("lstm_sweep").vocab_size == seqmodels.SPECS["lstm_sweep"].vocab
 

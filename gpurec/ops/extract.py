@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from gpurec.ops.memory import contiguous_strides
 from gpurec.ops.operation import ActRef, Operation, ParamRef, canonical_value
 from gpurec.ops.precision import (
     CAST,
@@ -2074,7 +2075,7 @@ def _analytic_adaptive_pool(mod: nn.AdaptiveAvgPool2d, x: torch.Tensor) -> tuple
     hw = (size, size) if isinstance(size, int) else tuple(size)
     if x.dim() != 4 or not x.dtype.is_floating_point or 0 in x.shape or len(hw) != 2:
         return None
-    if x.stride() != torch.empty(x.shape, dtype=x.dtype, device="meta").stride():
+    if x.stride() != contiguous_strides(x.shape):
         return None
     out = [x.shape[2 + i] if s is None else int(s) for i, s in enumerate(hw)]
     if min(out) <= 0:
@@ -2110,15 +2111,11 @@ def _analytic_binary(args: Any, kwargs: Any) -> tuple[torch.Tensor, int] | None:
     full, other = (a, b) if all(x >= y for x, y in zip(a.shape, b.shape, strict=True)) else (b, a)
     if any(y not in (x, 1) for x, y in zip(full.shape, other.shape, strict=True)):
         return None  # both broadcast, or shapes the real call rejects
-    out = torch.empty(full.shape, dtype=a.dtype, device="meta")
-    if full.stride() != out.stride():
-        return None
     if other.shape != full.shape and 1 in full.shape:
         return None  # a broadcast against size-1 dimensions: the kernel's stride choice is not this simple
-    if other.stride() != (out.stride() if other.shape == full.shape else
-                          torch.empty(other.shape, dtype=a.dtype, device="meta").stride()):
+    if full.stride() != contiguous_strides(full.shape) or other.stride() != contiguous_strides(other.shape):
         return None
-    return out, 0
+    return torch.empty(full.shape, dtype=a.dtype, device="meta"), 0
 
 
 def _run_node(modules: dict[str, nn.Module], node: torch.fx.Node, args: Any, kwargs: Any, swap: bool = True) -> Any:

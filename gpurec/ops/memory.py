@@ -226,7 +226,7 @@ RESHAPE_KINDS = frozenset({"reshape", "flatten", "Flatten", "view", "view_as", "
 STRIDING_KINDS = frozenset({"permute", "transpose", "t", "expand", "expand_as"})
 
 
-def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     out, step = [], 1
     for n in reversed(shape):
         out.append(step)
@@ -239,7 +239,7 @@ def _strides_after_view(old_shape: Sequence[int], old_strides: Sequence[int], ne
     """The strides of ``new_shape`` viewed on a tensor of ``old_shape`` and ``old_strides``, or None
     where no view exists and reshape copies (``at::detail::computeStride``)."""
     if _numel(old_shape) == 0 or not old_shape:
-        return _contiguous_strides(new_shape)
+        return contiguous_strides(new_shape)
     new_strides = [0] * len(new_shape)
     view_d = len(new_shape) - 1
     chunk_base = int(old_strides[-1])
@@ -267,7 +267,7 @@ def _strided_view(op: Any, in_strides: tuple[int, ...] | None) -> tuple[int, ...
     if not shape_in or not shape_out:
         return None
     strides = list(in_strides) if in_strides is not None and len(in_strides) == len(shape_in) \
-        else list(_contiguous_strides(shape_in))
+        else list(contiguous_strides(shape_in))
     args = [a for a in ((op.settings or {}).get("args") or [])[1:] if isinstance(a, int)]
     if op.kind == "permute" and sorted(d % len(shape_in) for d in args) == list(range(len(shape_in))):
         out = [strides[d % len(shape_in)] for d in args]
@@ -286,7 +286,7 @@ def _strided_view(op: Any, in_strides: tuple[int, ...] | None) -> tuple[int, ...
         return None
     if len(out) != len(shape_out):
         return None
-    return None if tuple(out) == _contiguous_strides(shape_out) else tuple(out)
+    return None if tuple(out) == contiguous_strides(shape_out) else tuple(out)
 
 
 def _rnn_bytes(op: Any) -> int:
@@ -666,7 +666,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             s_out = _strides_after_view(op.input_shapes[0], strides_of[nodes[0]], op.output_shapes[0])
             if s_out is None:
                 copied = True
-            elif s_out != _contiguous_strides(op.output_shapes[0]):
+            elif s_out != contiguous_strides(op.output_shapes[0]):
                 strides_of[op.node] = s_out
         elif nodes and kind in STRIDING_KINDS:
             s_out = _strided_view(op, strides_of.get(nodes[0]))

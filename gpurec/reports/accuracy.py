@@ -288,17 +288,27 @@ def by_batch_lines(records: list[dict[str, Any]]) -> list[str]:
             *table(["batch", "mode", "networks", "time MAPE", "energy MAPE", "time ±10%"], lines)]
 
 
-def repeatability_section(data_root: Path | None = None) -> list[str]:
+def _datasets(data_root: Path | None, gpus: list[Any] | None) -> list[Any]:
+    """The per-GPU datasets (gpurec.reports.dataset.load_all): ``gpus`` when the caller loaded
+    them already (``write`` reads them once for every section), else read from ``data_root``."""
+    if gpus is not None:
+        return gpus
+    from gpurec.dataset.load import default_root
+    from gpurec.reports.dataset import load_all
+
+    return load_all(data_root or default_root())
+
+
+def repeatability_section(data_root: Path | None = None, gpus: list[Any] | None = None) -> list[str]:
     """Measurement noise floor: re-measured rows (datasets/*/repeats.parquet) against their first
     value, paired as the dataset report pairs them (``gpurec.reports.dataset.repeat_pairs``)."""
     try:
         import numpy as np
 
-        from gpurec.dataset.load import default_root
-        from gpurec.reports.dataset import load_all, repeat_pairs
+        from gpurec.reports.dataset import repeat_pairs
 
         lines = []
-        for g in load_all(data_root or default_root()):
+        for g in _datasets(data_root, gpus):
             pairs = repeat_pairs(g)
             if pairs.empty:
                 continue
@@ -551,18 +561,18 @@ def _energy_per_byte(cross: dict[str, Any]) -> str:
             f"{v:.1f} pJ/byte, fitted on the training architectures' networks below")
 
 
-def network_energy_repeatability(data_root: Path | None = None, time_agreement: float = 0.02) -> list[dict[str, Any]]:
+def network_energy_repeatability(data_root: Path | None = None, time_agreement: float = 0.02,
+                                 gpus: list[Any] | None = None) -> list[dict[str, Any]]:
     """Per GPU and basis (``eager``: time_ms/energy_mj; ``host-free``: gpu_time_ms/gpu_energy_mj), how
     far the energy of a network re-measured on the same GPU lies from its first measurement (mean
     |relative difference|), over re-measurements whose time agrees within ``time_agreement`` (the
     step ran the same way): the noise floor of a measured energy ratio."""
     import numpy as np
 
-    from gpurec.dataset.load import default_root
-    from gpurec.reports.dataset import load_all, repeat_pairs
+    from gpurec.reports.dataset import repeat_pairs
 
     out = []
-    for g in load_all(data_root or default_root()):
+    for g in _datasets(data_root, gpus):
         pairs = repeat_pairs(g)
         if pairs.empty:
             continue
@@ -596,17 +606,14 @@ def energy_error_by_card(nets: list[dict[str, Any]]) -> list[dict[str, Any]]:
 CARD_MIN_NETWORKS = 5  # a card's mean power difference over fewer networks is not compared
 
 
-def card_temperatures(data_root: Path | None = None) -> dict[tuple[str, ...], float]:
+def card_temperatures(data_root: Path | None = None, gpus: list[Any] | None = None) -> dict[tuple[str, ...], float]:
     """Each network row's card temperature (°C) as NVML reported it with the measurement, keyed by
     (GPU name, set key, mode, basis, precision): basis ``host_free`` the CUDA-graph replay's,
     ``eager`` the eager step's."""
     import numpy as np
 
-    from gpurec.dataset.load import default_root
-    from gpurec.reports.dataset import load_all
-
     out: dict[tuple[str, ...], float] = {}
-    for g in load_all(data_root or default_root()):
+    for g in _datasets(data_root, gpus):
         n = g.t("networks")
         if n.empty or not {"set_key", "mode"} <= set(n.columns):
             continue
@@ -623,15 +630,20 @@ TEMPERATURE_BINS_C = (-4.0, -2.0, 0.0, 2.0, 4.0)  # edges of the H200-minus-H100
 
 
 def temperature_power_shift(nets: list[dict[str, Any]], temps: dict[tuple[str, ...], float],
-                            anchor: str = "NVIDIA H100 80GB HBM3", other: str = "NVIDIA H200") -> dict[str, Any] | None:
+                            anchor: str | None = None, other: str | None = None) -> dict[str, Any] | None:
     """How the two cards' temperature difference moves a measured H200/H100 power ratio.
 
     Least squares of log(measured power ratio) on the temperature difference (H200 minus H100, °C)
     over the training architectures' pairs; the energy-ratio error per bin of that difference; and
     the error against each measured ratio brought to equal temperature by that slope.  A warmer
     card leaks more, so a measured ratio carries the two cards' thermal conditions, which a
-    prediction per GPU model cannot know.  None with fewer than 10 pairs of known temperatures."""
+    prediction per GPU model cannot know.  None with fewer than 10 pairs of known temperatures.
+    ``anchor`` and ``other`` default to the GPUs the pairs were made of (crossgpu_fit's H100, H200)."""
     import numpy as np
+
+    from gpurec.model.fitting.crossgpu_fit import H100, H200
+
+    anchor, other = anchor or H100, other or H200
 
     def key(gpu: str, r: dict[str, Any]) -> tuple[str, ...]:
         return gpu, r["set_key"], r["mode"], r.get("basis", "eager"), r.get("precision", "fp32")
@@ -695,7 +707,7 @@ def _temperature_text(shift: dict[str, Any] | None) -> list[str]:
 
 
 def card_power_differences(data_root: Path | None = None, time_agreement: float = 0.02,
-                           gpu_bound: float = 0.9) -> list[dict[str, Any]]:
+                           gpu_bound: float = 0.9, gpus: list[Any] | None = None) -> list[dict[str, Any]]:
     """Per GPU and card: networks measured eager on an earlier lease (``v1_*``, kept beside the
     host-free rows that superseded them) and eager again on this card, GPU-bound (host-free /
     eager time >= ``gpu_bound``) with times within ``time_agreement``: the mean power difference
@@ -704,11 +716,8 @@ def card_power_differences(data_root: Path | None = None, time_agreement: float 
     not each card's level, tell how far cards differ in power."""
     import numpy as np
 
-    from gpurec.dataset.load import default_root
-    from gpurec.reports.dataset import load_all
-
     out = []
-    for g in load_all(data_root or default_root()):
+    for g in _datasets(data_root, gpus):
         n = g.t("networks")
         need = {"v1_time_ms", "v1_energy_mj", "time_ms", "energy_mj", "gpu_time_ms", "gpu_uuid"}
         if n.empty or not need <= set(n.columns):
@@ -1168,8 +1177,9 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
               "extrapolate through the hardware features and the roofline margin and are unvalidated; their "
               "uncertainty band is widened."]
     L += [""]
-    L += crossgpu_section(cross, network_energy_repeatability(data_root), card_power_differences(data_root),
-                          card_temperatures(data_root))
+    datasets = _datasets(data_root, None)  # read once: the sections below all look at it
+    L += crossgpu_section(cross, network_energy_repeatability(gpus=datasets), card_power_differences(gpus=datasets),
+                          card_temperatures(gpus=datasets))
     unc = manifest.get("uncertainty", {})
     if unc:
         b = unc.get("measured_gpu", {})
@@ -1188,7 +1198,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
     L += precision_section(precision)
     L += memory_section(data_root, memory_fit)
     L += energy_section(energy, manifest)
-    L += repeatability_section(data_root)
+    L += repeatability_section(gpus=datasets)
     L += ["## Speed", "",
           "Prediction speed is measured by `gpurec report speed --measure` and reported in "
           "[speed.md](speed.md).", ""]

@@ -163,7 +163,7 @@ def write_rnn_sweep_plan(out: Path | str = RNN_SWEEP_PLAN) -> dict[str, int]:
     from gpurec.collect.plan import MODES, SEQ_SHAPES, build_plan, sequence_input_sets
     from gpurec.sets import SEQ_SWEEP_ARCHS
 
-    sets = sequence_input_sets(SEQ_SWEEP_ARCHS, {"rnn": SEQ_SHAPES["rnn"]})
+    sets = sequence_input_sets(SEQ_SWEEP_ARCHS, SEQ_SHAPES)  # both sweeps are of the "rnn" family
     return _write(out, build_plan(sets, MODES, networks=False, operations=True))
 
 
