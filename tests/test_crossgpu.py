@@ -697,3 +697,40 @@ def test_temperature_shift_recovers_the_slope_and_brings_ratios_to_equal_tempera
     text = "\n".join(crossgpu_section({"h200_networks": [{**base, **r} for r in nets]}, None, None, temps))
     assert "moves +0.50% per °C" in text and "equal temperature the ratio is 0.990" in text
     assert f"about {shift['raw_pp'] - 1.0:.1f} pp of the error is the measuring cards' thermal conditions" in text
+
+
+def test_anchored_leave_one_gpu_out_carries_the_anchors_measurement_by_the_models_ratio() -> None:
+    """A fold model whose absolute times are off by a constant per GPU, but whose ratio of the two
+    GPUs is right, predicts the held-out GPU exactly from an anchor's measurement; rows under the
+    kernel-time floor, operations the anchor lacks and repeated measurements do not count twice."""
+    from gpurec.model.fitting.crossgpu_fit import SCORED_MIN_GPU_MS, score_anchored
+
+    truth = {"x": 1.0, "y": 2.0, "z": 4.0}
+    rows = []
+    for op, t in truth.items():
+        rows.append({"gpu": "A", "op_key": op, "group": "matmul", "target_ms": t, "pred_ms": 3.0 * t})
+        rows.append({"gpu": "B", "op_key": op, "group": "matmul", "target_ms": 0.5 * t, "pred_ms": 0.5 * 3.0 * t})
+        # C's times are twice what the model's ratio says: every anchored prediction from C is 2x
+        rows.append({"gpu": "C", "op_key": op, "group": "matmul", "target_ms": 1.0 * t, "pred_ms": 0.5 * 3.0 * t})
+    rows.append({"gpu": "A", "op_key": "x", "group": "matmul", "target_ms": 1.0, "pred_ms": 3.0})  # a repeat
+    rows.append({"gpu": "A", "op_key": "only_a", "group": "norm", "target_ms": 1.0, "pred_ms": 9.0})
+    rows.append({"gpu": "A", "op_key": "tiny", "group": "norm", "target_ms": SCORED_MIN_GPU_MS / 10, "pred_ms": 1.0})
+    rows.append({"gpu": "B", "op_key": "tiny", "group": "norm", "target_ms": 1.0, "pred_ms": 1.0})
+    by_anchor = {r["anchor"]: r for r in score_anchored(pd.DataFrame(rows), "A")}
+    assert set(by_anchor) == {"B", "C"}
+    assert by_anchor["B"]["rows"] == 3 and by_anchor["B"]["mape"] == pytest.approx(0.0)
+    assert by_anchor["C"]["mape"] == pytest.approx(1.0) and by_anchor["C"]["by_group"] == {"matmul": pytest.approx(1.0)}
+    assert by_anchor["B"]["spec_only_mape"] == pytest.approx(2.0)  # 3x absolute, right ratio
+
+
+def test_report_shows_the_anchored_table_and_says_it_does_not_count_towards_the_target() -> None:
+    from gpurec.reports.accuracy import _anchored_section
+
+    assert _anchored_section([]) == []
+    rows = [{"gpu": "NVIDIA H200", "anchor": "NVIDIA H100 80GB HBM3", "same_die": True, "rows": 10, "mape": 0.066,
+             "median_ape": 0.04, "spec_only_mape": 0.55, "by_group": {"matmul": 0.05}},
+            {"gpu": "NVIDIA H200", "anchor": "Tesla T4", "same_die": False, "rows": 5, "mape": 0.3,
+             "median_ape": 0.2, "spec_only_mape": 0.5, "by_group": {}}]
+    text = "\n".join(_anchored_section(rows))
+    assert "| H200 | H100 | yes | 10 | 6.6% | 4.0% | 55.0% | matmul 5% |" in text
+    assert "H200 from H100 6.6%" in text and "not counted towards it" in text

@@ -115,8 +115,22 @@ def _neusight_rows(data_root: Path | str | None) -> tuple[Any, OpTable]:
                    gemm_n=gemm_n.astype(np.float64), gemm_batch=gemm_batch.astype(np.float64))
     frame = d[["gpu", "op_kind", "neusight_op", "split", "latency_ms", "host_floor_ms"]].rename(
         columns={"op_kind": "kind"}).assign(source="neusight", group=groups, mode="inference",
-                                            target_ms=d["gpu_time_ms"].to_numpy())
+                                            target_ms=d["gpu_time_ms"].to_numpy(), op_key=_neusight_op_keys(d))
     return frame, ops
+
+
+# The columns that make one NeuSight operation the same operation on every GPU.
+_NEUSIGHT_OP_COLUMNS = ("neusight_op", "op_kind", "b", "h", "m", "n", "k", "input_channel", "output_channel",
+                        "input_size", "stride", "padding", "kernel_size", "flops", "bytes_read", "bytes_written")
+
+
+def _neusight_op_keys(d: Any) -> np.ndarray:
+    """An identity for each NeuSight row's operation (its shape columns), equal across GPUs."""
+    import pandas as pd
+
+    cols = [c for c in _NEUSIGHT_OP_COLUMNS if c in d]
+    h = pd.util.hash_pandas_object(d[cols].astype(str), index=False).to_numpy()
+    return np.char.add("neusight:", h.astype(str))
 
 
 def gpu_dominated_h200(h100: Any, h200: Any) -> Any:
@@ -179,7 +193,8 @@ def _own_rows(data_root: Path | str | None, cache_dir: str | None, log: Callable
     table = op_table_from_block(matched.block, tf32_convs=True)  # the rows ran with cuDNN TF32 allowed
     groups = [physical_group(k) for k in matched.block.kinds]
     frame = rows[["gpu", "op_kind", "mode", "source", "target_ms", "op_signature", "set_key"]].rename(
-        columns={"op_kind": "kind"}).assign(group=groups, split="train")
+        columns={"op_kind": "kind"}).assign(group=groups, split="train",
+                                            op_key=(rows["op_signature"].astype(str) + "|" + rows["mode"].astype(str)).to_numpy())
     return frame, table
 
 
@@ -834,10 +849,58 @@ def score_leave_one_gpu_out(logo: Any) -> tuple[list[dict[str, Any]], list[dict[
     return per_op, per_gpu
 
 
+def score_anchored(rows: Any, held_out: str) -> list[dict[str, Any]]:
+    """Leave one GPU out, anchored: each operation of ``held_out`` predicted as the same operation's
+    time measured on another GPU times the fold model's ratio of the two GPUs, the way ``predict``
+    reaches a GPU it has not measured (from its anchor, gpurec.model.predictor).  ``rows``: columns
+    gpu, op_key, group, target_ms and pred_ms (the fold model's prediction of every row on its own
+    GPU).  Both rows of a pair must measure at least SCORED_MIN_GPU_MS; an operation measured
+    several times on one GPU counts once (medians).  Per anchor GPU: pairs, anchored MAPE and
+    median APE, and the fold model's own (specification-only) MAPE on the same operations."""
+    r = rows[rows["target_ms"] >= SCORED_MIN_GPU_MS]
+    r = r.groupby(["gpu", "op_key"], as_index=False).agg(group=("group", "first"), target_ms=("target_ms", "median"),
+                                                          pred_ms=("pred_ms", "median"))
+    held = r[r["gpu"] == held_out]
+    out = []
+    for anchor, part in r[r["gpu"] != held_out].groupby("gpu", sort=True):
+        j = held.merge(part[["op_key", "target_ms", "pred_ms"]], on="op_key", suffixes=("", "_anchor"))
+        if j.empty:
+            continue
+        pred = j["target_ms_anchor"] * j["pred_ms"] / j["pred_ms_anchor"]
+        ape = np.abs(pred / j["target_ms"] - 1)
+        out.append({"gpu": held_out, "anchor": str(anchor), "rows": int(len(j)), "mape": float(ape.mean()),
+                    "median_ape": float(ape.median()),
+                    "spec_only_mape": float(np.abs(j["pred_ms"] / j["target_ms"] - 1).mean()),
+                    "by_group": {str(k): float(v) for k, v in ape.groupby(j["group"].to_numpy()).mean().items()}})
+    return out
+
+
+def anchored_leave_one_gpu_out(table: CrossTable, models: dict[str, CrossGPUModel]) -> list[dict[str, Any]]:
+    """score_anchored for every fold model of leave_one_gpu_out, with whether the two GPUs share a
+    compute die (gpurec.model.crossgpu.same_compute_die)."""
+    from gpurec.model.crossgpu import same_compute_die
+
+    f = table.frame
+    if "op_key" not in f:
+        return []
+    gpus = f["gpu"].to_numpy()
+    out = []
+    for g, model in models.items():
+        # only operations the held-out GPU measured can pair (pandas' hash-based isin: numpy's sorts
+        # strings and took minutes here)
+        idx = np.flatnonzero(f["op_key"].isin(set(f["op_key"].to_numpy()[gpus == g])).to_numpy())
+        rows = f.iloc[idx][["gpu", "op_key", "group", "target_ms"]].assign(pred_ms=predict_rows(model, table, idx))
+        for r in score_anchored(rows, g):
+            r["same_die"] = same_compute_die(spec_row(g), spec_row(r["anchor"]))
+            out.append(r)
+    return out
+
+
 def evaluate(table: CrossTable, data_root: Path | str | None = None, cache_dir: str | None = None,
              log: Callable[[str], None] = print, model: CrossGPUModel | None = None,
              networks: NetworkPairs | None = None, predictor: Any = None, tiles: bool = False) -> dict[str, Any]:
-    """Leave one GPU out per operation kind group and on whole public models; the H200/H100 ratio
+    """Leave one GPU out per operation kind group (specification-only, and anchored on each other GPU's
+    measurement of the same operation) and on whole public models; the H200/H100 ratio
     on the collected GPU-bound networks, by ``model`` (fitted with the H200 rows and network pairs
     of the training architectures; ``held_out_arch`` marks the networks it never saw) and, for
     reference, by the leave-the-H200-out model; JSON-ready tables for docs/accuracy.md.  With a
@@ -848,6 +911,7 @@ def evaluate(table: CrossTable, data_root: Path | str | None = None, cache_dir: 
     out: dict[str, Any] = {
         "per_op": per_op, "per_gpu": per_gpu, "scored_min_gpu_ms": SCORED_MIN_GPU_MS,
         "public_models": public.drop(columns=[]).to_dict(orient="records"),
+        "anchored": anchored_leave_one_gpu_out(table, models),
     }
     cols = ["set_key", "mode", "held_out_arch", "basis", "h100_gpu_time_ms", "h100_time_ms", "h200_time_ms",
             "h200_basis_time_ms", "pred_ratio", "measured_ratio", "pred_h200_ms", "ape", "direct_h200_ms", "direct_ape",
