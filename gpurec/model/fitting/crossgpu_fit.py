@@ -746,7 +746,7 @@ def _product_ratios(predictor: Any, model: CrossGPUModel, nets: Any, parse_set: 
     return {"product_ratio": t_ratio, "pred_energy_ratio": e_ratio}
 
 
-PAIRED_PRECISIONS = ("bf16-mixed",)  # besides fp32: precisions whose networks both GPUs measured
+PAIRED_PRECISIONS = ("bf16-mixed", "bf16", "fp16-mixed")  # besides fp32: precisions whose networks both GPUs measured
 
 
 def h200_network_errors_at(predictor: Any, model: CrossGPUModel, precision: str,
