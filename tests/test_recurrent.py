@@ -53,6 +53,29 @@ def test_chain_model_recovers_a_known_chain_and_extrapolates() -> None:
     assert got == pytest.approx(_true_ms(unseen), rel=1e-4)
 
 
+def test_layers_below_the_minimum_hidden_size_are_counted_not_fitted() -> None:
+    """cuDNN's small-hidden regime (no pipelining, a slow step) must not bend the form fitted on
+    the layers real architectures use; the rows it leaves out are reported."""
+    from gpurec.model.fitting.recurrent_fit import MIN_HIDDEN
+
+    specs = _training_grid()
+    narrow = [(k, b, s, 192, layers, d) for k in ("LSTM", "GRU") for b in (1, 8, 32, 128) for s in (32, 128)
+              for layers, d in ((1, 1), (3, 1), (2, 2))]
+    assert 192 < MIN_HIDDEN
+    X, Xn = _rows(specs), _rows(narrow)
+    sn = recurrent_shape(Xn, NAMES)
+    slow_ms = sn.seq_len * sn.layers * sn.directions * 6e-3 * np.where(sn.batch >= 128, 3.5, 1.0)
+    groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in specs] + ["sweep"] * len(narrow)
+    model, report = fit_recurrent(np.vstack([X, Xn]), np.log(np.concatenate([_true_ms(X), slow_ms])),
+                                  np.full(len(X) + len(Xn), "inference"), groups, NAMES)
+    assert model is not None
+    assert report["rows"]["inference"] == {"rows": 40, "architectures": 5, f"rows_below_hidden_{MIN_HIDDEN}": 48}
+    fit = model.fits["inference"]
+    assert fit.loao_mape < 1e-4 and fit.ranges is not None and fit.ranges[2] == 256.0
+    unseen = _rows([("LSTM", 8, 384, 768, 3, 1)])
+    assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(_true_ms(unseen), rel=1e-4)
+
+
 def test_only_recurrent_fp32_rows_of_the_fitted_mode_are_replaced() -> None:
     X = _rows(_training_grid())
     model, _ = fit_recurrent(X, np.log(_true_ms(X)), np.full(len(X), "inference"),
