@@ -212,6 +212,21 @@ def test_coverage_of_a_recurrent_layer_is_judged_by_its_chain_model_inputs() -> 
         est = p.predict("gru_cls_bi_3x512", (1024, 128), gpu="H100", dtype=torch.long)
     assert "GRU" in set(est.uncovered["kind"])
 
+    # a hidden size the boosters' rows may span but the chain model was not fitted on: the chain
+    # model predicts it, so its range decides (here hidden 512 x tolerance 2: 200 is outside)
+    class Narrow(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = torch.nn.GRU(128, 200, 2, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.rnn(x)[0]
+
+    with pytest.warns(LowCoverageWarning):
+        est = p.predict(Narrow(), (32, 64, 128), gpu="H100")
+    (reason,) = est.uncovered.loc[est.uncovered["kind"] == "GRU", "uncovered_reason"].unique()
+    assert "outside the recurrent form's fitted range" in reason
+
 
 def test_power_is_a_share_of_the_tdp_from_batch_and_hidden() -> None:
     from gpurec.model.fitting.recurrent_fit import fit_recurrent_power

@@ -582,9 +582,14 @@ class Predictor:
                 covered[i] = False
                 names = ", ".join(f for f, b in zip(self._range_feats, bad[j].tolist(), strict=True) if b)
                 reason[i] = f"{names} outside training range x{tol:g}"
-        if self.recurrent is not None and not covered.all() and is_recurrent(block.kinds[~covered]).any():
-            chain = self.recurrent.covers(block.values, FEATURE_NAMES, block.kinds, mode, tol)
+        if self.recurrent is not None and n and is_recurrent(block.kinds).any():
+            # the recurrent form replaces the boosters' time on these layers, so its own fitted
+            # ranges decide, not the rows the boosters saw
+            replaced, chain = self.recurrent.coverage(block.values, FEATURE_NAMES, block.kinds, mode, tol)
             covered[chain], reason[chain] = True, ""
+            outside = replaced & ~chain
+            covered[outside] = False
+            reason[outside] = f"batch or hidden size outside the recurrent form's fitted range x{tol:g}"
         return _OpsEntry(label=label, block=block, flops=block.column("flops_total").copy(), covered=covered,
                          reason=reason)
 

@@ -211,13 +211,23 @@ class RecurrentTime(_RecurrentRows):
         a recurrent layer this model predicts in ``mode`` whose batch and hidden size lie within
         the fitted rows' ranges x ``tolerance``.  Its FLOPs grow with sequence length x layers,
         which the chain length extrapolates, so a FLOP range says nothing about it."""
+        return self.coverage(values, feature_names, kinds, mode, tolerance)[1]
+
+    def coverage(self, values: np.ndarray, feature_names: Sequence[str], kinds: np.ndarray, mode: str,
+                 tolerance: float) -> tuple[np.ndarray, np.ndarray]:
+        """(replaced, inside) per operation: the recurrent layers this model predicts in ``mode``
+        (it replaces the boosters' time there), and those of them inside its fitted ranges (covers).
+        A replaced layer outside them is an extrapolation of the form, whatever rows the boosters saw
+        (e.g. hidden sizes below fitting.recurrent_fit.MIN_HIDDEN, another cuDNN regime).  Both
+        empty for models fitted before the ranges were recorded."""
         out = np.zeros(len(kinds), dtype=bool)
+        replaced = out.copy()
         fit = self.fits.get(mode)
         if fit is None or fit.ranges is None or not len(kinds):
-            return out
+            return replaced, out
         rows = np.flatnonzero(np.isin(np.asarray(kinds, dtype=object), fit.kinds))
         if not len(rows):
-            return out
+            return replaced, out
         names = list(feature_names)
         cols = {c: (values[rows, names.index(c)].astype(np.float64) if c in names else np.zeros(len(rows)))
                 for c in _COLUMNS}
@@ -228,7 +238,8 @@ class RecurrentTime(_RecurrentRows):
         inside = ((s.batch >= b_lo / tolerance) & (s.batch <= b_hi * tolerance)
                   & (s.hidden >= h_lo / tolerance) & (s.hidden <= h_hi * tolerance))
         out[rows] = s.mask & inside
-        return out
+        replaced[rows] = s.mask
+        return replaced, out
 
     def apply(self, log_t: np.ndarray, X: np.ndarray, modes: str | np.ndarray) -> np.ndarray:
         """``log_t`` (log ms per row of ``X``) with the recurrent rows replaced by this model."""
