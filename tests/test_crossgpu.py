@@ -465,6 +465,32 @@ def test_network_pairs_pull_the_h200_ratio_towards_the_measured_one() -> None:
     assert with_pairs.info["network_pairs"] == 30
 
 
+def test_in_sample_score_separates_a_kind_group_offset_from_scatter() -> None:
+    """A GPU whose rows are the model's times x 1.3 has a 30% error that removing each (GPU, kind
+    group)'s median takes away; one whose rows scatter around the model keeps its error."""
+    from gpurec.model.fitting.crossgpu_fit import SCORED_MIN_GPU_MS, CrossTable, score_in_sample
+    from gpurec.reports.accuracy import _in_sample_section
+
+    model = _random_model(8, tiles=False)
+    ops = _random_ops(400, seed=21)
+    gpu_of = np.array(["Tesla T4", "Tesla P4"] * 200)
+    specs = np.stack([spec_row(g) for g in gpu_of])
+    waves = np.ones(len(ops))
+    groups = [KIND_GROUPS[int(np.argmax(ops.design[i, :len(KIND_GROUPS) * 9:9]))] for i in range(len(ops))]
+    pred = model.predict_ms_rows(ops, specs, waves)
+    scatter = np.where(np.arange(len(ops)) % 4 < 2, 1.25, 0.8)
+    target = np.where(gpu_of == "Tesla T4", pred / 1.3, pred * scatter)
+    frame = pd.DataFrame({"gpu": gpu_of, "group": groups, "target_ms": target, "source": "synthetic"})
+    scored = frame["target_ms"] >= SCORED_MIN_GPU_MS
+    assert scored.sum() > 100
+    got = {r["gpu"]: r for r in score_in_sample(CrossTable(frame, ops, specs, waves), model)}
+    assert got["Tesla T4"]["mape"] == pytest.approx(0.3) and got["Tesla T4"]["mape_offset_removed"] < 1e-9
+    assert got["Tesla P4"]["mape"] > 0.15 and got["Tesla P4"]["mape_offset_removed"] > 0.1
+    assert got["Tesla T4"]["rows"] == int((scored & (gpu_of == "Tesla T4")).sum())
+    text = "\n".join(_in_sample_section([{"gpu": "Tesla T4", "mape": 0.35}], list(got.values())))
+    assert "| T4 | 35.0% | 30.0% | 0.0% |" in text
+
+
 def test_ratio_section_reports_all_and_held_out_networks_in_time_and_energy() -> None:
     from gpurec.reports.accuracy import crossgpu_section, crossgpu_tables
 
@@ -555,6 +581,20 @@ def test_precision_section_scores_each_precision_and_counts_what_it_could_not_sc
     text = "\n".join(crossgpu_section(cross))
     assert "### H200 against H100 at bf16-mixed" in text and "1 networks the predictor could not estimate" in text
     assert "| held-out architectures only | 1 | 5.0 | +5.0 | **not met** | 4.0 | +4.0 | **not met** |" in text
+
+
+def test_precision_without_held_out_networks_says_so_instead_of_not_met() -> None:
+    """bf16 and fp16-mixed were measured on training architectures only: an empty held-out row has
+    nothing to judge, and the text must not call the training networks the honest check."""
+    from gpurec.reports.accuracy import crossgpu_section
+
+    rows = [{"set_key": "resnet50:b8:r224", "mode": "training", "precision": "bf16", "held_out_arch": False,
+             "measured_ratio": 0.95, "product_ratio": 0.96, "product_ratio_error_pp": 1.0,
+             "measured_energy_ratio": 0.9, "pred_energy_ratio": 0.95, "energy_ratio_error_pp": 5.0}]
+    text = "\n".join(crossgpu_section({"h200_networks_by_precision": {"bf16": rows}}))
+    assert "| held-out architectures only | 0 |  |  | no networks |  |  | no networks |" in text
+    assert "| all networks measured on both | 1 | 1.0 | +1.0 | met | 5.0 | +5.0 | **not met** |" in text
+    assert "none of these 1 networks is of a held-out architecture" in text
 
 
 def test_cross_section_describes_h200_eager_rows_only_when_the_fit_used_some() -> None:

@@ -849,6 +849,21 @@ def score_leave_one_gpu_out(logo: Any) -> tuple[list[dict[str, Any]], list[dict[
     return per_op, per_gpu
 
 
+def score_in_sample(table: CrossTable, model: CrossGPUModel) -> list[dict[str, Any]]:
+    """Per GPU, the error of ``model`` (fitted with every GPU) on that GPU's rows, scored as the
+    leave-one-GPU-out rows are, and again with each (GPU, kind group)'s median log error removed.
+    Beside the leave-one-GPU-out error it says how much of that error is transfer (the gap) and how
+    much the form cannot fit on any GPU (the in-sample error), and how much a per-GPU, per-kind
+    offset (what better specification terms could move at best) would remove."""
+    f = table.frame.assign(pred_ms=predict_rows(model, table))
+    f = f[f["target_ms"] >= SCORED_MIN_GPU_MS]
+    log_err = np.log(f["pred_ms"] / f["target_ms"])
+    offset = log_err.groupby([f["gpu"], f["group"]]).transform("median")
+    f = f.assign(ape=np.abs(np.exp(log_err) - 1), ape_offset_removed=np.abs(np.exp(log_err - offset) - 1))
+    return [{"gpu": g, "rows": int(len(p)), "mape": float(p["ape"].mean()),
+             "mape_offset_removed": float(p["ape_offset_removed"].mean())} for g, p in f.groupby("gpu")]
+
+
 def score_anchored(rows: Any, held_out: str) -> list[dict[str, Any]]:
     """Leave one GPU out, anchored: each operation of ``held_out`` predicted as the same operation's
     time measured on another GPU times the fold model's ratio of the two GPUs, the way ``predict``
@@ -919,6 +934,7 @@ def evaluate(table: CrossTable, data_root: Path | str | None = None, cache_dir: 
             "h200_gpu_uuid"]
     extra = ["product_ratio", "product_ratio_error_pp", "pred_energy_ratio", "energy_ratio_error_pp"]
     if model is not None:
+        out["per_gpu_in_sample"] = score_in_sample(table, model)
         h200 = h200_network_errors(model, data_root, cache_dir, predictor=predictor)
         out["h200_networks"] = h200[[c for c in cols + extra if c in h200]].to_dict(orient="records")
         out["h200_networks_method"] = {

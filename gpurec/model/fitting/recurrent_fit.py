@@ -38,13 +38,15 @@ TERM_SETS: tuple[tuple[str, ...], ...] = (
 )
 MIN_ROWS = 12
 MIN_GROUPS = 3
-# Smallest hidden size the forms are fitted on.  Below it cuDNN runs another regime: the H200's
-# hidden-192 sweep stacks take the same time per step for one to three layers and for one or two
-# directions (no layer pipelining, no concurrent directions) and, at batch 128, two to four times
-# the per-step time of hidden 256-576 (DEVELOPERS.md, "Tried and not shipped").  One form cannot
-# hold both regimes (leave-one-architecture-out 12.4 -> 23.8% with those rows in), and no training
-# architecture has a hidden size below 256, so rows below it are counted, not fitted; a layer below
-# it is outside the fitted range (RecurrentTime.covers) and reported as such.
+# Smallest hidden size the forms are fitted on.  Below it cuDNN runs another regime, by all signs
+# one persistent kernel per layer and direction instead of one launch per step: the H200's
+# hidden-192 sweep stacks spend 0.2-0.6 ms of host time on 128 steps (2-11 ms at hidden 448 and
+# above), take the same GPU time per step for one to three layers and one or two directions (no
+# layer pipelining, no concurrent directions) and, at batch 128, two to four times the per-step
+# time of hidden 256-576 (DEVELOPERS.md, "Tried and not shipped").  One form cannot hold both
+# regimes (leave-one-architecture-out 12.4 -> 23.8% with those rows in; the host model's per-step
+# term fell to 0), and no training architecture has a hidden size below 256, so rows below it are
+# counted, not fitted; a layer below it is outside the fitted range (RecurrentTime.covers).
 MIN_HIDDEN = 256
 _RIDGE = 1e-6
 
