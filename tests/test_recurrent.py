@@ -213,11 +213,12 @@ def test_coverage_of_a_recurrent_layer_is_judged_by_its_chain_model_inputs() -> 
     assert "GRU" in set(est.uncovered["kind"])
 
     # a hidden size the boosters' rows may span but the chain model was not fitted on: the chain
-    # model predicts it, so its range decides (here hidden 512 x tolerance 2: 200 is outside)
+    # model predicts it, so its range decides, with no tolerance below the smallest hidden size
+    # fitted (cuDNN's small-hidden regime): 384 is below 512, though within 512 / tolerance 2
     class Narrow(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.rnn = torch.nn.GRU(128, 200, 2, batch_first=True)
+            self.rnn = torch.nn.GRU(128, 384, 2, batch_first=True)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.rnn(x)[0]
