@@ -76,6 +76,23 @@ def test_layers_below_the_minimum_hidden_size_are_counted_not_fitted() -> None:
     assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(_true_ms(unseen), rel=1e-4)
 
 
+def test_a_sweep_with_many_rows_weighs_as_one_architecture() -> None:
+    """An operation sweep measured in six times the rows of five real architectures, on another
+    chain (directions one after the other, steps growing faster with the hidden size), must not
+    choose the form for them: weighted by row, the real architectures were 30% off."""
+    specs = _training_grid()
+    sweep = [(k, b, s, h, layers, d) for k in ("LSTM", "GRU") for b in (1, 8, 32, 128) for s in (32, 128)
+             for h in (448, 576, 896) for layers, d in ((1, 1), (2, 1), (3, 1), (1, 2), (2, 2))]
+    X, Xs = _rows(specs), _rows(sweep)
+    sweep_ms = _true_ms(Xs, direction_share=1.0) * (recurrent_shape(Xs, NAMES).hidden / 512) ** 0.6
+    groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in specs] + ["sweep"] * len(sweep)
+    model, _ = fit_recurrent(np.vstack([X, Xs]), np.log(np.concatenate([_true_ms(X), sweep_ms])),
+                             np.full(len(X) + len(Xs), "inference"), groups, NAMES)
+    assert model is not None and len(sweep) == 6 * len(specs)
+    got = np.exp(model.apply(np.zeros(len(X)), X, "inference"))
+    assert np.mean(np.abs(got / _true_ms(X) - 1)) < 0.15
+
+
 def test_only_recurrent_fp32_rows_of_the_fitted_mode_are_replaced() -> None:
     X = _rows(_training_grid())
     model, _ = fit_recurrent(X, np.log(_true_ms(X)), np.full(len(X), "inference"),
