@@ -210,8 +210,8 @@ class RecurrentTime(_RecurrentRows):
         """Per operation (rows of ``values`` over ``feature_names``, gpurec.model.features.OpBlock):
         a recurrent layer this model predicts in ``mode`` whose batch and hidden size lie within
         the fitted rows' ranges x ``tolerance`` (the hidden size no lower than the smallest fitted).
-        Its FLOPs grow with sequence length x layers,
-        which the chain length extrapolates, so a FLOP range says nothing about it."""
+        Its FLOPs grow with sequence length x layers, which the chain length extrapolates, so a FLOP
+        range says nothing about it."""
         return self.coverage(values, feature_names, kinds, mode, tolerance)[1]
 
     def coverage(self, values: np.ndarray, feature_names: Sequence[str], kinds: np.ndarray, mode: str,

@@ -896,8 +896,9 @@ def _in_sample_section(left_out: list[dict[str, Any]], in_sample: list[dict[str,
     rows = [(g, fitted[g["gpu"]]) for g in left_out if g["gpu"] in fitted]
     if not rows:
         return []
-    L = ["What limits it: the same rows predicted by the model fitted with every GPU (in sample; NeuSight's rows "
-         "sampled as in the fit), scored the same way, and again with each GPU and kind group's median error "
+    L = ["What limits it: the same rows predicted by the model fitted with every GPU (in sample: every GPU in "
+         "the fit, its NeuSight rows a sample per operation as above, every row scored), scored the same way, "
+         "and again with each GPU and kind group's median error "
          "taken out (the most that better specification terms, which move a GPU's kind group as a whole, "
          "could gain). Where the in-sample error is about the left-out error, the GPU transfers as well as the "
          "form fits; the rest is scatter between operations of one GPU that the operation features do not "

@@ -48,7 +48,7 @@ MIN_GROUPS = 3
 # time of hidden 256-576 (DEVELOPERS.md, "Tried and not shipped").  One form cannot hold both
 # regimes (leave-one-architecture-out 12.4 -> 23.8% with those rows in; the host model's per-step
 # term fell to 0), and no training architecture has a hidden size below 256, so rows below it are
-# counted, not fitted; a layer below it is outside the fitted range (RecurrentTime.covers).
+# counted, not fitted; a layer below it is outside the fitted range (RecurrentTime.coverage).
 MIN_HIDDEN = 256
 _RIDGE = 1e-6
 
