@@ -205,22 +205,17 @@ class RecurrentTime(_RecurrentRows):
             return None
         return cls({m: ModeFit.from_dict(f) for m, f in d["by_mode"].items()}, feature_names)
 
-    def covers(self, values: np.ndarray, feature_names: Sequence[str], kinds: np.ndarray, mode: str,
-               tolerance: float) -> np.ndarray:
-        """Per operation (rows of ``values`` over ``feature_names``, gpurec.model.features.OpBlock):
-        a recurrent layer this model predicts in ``mode`` whose batch and hidden size lie within
-        the fitted rows' ranges x ``tolerance`` (the hidden size no lower than the smallest fitted).
-        Its FLOPs grow with sequence length x layers, which the chain length extrapolates, so a FLOP
-        range says nothing about it."""
-        return self.coverage(values, feature_names, kinds, mode, tolerance)[1]
-
     def coverage(self, values: np.ndarray, feature_names: Sequence[str], kinds: np.ndarray, mode: str,
                  tolerance: float) -> tuple[np.ndarray, np.ndarray]:
-        """(replaced, inside) per operation: the recurrent layers this model predicts in ``mode``
-        (it replaces the boosters' time there), and those of them inside its fitted ranges (covers).
-        A replaced layer outside them is an extrapolation of the form, whatever rows the boosters saw
-        (e.g. hidden sizes below fitting.recurrent_fit.MIN_HIDDEN, another cuDNN regime).  Both
-        empty for models fitted before the ranges were recorded."""
+        """(replaced, inside) per operation (rows of ``values`` over ``feature_names``,
+        gpurec.model.features.OpBlock): the recurrent layers this model predicts in ``mode`` (it
+        replaces the boosters' time there), and those of them whose batch and hidden size lie within
+        the fitted rows' ranges x ``tolerance``, the hidden size no lower than the smallest fitted.
+        Their FLOPs grow with sequence length x layers, which the chain length extrapolates, so a
+        FLOP range says nothing about them.  A replaced layer outside the ranges is an extrapolation
+        of the form, whatever rows the boosters saw (e.g. hidden sizes below
+        fitting.recurrent_fit.MIN_HIDDEN, another cuDNN regime).  Both empty for models fitted
+        before the ranges were recorded."""
         out = np.zeros(len(kinds), dtype=bool)
         replaced = out.copy()
         fit = self.fits.get(mode)
