@@ -23,6 +23,7 @@ from gpurec.model.crossgpu import (
     design_names,
     gemm_tile_work,
     op_table,
+    recurrent_reread_bytes,
     same_compute_die,
     spec_row,
     spec_weight_floor,
@@ -270,6 +271,48 @@ def test_carried_power_adds_dram_power_of_the_faster_gpu_and_stays_in_bounds() -
     assert w[1] == pytest.approx(505.0 + 25.0)
     assert w[2] == 700.0  # never above the limit
     assert transfer_power_w(np.array([100.0]), 120.0, 125.0, 700.0, np.array([0.0]), t_a[:1], t[:1], 50.0)[0] == 125.0
+    # a memory type that moves a byte for less: at the same time, less power than the anchor's
+    same_t = transfer_power_w(anchor_w[1:2], 120.0, 125.0, 700.0, moved[1:2], t_a[:1], t_a[:1], 40.0, 50.0)
+    assert same_t[0] == pytest.approx(505.0 - 20.0)  # 10 pJ/B less x 2e10 B over 10 ms
+
+
+def test_recurrent_layers_move_their_weights_at_every_step() -> None:
+    pytest.importorskip("torch")
+    import torch.nn as nn
+
+    from gpurec.model.features import OpBlock
+    from gpurec.ops.extract import extract_operations
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn, self.head = nn.LSTM(64, 128, batch_first=True), nn.Linear(128, 10)
+
+        def forward(self, x):  # noqa: ANN001, ANN201
+            return self.head(self.rnn(x)[0])
+
+    params = sum(p.numel() for p in nn.LSTM(64, 128).parameters())
+    for mode, passes in (("inference", 1), ("training", 3)):
+        block = OpBlock.from_operations(extract_operations(Net(), (4, 32, 64), mode=mode), mode)
+        extra = recurrent_reread_bytes(block)
+        lstm = [i for i, k in enumerate(block.kinds) if k == "LSTM"]
+        assert len(lstm) == 1 and np.count_nonzero(extra) == 1  # the Linear moves its weights once
+        assert extra[lstm[0]] == pytest.approx(params * 4 * 31 * passes)  # fp32, 31 more steps
+
+
+def test_memory_energy_per_memory_type_is_used_checked_and_saved() -> None:
+    d = _random_model(3).to_dict()
+    d["memory_energy_pj_per_byte"] = 30.0
+    model = CrossGPUModel.from_dict({**d, "memory_energy_by_type_pj_per_byte": {"HBM3e": 20.0}})
+    assert model.memory_energy_pj_per_byte_for("H200") == 20.0  # HBM3e
+    assert model.memory_energy_pj_per_byte_for("H100") == 30.0  # HBM3: not in the table, the shared value
+    assert CrossGPUModel.from_dict(model.to_dict()).memory_energy_by_type_pj_per_byte == {"HBM3e": 20.0}
+    assert CrossGPUModel.from_dict(d).memory_energy_pj_per_byte_for("H200") == 30.0  # no table: one value
+    for bad in ({"HBM3e": -1.0}, {"HBM3e": float("nan")}, [20.0]):
+        with pytest.raises(CrossGPUModelError):
+            CrossGPUModel.from_dict({**d, "memory_energy_by_type_pj_per_byte": bad})
+    with pytest.raises(CrossGPUModelError):  # a table without the shared value it falls back on
+        CrossGPUModel.from_dict({**d, "memory_energy_pj_per_byte": None, "memory_energy_by_type_pj_per_byte": {"HBM3": 1.0}})
 
 
 def test_fit_recovers_a_known_model() -> None:
@@ -341,19 +384,19 @@ def test_gpu_without_host_free_rows_takes_anchor_times_ratio(predictor) -> None:
 
 def test_h200_power_is_carried_from_the_h100_with_dram_energy(predictor) -> None:
     cross = predictor.crossgpu
-    saved = cross.memory_energy_pj_per_byte
+    saved = cross.memory_energy_pj_per_byte, cross.memory_energy_by_type_pj_per_byte
     cands = [("resnet50", (128, 3, 224, 224))]
     energy = {}
     try:
         for value in (None, 0.0, 60.0):
-            cross.memory_energy_pj_per_byte = value
+            cross.memory_energy_pj_per_byte, cross.memory_energy_by_type_pj_per_byte = value, None
             predictor.clear_cache()
             a = predictor.predict_many(cands, mode="inference", gpu="H100")[0]
             b = predictor.predict_many(cands, mode="inference", gpu="H200")[0]
             t4 = predictor.predict_many(cands, mode="inference", gpu="T4")[0]
             energy[value] = (a.gpu_energy_mj, b.gpu_energy_mj, t4.gpu_energy_mj, a, b)
     finally:
-        cross.memory_energy_pj_per_byte = saved
+        cross.memory_energy_pj_per_byte, cross.memory_energy_by_type_pj_per_byte = saved
         predictor.clear_cache()
     (a0, b0, t0, a, b), (_, b_zero, t_zero, _, bz), (a60, b60, t60, _, b_dram) = (energy[v] for v in (None, 0.0, 60.0))
     assert a0 == a60  # the anchor's own prediction does not depend on it
@@ -366,6 +409,30 @@ def test_h200_power_is_carried_from_the_h100_with_dram_energy(predictor) -> None
     assert b_dram.gpu_time_ms < a.gpu_time_ms
     assert b60 > b_zero
     assert b_dram.gpu_energy_mj / b_dram.gpu_time_ms <= predictor._power_bounds("H200")[1]
+
+
+def test_h200_power_takes_each_memory_types_energy_over_every_byte_a_recurrent_layer_moves(predictor) -> None:
+    from gpurec.model.crossgpu import op_table_from_block
+
+    cross = predictor.crossgpu
+    saved = cross.memory_energy_pj_per_byte, cross.memory_energy_by_type_pj_per_byte
+    cands = [("lstm_lm_2x512", (8, 128))]
+    try:
+        out = {}
+        for table in (None, {"HBM3": 60.0, "HBM3e": 50.0}):
+            cross.memory_energy_pj_per_byte, cross.memory_energy_by_type_pj_per_byte = 60.0, table
+            predictor.clear_cache()
+            out[table is None] = predictor.predict_many(cands, mode="training", gpu="H200")[0]
+        entry, _ = predictor._entry(*cands[0], "training")
+    finally:
+        cross.memory_energy_pj_per_byte, cross.memory_energy_by_type_pj_per_byte = saved
+        predictor.clear_cache()
+    shared, typed = out[True], out[False]
+    assert typed.gpu_time_ms == shared.gpu_time_ms
+    moved = op_table_from_block(entry.block).raw[:, 1].sum() + recurrent_reread_bytes(entry.block).sum()
+    assert recurrent_reread_bytes(entry.block).sum() > op_table_from_block(entry.block).raw[:, 1].sum()
+    # 10 pJ less per byte on the H200's HBM3e, over every byte moved (the weights' re-reads included)
+    assert shared.gpu_energy_mj - typed.gpu_energy_mj == pytest.approx(10.0 * 1e-9 * moved, rel=1e-6)
 
 
 # -- fitting on H200/H100 evidence and reporting the ratio ---------------------------------------

@@ -313,6 +313,16 @@ class CrossGPUModel:
     # (len(SPEC_EFFICIENCIES), len(KIND_GROUPS), len(SPEC_TERMS)) weights of the GPU's spec logs in
     # each kind group's efficiencies, at least spec_weight_floor(); None: no spec dependence.
     spec_weights: np.ndarray | None = None
+    # The same per memory type (the catalogue's memory_type: HBM3, HBM3e, ...), where the network pairs
+    # tell the types apart; a type not in it takes memory_energy_pj_per_byte.  None: one value for all.
+    memory_energy_by_type_pj_per_byte: dict[str, float] | None = None
+
+    def memory_energy_pj_per_byte_for(self, gpu: str | GPUSpec) -> float | None:
+        """DRAM energy per byte moved on ``gpu``: its memory type's where fitted, else the shared value."""
+        if self.memory_energy_pj_per_byte is None:
+            return None
+        kind = (gpu if isinstance(gpu, GPUSpec) else resolve_gpu(gpu)).memory_type
+        return (self.memory_energy_by_type_pj_per_byte or {}).get(kind, self.memory_energy_pj_per_byte)
 
     def predict_ms(self, ops: OpTable, gpu: str | GPUSpec | np.ndarray) -> np.ndarray:
         """GPU time (ms) of each operation on one GPU (a name, a spec, or its spec_row)."""
@@ -370,7 +380,8 @@ class CrossGPUModel:
                 "theta_s": self.theta_s.tolist(), "sm_bytes_per_clock": self.sm_bytes_per_clock,
                 "theta_p": self.theta_p.tolist(), "watts_per_tflops": self.watts_per_tflops,
                 "theta_k": self.theta_k.tolist(), "l2_weight": self.l2_weight, "wave_exponent": self.wave_exponent, "c0_ms": self.c0_ms,
-                "memory_energy_pj_per_byte": self.memory_energy_pj_per_byte, "info": self.info,
+                "memory_energy_pj_per_byte": self.memory_energy_pj_per_byte,
+                "memory_energy_by_type_pj_per_byte": self.memory_energy_by_type_pj_per_byte, "info": self.info,
                 "tile_efficiency": None if self.tile_efficiency is None else self.tile_efficiency.tolist(),
                 "gemm_tiles": [list(t) for t in GEMM_TILES],
                 "spec_terms": list(SPEC_TERMS),
@@ -403,6 +414,11 @@ class CrossGPUModel:
         if energy is not None and not (np.isfinite(energy) and energy >= 0):
             raise CrossGPUModelError("the cross-GPU model's memory energy per byte is negative or not finite; refit it "
                                      "with `gpurec train-crossgpu`")
+        by_type = d.get("memory_energy_by_type_pj_per_byte")
+        if by_type is not None and (energy is None or not isinstance(by_type, dict) or not all(
+                isinstance(v, int | float) and np.isfinite(v) and v >= 0 for v in by_type.values())):
+            raise CrossGPUModelError("the cross-GPU model's memory energy per memory type is not a table of "
+                                     "non-negative numbers beside a shared value; refit it with `gpurec train-crossgpu`")
         return cls(np.asarray(d["theta_ff"], dtype=np.float64), np.asarray(d["theta_tc"], dtype=np.float64),
                    np.asarray(d["theta_m"], dtype=np.float64), np.asarray(d["theta_s"], dtype=np.float64),
                    np.asarray(d["theta_p"], dtype=np.float64), np.asarray(d["theta_k"], dtype=np.float64),
@@ -410,7 +426,8 @@ class CrossGPUModel:
                    float(d["l2_weight"]),
                    float(d["wave_exponent"]), float(d["c0_ms"]), dict(d.get("info", {})),
                    None if energy is None else float(energy),
-                   None if tile_eff is None else np.asarray(tile_eff, dtype=np.float64), sw)
+                   None if tile_eff is None else np.asarray(tile_eff, dtype=np.float64), sw,
+                   None if by_type is None else {str(k): float(v) for k, v in by_type.items()})
 
 
 def _with_gemm_shape_columns(d: dict[str, Any]) -> dict[str, Any]:
@@ -435,15 +452,37 @@ def same_compute_die(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def transfer_power_w(anchor_w: np.ndarray, anchor_idle_w: float, idle_w: float, limit_w: float, bytes_moved: np.ndarray,
-                     anchor_time_ms: np.ndarray, time_ms: np.ndarray, energy_pj_per_byte: float) -> np.ndarray:
+                     anchor_time_ms: np.ndarray, time_ms: np.ndarray, energy_pj_per_byte: float,
+                     anchor_energy_pj_per_byte: float | None = None) -> np.ndarray:
     """Average power of work carried from an anchor GPU to a GPU of the same compute die.
 
     The SMs' dynamic power over idle is the anchor's; DRAM draws ``energy_pj_per_byte`` per byte
-    moved, so the same bytes in a shorter time (more bandwidth) draw more power; the idle floor is
-    the GPU's own.  Held in [idle, limit]."""
-    memory_w = lambda t: energy_pj_per_byte * 1e-9 * bytes_moved / np.maximum(t, 1e-12)  # noqa: E731  pJ/ms -> W
-    w = idle_w + (np.asarray(anchor_w, dtype=np.float64) - anchor_idle_w) + memory_w(time_ms) - memory_w(anchor_time_ms)
+    moved on this GPU (``anchor_energy_pj_per_byte`` on the anchor, the same if None: another memory
+    type may move a byte for less), so the same bytes in a shorter time (more bandwidth) draw more
+    power; the idle floor is the GPU's own.  Held in [idle, limit]."""
+    anchor_e = energy_pj_per_byte if anchor_energy_pj_per_byte is None else anchor_energy_pj_per_byte
+    memory_w = lambda e, t: e * 1e-9 * bytes_moved / np.maximum(t, 1e-12)  # noqa: E731  pJ/ms -> W
+    w = idle_w + (np.asarray(anchor_w, dtype=np.float64) - anchor_idle_w) + memory_w(energy_pj_per_byte, time_ms) \
+        - memory_w(anchor_e, anchor_time_ms)
     return np.minimum(np.maximum(w, idle_w), limit_w)
+
+
+_RECURRENT_KINDS = ("LSTM", "GRU", "RNN")
+
+
+def recurrent_reread_bytes(block: OpBlock) -> np.ndarray:
+    """Per operation, the bytes a recurrent layer moves beyond its operation bytes: cuDNN reads the
+    layer's weights again at every step (seq_len - 1 more times; forward and backward, like the
+    operation bytes, in training), which the operation's bytes (inputs, weights once, outputs) leave
+    out.  0 for other operations.  Without them a recurrent network's DRAM traffic looked ten times
+    smaller than a CNN's per unit time, and the H200's lower energy per byte never reached it."""
+    from gpurec.ops.features import FEATURE_NAMES
+
+    v = block.values
+    col = FEATURE_NAMES.index
+    recurrent = np.array([k in _RECURRENT_KINDS for k in block.kinds], dtype=bool)
+    rereads = v[:, col("params")] * v[:, col("element_bytes")] * np.maximum(v[:, col("seq_len")] - 1.0, 0.0)
+    return np.where(recurrent, rereads * (1.0 + 2.0 * block.training.astype(np.float64)), 0.0)
 
 
 K_MIN = 0.5  # smallest roofline exponent: below 1 the terms add up more than linearly

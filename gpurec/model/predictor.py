@@ -41,6 +41,7 @@ from gpurec.model.crossgpu import (
     CrossGPUModelError,
     load_crossgpu,
     op_table_from_block,
+    recurrent_reread_bytes,
     same_compute_die,
     spec_row,
     transfer_power_w,
@@ -789,19 +790,21 @@ class Predictor:
         _, w_net, _ = self.correction.apply_each(sums, nvml, cmodes)
         # the anchor's network correction, carried over as a factor on the transferred operations
         t_net = t_net_a / np.maximum(sums_a.sum_time_ms, 1e-12) * sums.sum_time_ms
-        energy_pj = cross.memory_energy_pj_per_byte
-        if energy_pj is not None and power is not None and same_compute_die(spec_row(nvml), spec_row(a_nvml)):
+        if cross.memory_energy_pj_per_byte is not None and power is not None \
+                and same_compute_die(spec_row(nvml), spec_row(a_nvml)):
             w_net = self._carried_power_w(feats_a, spread, block, offsets, mode, a_nvml, t_a, hit_a, power[0],
-                                          table, t_net_a, t_net, nvml, energy_pj, cmodes)
+                                          table, t_net_a, t_net, nvml, cmodes)
         return t, t_net, w_net, [f"{k} x cross-GPU ratio to {anchor}" for k in keys_a], sums
 
     def _carried_power_w(self, feats_a: Any, spread: Any, block: OpBlock, offsets: np.ndarray, mode: str, a_nvml: str,
                          t_a: np.ndarray, hit_a: np.ndarray, classes: np.ndarray, table: Any, t_net_a: np.ndarray,
-                         t_net: np.ndarray, nvml: str, energy_pj: float, cmodes: list[str]) -> np.ndarray:
+                         t_net: np.ndarray, nvml: str, cmodes: list[str]) -> np.ndarray:
         """Network power on a GPU of the anchor's compute die: the anchor's own network power (as
         predicted on the anchor, its measured operations included) with this GPU's idle floor and
-        DRAM power for the same bytes over this GPU's time (gpurec.model.crossgpu.transfer_power_w).
-        Its own power model has few rows and no bandwidth to tell the two apart; the anchor's has many."""
+        DRAM power for the same bytes (recurrent layers' weights re-read at every step included) over
+        this GPU's time, at each GPU's memory type's energy per byte (gpurec.model.crossgpu.transfer_power_w).
+        The two GPUs' own power models, each off by its own error, would not cancel; the anchor's carries
+        its measured operations and network correction."""
         Xa = masked(feats_a.X, self._masks["power"])
         log_w = self._boosters["power"][mode].predict(Xa, feats_a.margin_power)
         if self.recurrent_power is not None:
@@ -814,10 +817,12 @@ class Predictor:
         w_a = bounded_power(w_a, idle_a, limit_a)
         sums_a = aggregate(t_lookup, w_a, offsets, self.small_op_ms, hit_a, classes, idle_a, limit_a)
         _, w_net_a, _ = self.correction.apply_each(sums_a, a_nvml, cmodes)
-        moved = np.concatenate([[0.0], np.cumsum(spread(table.raw[:, 1]))])
+        moved = np.concatenate([[0.0], np.cumsum(spread(table.raw[:, 1]) + recurrent_reread_bytes(block))])
         idle, limit = self._power_bounds(nvml)
+        cross = self.crossgpu
         return transfer_power_w(w_net_a, idle_a, idle, limit, moved[offsets[1:]] - moved[offsets[:-1]], t_net_a, t_net,
-                                energy_pj)
+                                cross.memory_energy_pj_per_byte_for(nvml),
+                                cross.memory_energy_pj_per_byte_for(a_nvml))
 
     def clear_cache(self) -> None:
         """Forget extracted operations and remembered booster predictions."""

@@ -556,9 +556,15 @@ def crossgpu_tables(cross: dict[str, Any]) -> dict[str, Any]:
 
 def _energy_per_byte(cross: dict[str, Any]) -> str:
     """The fitted DRAM energy per byte, as words."""
-    v = cross.get("model_info", {}).get("memory_energy_pj_per_byte")
-    return ("not fitted, so the H200 keeps its own power model's power" if v is None else
-            f"{v:.1f} pJ/byte, fitted on the training architectures' networks below")
+    info = cross.get("model_info", {})
+    v, by_type = info.get("memory_energy_pj_per_byte"), info.get("memory_energy_by_type_pj_per_byte")
+    if v is None:
+        return "not fitted, so the H200 keeps its own power model's power"
+    if not by_type:
+        return f"{v:.1f} pJ/byte, fitted on the training architectures' networks below"
+    types = ", ".join(f"{k} {e:.1f}" for k, e in sorted(by_type.items()))
+    return (f"{types} pJ/byte, fitted on the training architectures' networks below: one value for both "
+            f"({v:.1f} pJ/byte), then one per memory type from it")
 
 
 def network_energy_repeatability(data_root: Path | None = None, time_agreement: float = 0.02,
@@ -1006,8 +1012,9 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
           "the training architectures, so networks of the held-out test architectures (`gpurec.sets.TEST_ARCHS`, "
           "marked 'yes') are the honest check. Predicted energy ratio: the predictor's GPU energy on each GPU "
           "(its times, with this cross-GPU model, times its power; the H200 shares the H100's compute die, so "
-          "its network power is the H100's predicted power over idle on the H200's own idle floor, plus DRAM "
-          f"energy per byte × the network's bytes over its shorter time: "
+          "its network power is the H100's predicted power over idle on the H200's own idle floor, plus each "
+          "memory type's DRAM energy per byte × the network's bytes over each GPU's time, the H200's minus the "
+          "H100's; a recurrent layer's bytes count its weights once per step, as cuDNN reads them: "
           f"{_energy_per_byte(cross)}). Predicted H200 time: the H100's "
           "host-free network time × the time ratio, against the H200's time on the pair's basis (GPU time, or "
           "eager time of a GPU-bound step, about its GPU time).", ""]

@@ -496,10 +496,13 @@ def fit_and_save(data_root: Path | str | None = None, out_dir: Path | str = "mod
     log(f"cross-GPU model: weighted log MSE {model.info['weighted_log_mse']:.4f} on {model.info['rows']} rows, "
         f"saved to {out / CROSSGPU_FILE} ({time.perf_counter() - t0:.0f} s)")
     predictor = load_energy_predictor(out, log)
-    model.memory_energy_pj_per_byte = fit_memory_energy(model, predictor, data_root, log)
+    fitted = fit_memory_energy(model, predictor, data_root, log)
+    model.memory_energy_pj_per_byte, model.memory_energy_by_type_pj_per_byte = fitted or (None, None)
     model.info["memory_energy"] = ("DRAM pJ/byte fitted on the training architectures' H200/H100 network "
-                                   "energy ratios, host-free where both are (fit_memory_energy)")
+                                   "energy ratios, host-free where both are, one value and then one per memory "
+                                   "type (fit_memory_energy)")
     model.info["memory_energy_pj_per_byte"] = model.memory_energy_pj_per_byte
+    model.info["memory_energy_by_type_pj_per_byte"] = model.memory_energy_by_type_pj_per_byte
     atomic_write_text(out / CROSSGPU_FILE, json.dumps(model.to_dict(), indent=1, sort_keys=True) + "\n")
     if validate:
         report = evaluate(table, data_root, cache_dir, log, model=model, networks=networks, predictor=predictor,
@@ -777,13 +780,16 @@ MEMORY_ENERGY_MAX_PJ_PER_BYTE = 200.0  # search bound: HBM is a few pJ per bit, 
 
 
 def fit_memory_energy(model: CrossGPUModel, predictor: Any, data_root: Path | str | None = None,
-                      log: Callable[[str], None] = print) -> float | None:
+                      log: Callable[[str], None] = print) -> tuple[float, dict[str, float] | None] | None:
     """DRAM energy per byte (pJ) that best explains the measured H200/H100 energy ratio of the training
     architectures' network pairs (_gpu_bound_pairs; squared log error), the H200's power carried from
-    the H100's (gpurec.model.crossgpu.transfer_power_w).  Held-out architectures are left out.
-    None when there is no predictor or no such network."""
-    from scipy.optimize import minimize_scalar
+    the H100's (gpurec.model.crossgpu.transfer_power_w): one value for both GPUs, then one per memory
+    type (the H100's HBM3 and the H200's HBM3e), started from it and held in the same bounds.  Held-out
+    architectures are left out.  None when there is no predictor or no such network; the per-type
+    table is None where both GPUs have one memory type."""
+    from scipy.optimize import minimize, minimize_scalar
 
+    from gpurec.catalog import resolve_gpu
     from gpurec.model._sets import parse_set, test_arch_names
     from gpurec.model.fitting.evaluate import arch_of
 
@@ -794,7 +800,8 @@ def fit_memory_energy(model: CrossGPUModel, predictor: Any, data_root: Path | st
     if nets.empty:
         return None
     measured = np.log((nets["h200_basis_energy_mj"] / nets["h100_basis_energy_mj"]).to_numpy(dtype=np.float64))
-    saved_model, saved_energy = predictor.crossgpu, model.memory_energy_pj_per_byte
+    types = (resolve_gpu(H100).memory_type, resolve_gpu(H200).memory_type)
+    saved = (predictor.crossgpu, model.memory_energy_pj_per_byte, model.memory_energy_by_type_pj_per_byte)
     predictor.crossgpu = model
     predictor.clear_cache()
     try:
@@ -802,8 +809,9 @@ def fit_memory_energy(model: CrossGPUModel, predictor: Any, data_root: Path | st
         h100 = np.array([predictor.predict_many([(parse_set(k).arch, parse_set(k).input_shape)], mode=m, gpu=H100)[0]
                          .gpu_energy_mj for k, m in zip(nets["set_key"], nets["mode"], strict=True)])
 
-        def loss(energy_pj: float) -> float:
-            model.memory_energy_pj_per_byte = float(energy_pj)
+        def loss(shared_pj: float, by_type: dict[str, float] | None = None) -> float:
+            model.memory_energy_pj_per_byte = float(shared_pj)
+            model.memory_energy_by_type_pj_per_byte = by_type
             h200 = np.array([predictor.predict_many([(parse_set(k).arch, parse_set(k).input_shape)], mode=m,
                                                     gpu=H200)[0].gpu_energy_mj
                              for k, m in zip(nets["set_key"], nets["mode"], strict=True)])
@@ -811,13 +819,21 @@ def fit_memory_energy(model: CrossGPUModel, predictor: Any, data_root: Path | st
 
         best = minimize_scalar(loss, bounds=(0.0, MEMORY_ENERGY_MAX_PJ_PER_BYTE), method="bounded",
                                options={"xatol": 0.25})
+        shared, by_type = float(best.x), None
+        log(f"cross-GPU: DRAM energy {shared:.1f} pJ/byte from {len(nets)} H200/H100 network pairs "
+            f"(rms log energy ratio error {np.sqrt(best.fun):.4f})")
+        if types[0] != types[1]:
+            pair = minimize(lambda e: loss(shared, dict(zip(types, (float(e[0]), float(e[1])), strict=True))),
+                            x0=[shared, shared], method="L-BFGS-B",
+                            bounds=[(0.0, MEMORY_ENERGY_MAX_PJ_PER_BYTE)] * 2, options={"eps": 0.5, "maxiter": 30})
+            if pair.fun < best.fun:
+                by_type = dict(zip(types, (float(pair.x[0]), float(pair.x[1])), strict=True))
+                log(f"cross-GPU: DRAM energy per memory type {', '.join(f'{k} {v:.1f}' for k, v in by_type.items())} "
+                    f"pJ/byte (rms log energy ratio error {np.sqrt(pair.fun):.4f})")
     finally:
-        predictor.crossgpu = saved_model
-        model.memory_energy_pj_per_byte = saved_energy
+        predictor.crossgpu, model.memory_energy_pj_per_byte, model.memory_energy_by_type_pj_per_byte = saved
         predictor.clear_cache()
-    log(f"cross-GPU: DRAM energy {best.x:.1f} pJ/byte from {len(nets)} H200/H100 network pairs "
-        f"(rms log energy ratio error {np.sqrt(best.fun):.4f})")
-    return float(best.x)
+    return shared, by_type
 
 
 def _kind_unseen(part: Any) -> dict[str, Any]:
