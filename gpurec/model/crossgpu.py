@@ -474,8 +474,10 @@ def recurrent_reread_bytes(block: OpBlock) -> np.ndarray:
     """Per operation, the bytes a recurrent layer moves beyond its operation bytes: cuDNN reads the
     layer's weights again at every step (seq_len - 1 more times; forward and backward, like the
     operation bytes, in training), which the operation's bytes (inputs, weights once, outputs) leave
-    out.  0 for other operations.  Without them a recurrent network's DRAM traffic looked ten times
-    smaller than a CNN's per unit time, and the H200's lower energy per byte never reached it."""
+    out.  Every parameter counts, an upper bound: cuDNN applies the input weights to the whole
+    sequence at once.  0 for other operations.  Without them a recurrent network moved about seven
+    times fewer bytes per unit time than the other networks of the H200/H100 pairs (medians), and
+    the H200's lower energy per byte never reached it."""
     from gpurec.ops.features import FEATURE_NAMES
 
     v = block.values

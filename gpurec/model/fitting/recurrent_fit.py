@@ -45,7 +45,7 @@ MIN_GROUPS = 3
 # hidden-192 sweep stacks spend 0.2-0.6 ms of host time on 128 steps (2-11 ms at hidden 448 and
 # above), take the same GPU time per step for one to three layers and one or two directions (no
 # layer pipelining, no concurrent directions) and, at batch 128, two to four times the per-step
-# time of hidden 256-576 (DEVELOPERS.md, "Tried and not shipped").  One form cannot hold both
+# time of hidden 256-576 (DEVELOPERS.md, "Experiments, shipped or not").  One form cannot hold both
 # regimes (leave-one-architecture-out 12.4 -> 23.8% with those rows in; the host model's per-step
 # term fell to 0), and no training architecture has a hidden size below 256, so rows below it are
 # counted, not fitted; a layer below it is outside the fitted range (RecurrentTime.coverage).
