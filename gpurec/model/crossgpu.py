@@ -56,6 +56,7 @@ import numpy as np
 
 from gpurec.catalog import GPUSpec, resolve_gpu
 from gpurec.model.features import KIND_GROUPS, OpBlock, kind_group
+from gpurec.model.network import is_recurrent
 
 CROSSGPU_SCHEMA = 3
 _READABLE_SCHEMAS = (2, 3)  # 2: the single-tile wave factor (no tile efficiencies)
@@ -467,9 +468,6 @@ def transfer_power_w(anchor_w: np.ndarray, anchor_idle_w: float, idle_w: float, 
     return np.minimum(np.maximum(w, idle_w), limit_w)
 
 
-_RECURRENT_KINDS = ("LSTM", "GRU", "RNN")
-
-
 def recurrent_reread_bytes(block: OpBlock) -> np.ndarray:
     """Per operation, the bytes a recurrent layer moves beyond its operation bytes: cuDNN reads the
     layer's weights again at every step (seq_len - 1 more times; forward and backward, like the
@@ -482,7 +480,7 @@ def recurrent_reread_bytes(block: OpBlock) -> np.ndarray:
 
     v = block.values
     col = FEATURE_NAMES.index
-    recurrent = np.array([k in _RECURRENT_KINDS for k in block.kinds], dtype=bool)
+    recurrent = is_recurrent(block.kinds)
     rereads = v[:, col("params")] * v[:, col("element_bytes")] * np.maximum(v[:, col("seq_len")] - 1.0, 0.0)
     return np.where(recurrent, rereads * (1.0 + 2.0 * block.training.astype(np.float64)), 0.0)
 
