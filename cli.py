@@ -1201,6 +1201,7 @@ def tools_peak_breakdown(
     precision: str = typer.Option("fp32", "--precision", help="fp32, tf32, bf16-mixed, fp16-mixed, bf16, fp16"),
     top: int = typer.Option(12, "--top", help="groups of live blocks shown per step"),
     out: Path = typer.Option(None, "--out", help="also write every breakdown here (JSON)"),
+    stacks: str = typer.Option("python", "--stacks", help="python, or all: C++ frames too (what backward allocated)"),
 ) -> None:
     """Needs a GPU. What the allocator holds at each step's peak, grouped by the Python frame
     that allocated it, beside the estimate and its parts (seconds per set)."""
@@ -1216,7 +1217,7 @@ def tools_peak_breakdown(
         raise typer.BadParameter(f"'{mode}' is not one of inference, training", param_hint="--mode")
     results = []
     for key in [k.strip() for k in set_keys.split(",") if k.strip()]:
-        res = _guard(peak_breakdown, key, mode, precision.lower())
+        res = _guard(peak_breakdown, key, mode, precision.lower(), stacks=stacks.lower())
         s = parse_set_key(res["set_key"])
         est = step_memory(extract_operations(s.arch, s.input_shape, mode=mode, keep_sources=False,
                                              precision=res["precision"]), mode, load_memory_fit(Path("models")))
@@ -1228,9 +1229,11 @@ def tools_peak_breakdown(
                    f"(parameters {(est.params_bytes + est.grads_bytes) / 1e9:.3f}, activations "
                    f"{est.activations_bytes / 1e9:.3f}, floor {est.floor_bytes / 1e9:.3f}, workspaces "
                    f"{est.workspace_bytes / 1e9:.3f})")
-        rows = [{"where": g["where"], "gb": f"{g['bytes'] / 1e9:.4f}", "blocks": g["blocks"]}
+        rows = [{"where": g["where"], "gb": f"{g['bytes'] / 1e9:.4f}", "blocks": g["blocks"],
+                 "largest": ", ".join(f"{b / 1e6:.1f}" for b in g.get("largest", [])[:4])}
                 for g in res["groups"][:top]]
-        _table(rows, [("where", "allocated at"), ("gb", "GB"), ("blocks", "blocks")], wrap=("where",))
+        _table(rows, [("where", "allocated at"), ("gb", "GB"), ("blocks", "blocks"), ("largest", "largest MB")],
+               wrap=("where",))
     if out is not None:
         atomic_write_json(out, {"breakdowns": results})
 

@@ -233,21 +233,21 @@ def test_a_convolutions_workspace_lifts_the_peak_only_where_it_runs() -> None:
     class Net(nn.Module):
         def __init__(self, head: int) -> None:
             super().__init__()
-            self.conv = nn.Conv2d(3, 4, 3, padding=1, bias=False)
+            self.conv = nn.Conv2d(8, 4, 3, padding=1, bias=False)
             self.head = nn.Linear(4 * 16 * 16, head, bias=False)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.head(torch.flatten(self.conv(x), 1))
 
     batch = 8
-    x, y = batch * 3 * 16 * 16 * 4, batch * 4 * 16 * 16 * 4
-    small = memory_terms(extract_operations(Net(10), (batch, 3, 16, 16), keep_sources=False), "inference")
+    x, y = batch * 8 * 16 * 16 * 4, batch * 4 * 16 * 16 * 4
+    small = memory_terms(extract_operations(Net(10), (batch, 8, 16, 16), keep_sources=False), "inference")
     assert small.conv_io_bytes == x + y
     head_out = 512  # 8 x 10 floats, one allocator block
     assert small.activations_bytes == x + y + head_out  # at the head: its input's storage and output
     # at the convolution: the input, its output and the workspace
     assert small.conv_term_bytes == x + y + int(CONV_WORKSPACE_IO * (x + y)) - small.activations_bytes
-    big = memory_terms(extract_operations(Net(40_000), (batch, 3, 16, 16), keep_sources=False), "inference")
+    big = memory_terms(extract_operations(Net(40_000), (batch, 8, 16, 16), keep_sources=False), "inference")
     assert big.conv_io_bytes == x + y
     assert big.conv_term_bytes == 0  # the head's output outweighs the workspace
 
@@ -365,3 +365,117 @@ def _viewable(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def test_only_convolutions_that_cudnn_gives_a_workspace_add_one() -> None:
+    """Measured on an H200 (``datasets/h200/raw/logs/conv-workspace-s22*.jsonl.gz``): depthwise, 1x1
+    stride-1 and RGB-stem convolutions take no workspace; a 3x3 convolution of 64 channels takes
+    about its inputs plus outputs, and so does a 1x1 convolution of stride 2."""
+    from gpurec.ops.memory import memory_terms
+
+    def conv_term(conv: nn.Conv2d, channels: int) -> int:
+        net = nn.Sequential(conv)
+        return memory_terms(extract_operations(net, (4, channels, 32, 32), keep_sources=False), "inference").conv_term_bytes
+
+    assert conv_term(nn.Conv2d(64, 64, 3, padding=1, groups=64, bias=False), 64) == 0  # depthwise
+    assert conv_term(nn.Conv2d(64, 64, 1, bias=False), 64) == 0  # 1x1, stride 1
+    assert conv_term(nn.Conv2d(3, 64, 3, padding=1, bias=False), 3) == 0  # RGB stem, kernel <= 5
+    io = 4 * 64 * 32 * 32 * 4 * 2
+    assert conv_term(nn.Conv2d(64, 64, 3, padding=1, bias=False), 64) == io
+    assert conv_term(nn.Conv2d(64, 64, 1, stride=2, bias=False), 64) == io * 5 // 8  # output a quarter
+
+
+def test_a_mask_shaped_like_the_scores_keeps_no_scores_for_backward() -> None:
+    """``ones_like(scores[0]).triu(1)`` reads only the scores' shape: autograd keeps nothing of it.
+    Counting the scores as its saved input kept every layer's scaled scores of a GPT to the
+    backward (its batch-16 training peak read 18% high)."""
+    from gpurec.ops.memory import memory_terms
+
+    batch, seq, dim = 2, 64, 32
+
+    class CausalAttention(nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            scores = torch.bmm(q, q.transpose(1, 2)) / 8.0
+            future = torch.ones_like(scores[0], dtype=torch.bool).triu(1)
+            return torch.bmm(torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1), q)
+
+    ops = extract_operations(CausalAttention(), (batch, seq, dim), mode="training", keep_sources=False)
+    by_kind = {op.kind: op for op in ops}
+    assert "ones_like" in by_kind
+    q = batch * seq * dim * 4
+    # q (both bmm's input), the probabilities and the mask; not the scaled scores
+    expected = q + by_kind["softmax"].bytes_written + by_kind["triu"].bytes_written
+    assert memory_terms(ops, "training").saved_bytes == expected
+
+
+def test_inference_holds_the_scores_a_softmax_reads_while_its_output_is_read() -> None:
+    """Attention written out in Python keeps ``scores`` in a local until it returns: at the
+    matmul that reads the probabilities, the scores, the probabilities and the output are alive
+    (BERT-like inference at 512 tokens read 18% low without the scores)."""
+    from gpurec.ops.memory import memory_terms
+
+    batch, heads, seq, dim = 2, 4, 128, 16
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.drop = nn.Dropout(0.1)
+
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            scores = torch.matmul(q, q.transpose(-2, -1)) * 0.25
+            return torch.matmul(self.drop(torch.softmax(scores, dim=-1)), q)
+
+    ops = extract_operations(Attention().eval(), (batch, heads, seq, dim), keep_sources=False)
+    score_bytes = batch * heads * seq * seq * 4
+    q = batch * heads * seq * dim * 4
+    # the step's input q, the scores, the probabilities and the output of the second matmul
+    assert memory_terms(ops, "inference").activations_bytes == q + 2 * score_bytes + q
+
+
+def test_a_container_calls_argument_lives_until_the_call_returns() -> None:
+    """``self.blocks(self.stem(x))``: the stem's output stays on the caller's stack while the blocks
+    run, though only the first block reads it (synthwin and synthgconv inference read 18-24% low
+    without it; H200 peak breakdowns, session 22)."""
+    from gpurec.ops.memory import memory_terms
+
+    width, batch = 256, 64
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Linear(width, width, bias=False)
+            self.blocks = nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(3)))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.blocks(self.stem(x))
+
+    ops = extract_operations(Net(), (batch, width), keep_sources=False)
+    act = batch * width * 4
+    # at the last block: the step's input, the stem's output (held), the block's input and output
+    assert memory_terms(ops, "inference").activations_bytes == 4 * act
+
+
+def test_a_bias_gradient_over_many_rows_stages_partial_sums_in_backward() -> None:
+    """ATen sums a Linear's output gradient over its rows for the bias gradient, splitting long
+    columns across thread blocks with a staging buffer: 81.9 MB for a 10,000-word head over 1,024
+    tokens and 138.2 MB over 4,096, as the H200's peak breakdowns recorded
+    (``datasets/h200/raw/logs/peak-breakdown-s22-rnn-cpp.*``); nothing for a few rows."""
+    from types import SimpleNamespace
+
+    from gpurec.ops.memory import _bias_grad_staging_bytes, memory_terms
+
+    def staging(shape: list[int]) -> int:
+        return _bias_grad_staging_bytes(SimpleNamespace(output_shapes=[shape]))
+
+    assert staging([8, 128, 10_000]) == 81_920_000
+    assert staging([32, 128, 10_000]) == 138_240_000
+    assert staging([32, 10_000]) == 0
+
+    def peak(bias: bool) -> int:
+        net = nn.Sequential(nn.Linear(256, 10_000, bias=bias))
+        return memory_terms(extract_operations(net, (8, 128, 256), mode="training", keep_sources=False),
+                            "training").activations_bytes
+
+    # the head's backward is the step's peak: the staging buffer adds to it (the bias and its
+    # gradient count as parameters, not activations)
+    assert peak(True) - peak(False) == 81_920_000

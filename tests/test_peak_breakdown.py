@@ -28,6 +28,7 @@ def test_live_at_peak_replays_allocations_and_requested_frees() -> None:
     assert out["peak_bytes"] == 1550 and out["peak_event"] == 4
     assert [(g["bytes"], g["blocks"]) for g in out["groups"]] == [(300, 1), (250, 1)]
     assert out["groups"][0]["where"] == "runner.py:10 step > conv.py:543 _conv_forward"
+    assert out["groups"][0]["largest"] == [300]
     with pytest.raises(ValueError, match="_record_memory_history"):
         live_at_peak({"device_traces": []}, 0)
 
@@ -41,3 +42,21 @@ def test_peak_breakdown_says_it_needs_a_gpu() -> None:
         pytest.skip("a GPU is present")
     with pytest.raises(NVMLUnavailable, match="needs a CUDA GPU"):
         peak_breakdown("resnet18:b1:r224")
+
+
+def test_backward_allocations_are_named_by_their_autograd_node_when_cpp_frames_are_recorded() -> None:
+    native = [{"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::malloc(void**, int)"},
+              {"filename": "??", "line": 0, "name": "at::native::empty_cuda(c10::ArrayRef<long>)"},
+              {"filename": "??", "line": 0,
+               "name": "torch::autograd::generated::LogSoftmaxBackward0::apply(std::vector<at::Tensor>&&)"}]
+    trace = [{"action": "alloc", "addr": 1, "size": 40, "frames": native},
+             {"action": "alloc", "addr": 2, "size": 60, "frames": native},
+             {"action": "alloc", "addr": 3, "size": 10, "frames": []}]
+    out = live_at_peak({"device_traces": [trace]}, baseline_bytes=0)
+    first = out["groups"][0]
+    assert first["where"] == ("(C++) torch::autograd::generated::LogSoftmaxBackward0::apply > "
+                              "at::native::empty_cuda")
+    assert (first["bytes"], first["blocks"], first["largest"]) == (100, 2, [60, 40])
+    assert out["groups"][1]["where"] == "(no Python frame)"
+    with pytest.raises(ValueError, match="python' or 'all"):
+        peak_breakdown("resnet18:b1:r224", stacks="cpp")

@@ -18,12 +18,26 @@ from typing import Any
 _TORCH_PATHS = ("/torch/", "\\torch\\")
 
 
+def _short_native(name: str) -> str:
+    """A C++ frame's function without its arguments or templates' noise (first 90 characters)."""
+    return name.split("(", 1)[0][:90]
+
+
 def _where(frames: Sequence[dict[str, Any]]) -> str:
-    """The allocating call, as ``module-level frame > first torch frame`` (file:line name)."""
+    """The allocating call, as ``module-level frame > first torch frame`` (file:line name); where no
+    Python frame allocated it (autograd's backward thread) and C++ frames were recorded (``stacks="all"``),
+    the autograd node and the ATen function that did."""
     if not frames:
         return "(no Python frame)"
-    torch_frame = next((f for f in frames if any(p in str(f.get("filename", "")) for p in _TORCH_PATHS)), None)
-    user_frame = next((f for f in frames if not any(p in str(f.get("filename", "")) for p in _TORCH_PATHS)), None)
+    py = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
+    if not py:
+        names = [str(f.get("name", "")) for f in frames]
+        node = next((n for n in names if "Backward" in n), None)
+        op = next((n for n in names if "at::native::" in n), None)
+        parts = [_short_native(n) for n in (node, op) if n]
+        return ("(C++) " + " > ".join(parts)) if parts else "(no Python frame)"
+    torch_frame = next((f for f in py if any(p in str(f.get("filename", "")) for p in _TORCH_PATHS)), None)
+    user_frame = next((f for f in py if not any(p in str(f.get("filename", "")) for p in _TORCH_PATHS)), None)
     parts = [f"{str(f.get('filename', '?')).rsplit('/', 1)[-1]}:{f.get('line', '?')} {f.get('name', '?')}"
              for f in (user_frame, torch_frame) if f is not None]
     return " > ".join(parts)
@@ -53,18 +67,19 @@ def live_at_peak(snapshot: dict[str, Any], baseline_bytes: int, device: int = 0)
             allocated -= live.pop(addr)[0]
     groups: dict[str, list[int]] = {}
     for size, where in peak_live.values():
-        g = groups.setdefault(where, [0, 0])
-        g[0] += size
-        g[1] += 1
+        groups.setdefault(where, []).append(size)
     return {"peak_bytes": peak, "baseline_bytes": int(baseline_bytes), "peak_event": peak_at,
-            "groups": [{"where": w, "bytes": b, "blocks": n}
-                       for w, (b, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])]}
+            "groups": [{"where": w, "bytes": sum(sizes), "blocks": len(sizes), "largest": sorted(sizes)[::-1][:8]}
+                       for w, sizes in sorted(groups.items(), key=lambda kv: -sum(kv[1]))]}
 
 
 def peak_breakdown(set_key: str, mode: str = "inference", precision: str = "fp32", device: Any = "cuda",
-                   seed: int = 0) -> dict[str, Any]:
+                   seed: int = 0, stacks: str = "python") -> dict[str, Any]:
     """One network step's peak on the GPU at hand, broken down (:func:`live_at_peak`), beside
-    ``torch.cuda.max_memory_allocated`` over the same call (``measured_peak_bytes``)."""
+    ``torch.cuda.max_memory_allocated`` over the same call (``measured_peak_bytes``).  ``stacks="all"``
+    records C++ frames too, which name what backward allocated (slower to record)."""
+    if stacks not in ("python", "all"):
+        raise ValueError(f"stacks must be 'python' or 'all', not {stacks!r}")
     import torch
 
     from gpurec.collect.plan import parse_set_key
@@ -84,7 +99,7 @@ def peak_breakdown(set_key: str, mode: str = "inference", precision: str = "fp32
         torch.cuda.synchronize()
         baseline = int(torch.cuda.memory_allocated())
         torch.cuda.reset_peak_memory_stats()
-        torch.cuda.memory._record_memory_history(stacks="python", max_entries=1_000_000)
+        torch.cuda.memory._record_memory_history(stacks=stacks, max_entries=1_000_000)
         try:
             unit.step()
             torch.cuda.synchronize()
@@ -97,5 +112,5 @@ def peak_breakdown(set_key: str, mode: str = "inference", precision: str = "fp32
     out = live_at_peak(snapshot, baseline, index)
     out.update({"set_key": s.key, "mode": mode, "precision": precision, "measured_peak_bytes": measured,
                 "allocated_before_bytes": before, "gpu": torch.cuda.get_device_name(index),
-                "torch": torch.__version__})
+                "torch": torch.__version__, "stacks": stacks})
     return out

@@ -59,6 +59,9 @@ NO_SAVE_KINDS = VIEW_KINDS | frozenset({
     "add", "sub", "cat", "stack", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d", "mean", "sum", "Identity", "contiguous",
     "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "dropout", "StochasticDepth", "clone", "to", "float",
     "triu", "tril",
+    # a new tensor shaped like its input reads only the input's shape: GPT's causal mask
+    # ``ones_like(scores[0])`` kept every layer's scores to the backward (batch-16 training 18% over)
+    "ones_like", "zeros_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like",
     # a dtype cast (autocast's too: ToCopyBackward) needs none of its input for backward
     "autocast_cast",
 })
@@ -74,6 +77,11 @@ INPLACE_RESULT_KINDS = frozenset({"ReLU", "relu", "relu_", "LeakyReLU", "leaky_r
 # as well kept one more activation-sized tensor per GPT-2 GELU).
 OUTPUT_ONLY_KINDS = frozenset({"Softmax", "softmax", "LogSoftmax", "log_softmax", "ReLU", "relu", "Sigmoid",
                                "sigmoid", "Tanh", "tanh"})
+SOFTMAX_KINDS = frozenset({"softmax", "Softmax"})
+LINEAR_KINDS = frozenset({"Linear", "linear"})
+# A reduction's launch heuristic reads the GPU's SM count and threads per SM; the bias gradient's
+# staging buffer (_bias_grad_staging_bytes) takes the H100's and H200's.
+REDUCE_SM_COUNT, REDUCE_THREADS_PER_SM = 132, 2048
 # Operations that save only their tensor arguments after the first (masked_fill keeps the mask).
 SAVES_LATER_INPUTS_KINDS = frozenset({"masked_fill", "masked_fill_"})
 # Arithmetic with one tensor and a Python number saves nothing (the number is a constant).
@@ -118,7 +126,9 @@ BLOCK_BYTES = 512  # the caching allocator hands out multiples of 512 bytes
 # 1.64 GB), and ResNet-18 at batch 128 (fp32) 0.98 GB, the batch plus its 7x7 convolution's input
 # and output twice over (0.08 + 2 x 0.49 GB).  One plausible reading: cuDNN's tensor-core kernels
 # work on NHWC copies of NCHW tensors.  As one coefficient on the largest convolution added at
-# the peak (0.44), VGG-16 read 25-29% low and ResNets up to 13% high at once.
+# the peak (0.44), VGG-16 read 25-29% low and ResNets up to 13% high at once.  Which
+# convolutions take it was measured later (session 22, _conv_takes_workspace): with every
+# convolution counted, the fitted coefficient settled at 0.63 and VGG inference still read 16% low.
 CONV_WORKSPACE_IO = 1.0
 _ELEMENT_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
                   "int8": 1, "uint8": 1, "bool": 1, "complex64": 8}
@@ -430,6 +440,96 @@ def _window_attention_buffers(op: Any) -> tuple[int, int]:
     return 4 * out_bytes + scores, 5 * out_bytes + 2 * scores
 
 
+def _conv_takes_workspace(op: Any) -> bool:
+    """Whether cuDNN's heuristics (``cudnn.benchmark`` off) give this convolution a workspace
+    (about its inputs plus outputs, CONV_WORKSPACE_IO) in inference.  Measured on 4,008
+    configurations on an H200 (``gpurec.collect.conv_workspace``, cuDNN 9.19;
+    ``datasets/h200/raw/logs/conv-workspace-s22*.jsonl.gz``): none for depthwise convolutions, 1x1
+    convolutions of stride 1 (grouped by 2, some take one: not modelled) and stems of a few input
+    channels with kernels up to 5; the median of the rest is their inputs plus outputs (small maps
+    with large kernels take several times that, a few MB).  Functional convolutions, without
+    their settings here, keep the workspace."""
+    settings = op.settings or {}
+    cin = int(settings.get("in_channels") or 0)
+    kernel, stride = settings.get("kernel_size") or 0, settings.get("stride") or 1
+    kernel = max(kernel) if isinstance(kernel, (list, tuple)) else kernel
+    if not cin or not kernel:
+        return True
+    groups = int(settings.get("groups") or 1)
+    if groups > 1 and groups == cin:
+        return False
+    if kernel == 1 and (max(stride) if isinstance(stride, (list, tuple)) else stride) == 1:
+        return False
+    return not (cin < 8 and kernel <= 5)
+
+
+def _hold_call_arguments(ops: Sequence[Any], storage_of: dict[str, str], born: dict[str, int],
+                         last_use: dict[str, int]) -> None:
+    """A container module's argument stays alive until the call returns: the caller's frame holds it
+    (``x = self.layer1(x)`` rebinds ``x`` only afterwards; ``self.blocks(self.stem(x))`` keeps the
+    stem's output on the caller's stack), though its last reader inside may come much earlier.
+    Extends ``last_use`` of each module-path prefix's inputs (what the first operation inside it
+    reads from before it) to that prefix's last operation.  The H200's peak breakdowns of synthwin
+    and synthgconv inference (``datasets/h200/raw/logs/peak-breakdown-s*``) hold exactly these."""
+    span: dict[str, list[int]] = {}
+    for i, op in enumerate(ops):
+        name = op.name
+        if op.category != "module" or "." not in name:
+            continue
+        dot = name.find(".")
+        while dot > 0:
+            prefix = name[:dot]
+            s = span.get(prefix)
+            if s is None:
+                span[prefix] = [i, i]
+            else:
+                s[1] = i
+            dot = name.find(".", dot + 1)
+    for first, last in span.values():
+        for src in ops[first].input_nodes:
+            root = storage_of.get(src)
+            if root is not None and born.get(root, first) < first and last_use.get(root, last) < last:
+                last_use[root] = last
+
+
+def _bias_grad_staging_bytes(op: Any) -> int:
+    """The global-memory staging buffer of a Linear's bias gradient in backward: the gradient of
+    its output summed over every row (token) by ATen's reduction kernel, which splits long columns
+    across thread blocks and stages their partial sums (``setReduceConfig`` and
+    ``ReduceConfig::global_memory_size`` in aten/src/ATen/native/cuda/Reduce.cuh, reproduced here).
+    A 10,000-word LM head over 1,024 tokens stages 81.9 MB, over 4,096 tokens 138.2 MB, exactly as
+    the H200's peak breakdowns recorded (``peak-breakdown-s22-rnn-cpp``); small layers stage
+    little or nothing."""
+    out = op.output_shapes[0] if op.output_shapes else []
+    if not out or not out[-1]:
+        return 0
+    outputs = int(out[-1])
+    rows = _numel(out) // outputs
+    vec = 4 if outputs % 4 == 0 else 2 if outputs % 2 == 0 else 1
+    max_threads = 512 // vec
+    dim0 = outputs // vec
+
+    def pow2(n: int) -> int:
+        return 1 << (max(int(n), 1).bit_length() - 1) if n < max_threads else max_threads
+
+    width = min(pow2(dim0), 32)
+    height = min(pow2(rows), max_threads // width)
+    width = min(pow2(dim0), max_threads // height)
+    step_output, step_input = width, 1
+    split_rows = rows >= height * 16 or rows >= 256
+    if split_rows:
+        step_input = height
+    else:
+        step_output *= height
+    per_thread = -(-rows // step_input)
+    grid = -(-dim0 // step_output)
+    target = REDUCE_SM_COUNT * (REDUCE_THREADS_PER_SM // (width * height))
+    if not (split_rows and per_thread >= 256 and grid <= target):
+        return 0
+    ctas = max(min(-(-target // grid), -(-per_thread // 16)), -(-per_thread // 256))
+    return _block(4 * outputs * ctas * width * vec) if ctas > 1 else 0
+
+
 def _consumer_of_cast(ops: Sequence[Any], i: int, index_of: dict[str, int]) -> int:
     """The operation a weight cast ``ops[i]`` (node ``NAME.castK``) was made for: the one after
     it whose node is NAME (``index_of``: node -> last index), else the next operation."""
@@ -537,7 +637,8 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
                    last_use: dict[str, int], released: dict[str, int], internal: list[int],
                    needs_grad: set[str], inputs: set[str], out: str | None,
                    rnn: tuple[list[int], list[int], list[int], list[int]] | None = None,
-                   param_keys: Sequence[str | None] | None = None) -> tuple[int, int]:
+                   param_keys: Sequence[str | None] | None = None,
+                   bwd_scratch: Sequence[int] | None = None) -> tuple[int, int]:
     """The largest memory alive at once over a training step's forward and backward.
 
     Why: parameter gradients appear while backward frees the saved activations, so the peak is
@@ -551,9 +652,11 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
 
     ``rnn`` (cuDNN RNNs only): per operation the copies PyTorch makes during its forward and
     during its backward, cuDNN's workspace (during both) and reserve space (forward to
-    backward).  Returns the peak without the cuDNN buffers and the peak with them."""
+    backward).  ``bwd_scratch``: per operation, what its backward allocates beside the gradients
+    while it runs.  Returns the peak without the cuDNN buffers and the peak with them."""
     n = len(ops)
     fwd_copy, bwd_copy, workspace, reserve = rnn if rnn is not None else ([0] * n,) * 4
+    scratch = bwd_scratch if bwd_scratch is not None else [0] * n
     base = params + sum(size_of[r] for r in inputs)
     if out is not None and out not in inputs:
         base += 2 * size_of.get(out, 0)  # the result and its gradient, made before the step
@@ -592,7 +695,7 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
     grads_at, accumulating = _param_grads_at(ops, param_keys)
     for i in range(n - 1, -1, -1):
         live += alloc[i] + grads_at[i]
-        now = base + live + accumulating[i] + bwd_copy[i]
+        now = base + live + accumulating[i] + bwd_copy[i] + scratch[i]
         if now > peak:
             peak = now
         now += kept + workspace[i]
@@ -623,6 +726,8 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     conv_during = [0] * len(ops)  # a convolution's workspace, during its call (inference)
     fwd_copy = [0] * len(ops)  # PyTorch's copies inside an RNN's forward
     bwd_copy = [0] * len(ops)  # ... and inside its backward
+    bwd_scratch = [0] * len(ops)  # other buffers an operation's backward holds while it runs
+    softmax_reads: list[tuple[str, str, int]] = []  # inference: (scores, softmax output, index)
     last_rnn = -1  # the latest cuDNN RNN: the output a later ``getitem`` node indexes
     clone_bytes = conv_io = matmul_io = rnn = 0
     released: dict[str, int] = {}  # saved storage -> the operation whose backward frees it (-1: never)
@@ -682,7 +787,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
         if kind in CONV_KINDS:
             io = _io_bytes(op)
             conv_io = max(conv_io, io)
-            conv_during[i] = _block(int(CONV_WORKSPACE_IO * io))
+            conv_during[i] = _block(int(CONV_WORKSPACE_IO * io)) if _conv_takes_workspace(op) else 0
         elif kind in MATMUL_KINDS:
             matmul_io = max(matmul_io, _io_bytes(op))
         elif kind in RNN_KINDS:
@@ -706,6 +811,11 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
                 internal[i] += indices
             else:
                 transient[i] += indices
+        if not training and kind in SOFTMAX_KINDS and nodes:
+            # the scores a softmax reads stay alive while its output is used: attention written
+            # out in Python holds them in a local (``scores = scores.masked_fill(...)``) until the
+            # function returns (BERT-like inference at 512 tokens read 18% low without it)
+            softmax_reads.append((storage_of[nodes[0]], storage_of[op.node], i))
         if not training:  # what autograd keeps and which tensors carry a gradient: training only
             if kind == "autocast_cast" and not nodes:
                 # a weight's low-precision copy: with the cast cache off (as steps are measured;
@@ -717,6 +827,8 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
                 if j > last_use[op.node]:
                     last_use[op.node] = j
             continue
+        if kind in LINEAR_KINDS and "bias" in (op.settings or {}).get("param_shapes", {}):
+            bwd_scratch[i] = _bias_grad_staging_bytes(op)
         if dropout and op.bytes_written and not _returns_its_input(op):
             out_elements = sum(_numel(s) for s in op.output_shapes)
             mask_bytes += out_elements
@@ -742,6 +854,12 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
                 index_of = {str(o.node): j for j, o in enumerate(ops)}
             released[storage_of[op.node]] = _consumer_of_cast(ops, i, index_of)
         kept_roots.update(saved_now)
+    if not training:
+        _hold_call_arguments(ops, storage_of, born, last_use)
+    for src, dst, i in softmax_reads:
+        # through the next operation too: an eval-mode dropout between the softmax and its
+        # reader is left out of extraction, so the reader names the dropout instead
+        last_use[src] = max(last_use[src], last_use[dst], min(i + 1, len(ops) - 1))
     if ops:  # the step's result and inputs stay alive
         out = storage_of.get(ops[-1].node, ops[-1].node)
         last_use[out] = len(ops)
@@ -753,7 +871,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
         peak, with_rnn = _training_peak(ops, params, size_of, born, last_use, released, internal, needs_grad,
                                         inputs, storage_of.get(ops[-1].node, ops[-1].node) if ops else None,
                                         (fwd_copy, bwd_copy, rnn_during, rnn_reserve) if last_rnn >= 0 else None,
-                                        param_keys)
+                                        param_keys, bwd_scratch)
         return MemoryTerms(mode, params, params, max(peak - 2 * params, 0), largest, conv_io, matmul_io, rnn,
                            saved, rnn_excess_bytes=with_rnn - peak)
     # Liveness: a tensor holds memory from the operation that makes it to its last user.
