@@ -1110,7 +1110,9 @@ def tools_plan(out: Path = typer.Option(None, "--out",
                                              "(gpurec.sets SYNTH_ARCHS, SWEEP_ARCHS); rnn-sweep: the LSTM and GRU "
                                              "operation sweeps (SEQ_SWEEP_ARCHS); peaks: one peak-memory "
                                              "item per network of the main plan; peaks-networks: one per "
-                                             "network of the seq, targeted, precision and main plans"),
+                                             "network of the seq, targeted, precision and main plans; "
+                                             "counter-twins: the operations at --precision (default bf16-mixed) "
+                                             "of the layers already profiled with ncu in fp32"),
                precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP + "; the main plan's "
                                              "sets and modes at that precision"),
                preset: str = typer.Option(None, "--preset", help="a plan of several precisions: "
@@ -1141,6 +1143,12 @@ def tools_plan(out: Path = typer.Option(None, "--out",
         return
     if sets == "main":
         _print_json(_guard(write_main_plan, out or DEFAULT_PLAN, precision=precision))
+        return
+    if sets == "counter-twins":
+        from gpurec.tools.plan import COUNTER_TWINS_PLAN, write_counter_twins_plan
+
+        _print_json(_guard(write_counter_twins_plan, out or COUNTER_TWINS_PLAN,
+                           precision="bf16-mixed" if precision == "fp32" else precision))
         return
     if precision != "fp32":
         _fail(f"--precision applies to the main sets only (or use --preset); not to --sets {sets}", 2)

@@ -129,3 +129,17 @@ def test_tc_active_util_uses_smsp_cycles() -> None:
     assert f["tc_active_util"] == pytest.approx(562_214_400 / 736_298_976)
     assert f["tc_issue_util"] == pytest.approx(93_702_400 / 736_298_976)
     assert math.isnan(f["mem_energy_total_mj"])  # no memory counters: NaN, not 0
+
+
+def test_rows_that_name_their_set_and_precision_join_without_duplicate_columns() -> None:
+    """Counters rows written since session 22 carry ``set_key`` and ``precision``; the operations
+    table has a ``set_key`` too: the join keeps one of each (the counters'), never ``set_key_x``."""
+    expected = _jsonl(FIX / "expected_counters.jsonl")
+    counters = pd.DataFrame(expected).assign(set_key="resnet18:b8:r224", precision="fp32")
+    ops = pd.DataFrame({"op_signature": [r["op_signature"] for r in expected], "mode": [r["mode"] for r in expected],
+                        "op_kind": "Conv2d", "set_key": "alexnet:b1:r224", "time_ms": 0.02,
+                        "dynamic_energy_mj": 5.0, "energy_mj": 10.0, "instances": 4.0})
+    t = op_feature_table(counters, CAL, ops)
+    assert "set_key_x" not in t.columns and "set_key_y" not in t.columns
+    assert (t["set_key"] == "resnet18:b8:r224").all() and (t["precision"] == "fp32").all()
+    assert t["mem_share_of_dynamic"].notna().all()

@@ -152,8 +152,8 @@ def op_feature_table(counters: pd.DataFrame, calibration: dict[str, Any],
     if operations is not None and len(operations):
         keep = ["op_signature", "mode", *[k for k in OPERATION_COLUMNS if k in operations.columns]]
         ops = operations[keep].drop_duplicates(["op_signature", "mode"], keep="last")
-        if "op_kind" in out.columns and "op_kind" in ops.columns:
-            ops = ops.drop(columns=["op_kind"])
+        # columns the counters rows carry themselves (op_kind; set_key and precision since session 22)
+        ops = ops.drop(columns=[k for k in ops.columns if k in out.columns and k not in ("op_signature", "mode")])
         out = out.merge(ops, on=["op_signature", "mode"], how="left", validate="one_to_one")
         dyn = _col(out, "dynamic_energy_mj")
         out["mem_share_of_dynamic"] = _ratio(out["mem_energy_total_mj"], dyn)

@@ -10,6 +10,7 @@ list at the markers and sums each segment's counters into one row per (operation
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpurec.dataset.store import JsonlShard, read_jsonl
+from gpurec.ops.precision import DEFAULT_PRECISION
 
 MARKER = "spin_kernel"
 # Counters summed over an operation's kernels (the rates are recomputed from the sums).
@@ -49,10 +51,13 @@ def child(plan: Path, ids_file: Path, order_file: Path, deadline_unix: float) ->
             w = items[item_id]
             t0 = time.perf_counter()
             try:
-                op = source.get(w.set_key, w.mode, w.key)
+                op = (source.get(w.set_key, w.mode, w.key) if w.precision == DEFAULT_PRECISION
+                      else source.get(w.set_key, w.mode, w.key, precision=w.precision))
                 unit = op.materialize(device=dev, instances=1)
                 ctx = torch.inference_mode() if w.mode == "inference" else torch.enable_grad()
-                with ctx:
+                # autocast around the steps, as collection measures a mixed-precision operation
+                scope = unit.scope() if hasattr(unit, "scope") else contextlib.nullcontext()
+                with ctx, scope:
                     unit.step()
                     unit.step()
                     torch.cuda.synchronize()
@@ -144,7 +149,8 @@ def drive(plan: Path, out: Path, budget_s: float, chunk: int = 80, shard: tuple[
             order_rows = list(read_jsonl(order_file))
             for r in segment(df, order_rows):
                 w = next(x for x in batch if x.id == r["id"])
-                rows_out.append({**r, "op_signature": w.key, "mode": w.mode, "op_kind": w.kind})
+                rows_out.append({**r, "op_signature": w.key, "mode": w.mode, "op_kind": w.kind,
+                                 "precision": w.precision, "set_key": w.set_key})
                 summary["profiled"] += 1
             summary["failed"] += sum(1 for r in order_rows if r.get("status") != "ok")
             summary["chunks"] += 1

@@ -394,7 +394,8 @@ def counters_section(DATA: Path, IMG: Path, gpu: str = "h200",  # noqa: N803 - d
       f"{pct((t['mem_energy_l1_mj'].sum() / t['mem_energy_total_mj'].sum()), 0)}.\n")
     from scipy.stats import spearmanr
 
-    rho = spearmanr(t["mem_energy_total_mj"], t["dynamic_energy_mj"]).statistic
+    # operations that launch no kernel (views) have no bound: left out of the rank correlation
+    rho = spearmanr(t["mem_energy_total_mj"], t["dynamic_energy_mj"], nan_policy="omit").statistic
     over = t[t["mem_share_of_dynamic"] > 1]
     w(f"{len(over)} rows exceed 1 — the \"lower bound\" above the measured energy — all of them memory-bound "
       f"elementwise operations ({', '.join(sorted(set(over['op_kind'] + ' ' + over['mode'])))}), mostly at small batch. "
@@ -484,12 +485,12 @@ def _analytic_link(t: Any) -> dict[str, float] | None:
         bytes_total = ro.block.values[:, FEATURE_NAMES.index("bytes_total")]
         an = bytes_total * np.where(sub["mode"].to_numpy() == "training", 3.0, 1.0)
         dram = (sub["dram__sectors_read.sum"] + sub["dram__sectors_write.sum"]).to_numpy() * 32
-        ratio = dram / an
         mem = sub["mem_energy_total_mj"].to_numpy()
-        ok = (an > 0) & (mem > 0)
+        ok = (an > 0) & (mem > 0) & np.isfinite(dram)  # views launch no kernel: no counters, no bound
+        ratio = dram[ok] / an[ok]
         coef = np.polyfit(np.log(an[ok]), np.log(mem[ok]), 1)
         err = np.abs(np.polyval(coef, np.log(an[ok])) - np.log(mem[ok]))
-        return {"n": int(len(sub)), "rho_dram": float(spearmanr(dram, an).statistic),
+        return {"n": int(len(sub)), "rho_dram": float(spearmanr(dram[ok], an[ok]).statistic),
                 "ratio_median": float(np.median(ratio)), "ratio_q1": float(np.quantile(ratio, 0.25)),
                 "ratio_q3": float(np.quantile(ratio, 0.75)), "fit_factor": float(np.exp(np.median(err)))}
     except Exception as exc:  # the link is a bonus; the document must still be written

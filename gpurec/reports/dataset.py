@@ -83,6 +83,7 @@ EXTRA_DIRS = {
     "probe": "window-length and instance-count sweep that justifies the collection defaults",
     "calibration": "hardware calibration (micro-benchmarks) of this GPU",
     "counters": "Nsight Compute counters of sampled operations",
+    "counters_bf16_mixed": "Nsight Compute counters of the bf16-mixed twins of profiled fp32 operations",
     "profile": "profiling runs (kernel traces)",
 }
 

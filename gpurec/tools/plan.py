@@ -289,3 +289,49 @@ def write_targeted_plan(out: Path | str = TARGETED_PLAN, main: Path | str | None
     for w in items:
         kinds[w.item] = kinds.get(w.item, 0) + 1
     return kinds
+
+
+COUNTER_TWINS_PLAN = Path("datasets") / "plans" / "counters_bf16_mixed.json"
+
+
+def write_counter_twins_plan(out: Path | str = COUNTER_TWINS_PLAN, counters: Path | str | None = None,
+                             precision: str = "bf16-mixed", source: Path | str = DEFAULT_PLAN,
+                             twins_from: Path | str | None = None) -> dict[str, int]:
+    """Operations at ``precision`` that are the same layers (same set, mode and node) as the fp32
+    operations already profiled with Nsight Compute (``counters``: a ``counters.jsonl``; default the
+    H200's), with the autocast casts made for them: profiled the same way, they tell how DRAM traffic
+    changes with precision against the fp32 twin.  Items come from ``twins_from`` (default
+    ``datasets/plans/bf16_mixed_operations.json``), so their ids are ones collection knows."""
+    from gpurec.collect.plan import WorkItem
+    from gpurec.dataset.store import read_jsonl
+    from gpurec.ops import extract_operations
+    from gpurec.sets import parse_set_key
+
+    counters = Path(counters) if counters is not None else Path("datasets") / "h200" / "counters" / "counters.jsonl"
+    twins_from = Path(twins_from) if twins_from is not None else Path("datasets") / "plans" / "bf16_mixed_operations.json"
+    profiled = {r["id"] for r in read_jsonl(counters)}
+    fp32 = [WorkItem(**d) for d in json.loads(Path(source).read_text())["items"]]
+    fp32 = [w for w in fp32 if w.id in profiled]
+    if not fp32:
+        raise ValueError(f"no item of {source} was profiled in {counters}: profile fp32 operations first "
+                         "(`gpurec counters --plan ...`)")
+    candidates = [WorkItem(**d) for d in json.loads(twins_from.read_text())["items"]]
+    by_key = {(w.key, w.mode): w for w in candidates if w.precision == precision}
+    items: list[Any] = []
+    missing = 0
+    for w in fp32:
+        s = parse_set_key(w.set_key)
+        node = next((o.node for o in extract_operations(s.arch, s.input_shape, mode=w.mode, keep_sources=False)
+                     if o.signature == w.key), None)
+        low = extract_operations(s.arch, s.input_shape, mode=w.mode, keep_sources=False, precision=precision)
+        twins = [o for o in low if node is not None and (o.node == node or str(o.node).startswith(f"{node}.cast"))]
+        for o in twins:
+            item = by_key.get((o.signature, w.mode))
+            if item is None:
+                missing += 1
+            elif item not in items:
+                items.append(item)
+    counts = _write(out, items)
+    counts["fp32_profiled"] = len(fp32)
+    counts["twins_not_in_plan"] = missing
+    return counts
