@@ -22,7 +22,7 @@ def test_twins_are_the_same_layer_and_its_casts_at_the_lower_precision(tmp_path:
     counts = write_counter_twins_plan(out, counters, source=PLANS / "main.json",
                                       twins_from=PLANS / "bf16_mixed_operations.json")
     twins = [WorkItem(**d) for d in json.loads(out.read_text())["items"]]
-    assert counts["fp32_profiled"] == 1 and counts["twins_not_in_plan"] == 0
+    assert counts["fp32_profiled"] == 1 and counts["twins_not_in_plan"] == 0 and counts["fp32_not_extracted"] == 0
     assert {w.precision for w in twins} == {"bf16-mixed"} and {w.mode for w in twins} == {conv.mode}
     # the convolution itself and the cast autocast makes of its weight (its input arrives in bf16)
     assert sorted(w.kind for w in twins) == ["Conv2d", "autocast_cast"]

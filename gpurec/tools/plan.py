@@ -318,13 +318,16 @@ def write_counter_twins_plan(out: Path | str = COUNTER_TWINS_PLAN, counters: Pat
     candidates = [WorkItem(**d) for d in json.loads(twins_from.read_text())["items"]]
     by_key = {(w.key, w.mode): w for w in candidates if w.precision == precision}
     items: list[Any] = []
-    missing = 0
+    missing = unmatched = 0
     for w in fp32:
         s = parse_set_key(w.set_key)
         node = next((o.node for o in extract_operations(s.arch, s.input_shape, mode=w.mode, keep_sources=False)
                      if o.signature == w.key), None)
+        if node is None:  # the local torch extracts another signature: counted, not dropped silently
+            unmatched += 1
+            continue
         low = extract_operations(s.arch, s.input_shape, mode=w.mode, keep_sources=False, precision=precision)
-        twins = [o for o in low if node is not None and (o.node == node or str(o.node).startswith(f"{node}.cast"))]
+        twins = [o for o in low if o.node == node or str(o.node).startswith(f"{node}.cast")]
         for o in twins:
             item = by_key.get((o.signature, w.mode))
             if item is None:
@@ -334,4 +337,5 @@ def write_counter_twins_plan(out: Path | str = COUNTER_TWINS_PLAN, counters: Pat
     counts = _write(out, items)
     counts["fp32_profiled"] = len(fp32)
     counts["twins_not_in_plan"] = missing
+    counts["fp32_not_extracted"] = unmatched
     return counts
