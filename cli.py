@@ -521,6 +521,8 @@ def counters(
     budget_s: float = typer.Option(300.0, "--budget-s", help="stop starting new chunks after this many seconds"),
     chunk: int = typer.Option(80, "--chunk", help="operations per ncu run"),
     shard: str = typer.Option("0/1", "--shard", help="i/n: profile only this shard of the plan"),
+    kinds: str = typer.Option(None, "--kinds", help="comma-separated operation kinds to profile (default: all), "
+                                                   "e.g. Linear,matmul,bmm,LSTM,GRU"),
 ) -> None:
     """Nsight Compute counters per planned operation (needs ncu and a GPU; clocks are not locked).
 
@@ -532,7 +534,8 @@ def counters(
     i, n = _guard(parse_shard, shard)
     if not plan.is_file():
         _fail(f"--plan {plan} does not exist (scripts/make_plan.py writes datasets/plans/main.json)", 1)
-    _print_json(_guard(drive, plan, out, budget_s, chunk, (i, n), log=_stderr))
+    wanted = {k.strip() for k in kinds.split(",") if k.strip()} if kinds else None
+    _print_json(_guard(drive, plan, out, budget_s, chunk, (i, n), log=_stderr, kinds=wanted))
 
 
 @app.command()

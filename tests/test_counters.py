@@ -143,3 +143,18 @@ def test_rows_that_name_their_set_and_precision_join_without_duplicate_columns()
     assert "set_key_x" not in t.columns and "set_key_y" not in t.columns
     assert (t["set_key"] == "resnet18:b8:r224").all() and (t["precision"] == "fp32").all()
     assert t["mem_share_of_dynamic"].notna().all()
+
+
+def test_pending_keeps_the_kinds_asked_for_in_plan_order(tmp_path: Path) -> None:
+    from gpurec.collect.counters import pending
+
+    items = [{"item": "op", "key": f"{i:016x}", "kind": kind, "mode": "inference", "set_key": "resnet18:b1:r224"}
+             for i, kind in enumerate(["Conv2d", "Linear", "add", "Linear", "LSTM"])]
+    items.append({"item": "network", "key": "resnet18:b1:r224", "kind": "network", "mode": "inference",
+                  "set_key": "resnet18:b1:r224"})
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"items": items}))
+    every = pending(plan, set())
+    assert [w.kind for w in every] == ["Conv2d", "Linear", "add", "Linear", "LSTM"]  # operations only
+    done = {every[1].id}
+    assert [w.key for w in pending(plan, done, kinds={"Linear", "LSTM"})] == [f"{3:016x}", f"{4:016x}"]

@@ -103,19 +103,26 @@ def segment(df: Any, order_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def pending(plan: Path, done: set[str], shard: tuple[int, int] = (0, 1), kinds: set[str] | None = None) -> list[Any]:
+    """The plan's operation items still to profile: this shard's, not done, of ``kinds`` (None: all)."""
+    from gpurec.collect.plan import shard_items
+
+    return [w for w in shard_items(_load_items(plan), *shard) if w.id not in done and (kinds is None or w.kind in kinds)]
+
+
 def drive(plan: Path, out: Path, budget_s: float, chunk: int = 80, shard: tuple[int, int] = (0, 1),
-          log: Any = print) -> dict[str, Any]:
+          log: Any = print, kinds: set[str] | None = None) -> dict[str, Any]:
     """Profile as many planned operations as ``budget_s`` allows, resumably (``gpurec counters``).
 
+    ``kinds``: only operations of these kinds (e.g. the matrix products of a plan), in plan order.
     ``log`` receives progress lines (the CLI sends them to stderr)."""
     from gpurec.calibrate.features import METRICS
-    from gpurec.collect.plan import shard_items
     from gpurec.device.ncu import NcuError, query_metrics, run_ncu, split_available
 
     out.mkdir(parents=True, exist_ok=True)
     rows_path = out / "counters.jsonl"
     done = {r["id"] for r in read_jsonl(rows_path)}
-    items = [w for w in shard_items(_load_items(plan), *shard) if w.id not in done]
+    items = pending(plan, done, shard, kinds)
     try:
         metrics, missing = split_available(METRICS, query_metrics())
     except Exception as exc:  # querying is a convenience; fall back to the full list

@@ -84,6 +84,7 @@ EXTRA_DIRS = {
     "calibration": "hardware calibration (micro-benchmarks) of this GPU",
     "counters": "Nsight Compute counters of sampled operations",
     "counters_bf16_mixed": "Nsight Compute counters of the bf16-mixed twins of profiled fp32 operations",
+    "counters_seq": "Nsight Compute counters of sequence-model operations (recurrent layers, matrix products)",
     "profile": "profiling runs (kernel traces)",
 }
 
