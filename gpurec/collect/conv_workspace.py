@@ -60,6 +60,8 @@ def main() -> None:
         for prec, b, c, cout, hw, k, s, groups in configs:
             if time.time() > deadline:
                 break
+            config = {"precision": prec, "batch": b, "cin": c, "cout": cout, "hw": hw, "kernel": k, "stride": s,
+                      "groups": groups, "depthwise": groups > 1 and groups == c}
             try:
                 conv = nn.Conv2d(c, cout, k, stride=s, padding=k // 2, groups=groups, bias=False).to(dev).eval()
                 x = torch.randn(b, c, hw, hw, device=dev)
@@ -75,13 +77,11 @@ def main() -> None:
                     peak = torch.cuda.max_memory_allocated()
                     out_bytes = y.numel() * y.element_size()
                     del y
-                row = {"precision": prec, "batch": b, "cin": c, "cout": cout, "hw": hw, "kernel": k, "stride": s,
-                       "groups": groups, "depthwise": groups > 1 and groups == c, "input_bytes": x.numel() * 4, "output_bytes": out_bytes,
+                row = {**config, "input_bytes": x.numel() * 4, "output_bytes": out_bytes,
                        "peak_above_before_bytes": peak - before, "workspace_bytes": peak - before - out_bytes}
                 del x, conv
             except Exception as exc:  # recorded, never dropped
-                row = {"precision": prec, "batch": b, "cin": c, "cout": cout, "hw": hw, "kernel": k, "stride": s,
-                       "groups": groups, "depthwise": groups > 1 and groups == c, "error": f"{type(exc).__name__}: {exc}"[:200]}
+                row = {**config, "error": f"{type(exc).__name__}: {exc}"[:200]}
                 torch.cuda.empty_cache()
             f.write(json.dumps(row) + "\n")
     print("done", sum(1 for _ in open(out_path)) - 1, "of", len(configs))

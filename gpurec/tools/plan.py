@@ -317,24 +317,31 @@ def write_counter_twins_plan(out: Path | str = COUNTER_TWINS_PLAN, counters: Pat
                          "(`gpurec counters --plan ...`)")
     candidates = [WorkItem(**d) for d in json.loads(twins_from.read_text())["items"]]
     by_key = {(w.key, w.mode): w for w in candidates if w.precision == precision}
-    items: list[Any] = []
+    extracted: dict[tuple[str, str, str], list[Any]] = {}  # one extraction per set, mode and precision
+
+    def ops_of(set_key: str, mode: str, prec: str) -> list[Any]:
+        if (set_key, mode, prec) not in extracted:
+            s = parse_set_key(set_key)
+            extracted[set_key, mode, prec] = extract_operations(s.arch, s.input_shape, mode=mode, keep_sources=False,
+                                                                precision=prec)
+        return extracted[set_key, mode, prec]
+
+    items: dict[str, Any] = {}  # by id, in the order found
     missing = unmatched = 0
     for w in fp32:
-        s = parse_set_key(w.set_key)
-        node = next((o.node for o in extract_operations(s.arch, s.input_shape, mode=w.mode, keep_sources=False)
-                     if o.signature == w.key), None)
+        node = next((o.node for o in ops_of(w.set_key, w.mode, "fp32") if o.signature == w.key), None)
         if node is None:  # the local torch extracts another signature: counted, not dropped silently
             unmatched += 1
             continue
-        low = extract_operations(s.arch, s.input_shape, mode=w.mode, keep_sources=False, precision=precision)
-        twins = [o for o in low if o.node == node or str(o.node).startswith(f"{node}.cast")]
+        twins = [o for o in ops_of(w.set_key, w.mode, precision)
+                 if o.node == node or str(o.node).startswith(f"{node}.cast")]
         for o in twins:
             item = by_key.get((o.signature, w.mode))
             if item is None:
                 missing += 1
-            elif item not in items:
-                items.append(item)
-    counts = _write(out, items)
+            else:
+                items.setdefault(item.id, item)
+    counts = _write(out, list(items.values()))
     counts["fp32_profiled"] = len(fp32)
     counts["twins_not_in_plan"] = missing
     counts["fp32_not_extracted"] = unmatched
