@@ -158,3 +158,40 @@ def test_pending_keeps_the_kinds_asked_for_in_plan_order(tmp_path: Path) -> None
     assert [w.kind for w in every] == ["Conv2d", "Linear", "add", "Linear", "LSTM"]  # operations only
     done = {every[1].id}
     assert [w.key for w in pending(plan, done, kinds={"Linear", "LSTM"})] == [f"{3:016x}", f"{4:016x}"]
+
+
+def test_drive_pairs_counters_with_this_runs_operations_despite_earlier_chunk_files(
+        tmp_path: Path, raw: pd.DataFrame, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resumed run in a directory that keeps an earlier lease's ``chunk_order_0.jsonl``:
+    ncu is faked (it returns the real 3-segment export and writes the child's order file),
+    the rest of ``drive`` is the real code path."""
+    from gpurec.collect import counters as counters_mod
+    from gpurec.dataset.store import JsonlShard
+
+    items = [{"item": "op", "key": f"{i:016x}", "kind": "Conv2d", "mode": "inference", "set_key": "resnet18:b1:r224"}
+             for i in range(3)]
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"items": items}))
+    out = tmp_path / "counters"
+    out.mkdir()
+    stale = [{"seq": s, "id": f"op:earlier{s}:inference", "status": "ok", "wall_s": 0.1} for s in range(3)]
+    (out / "chunk_order_0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stale))
+
+    def fake_run_ncu(cmd, metrics, csv_path, extra=(), timeout_s=0.0, env=None):  # noqa: ANN001, ANN202
+        spec = json.loads(Path(cmd[-1]).read_text())
+        ids = json.loads(Path(spec["ids"]).read_text())
+        with JsonlShard(Path(spec["order"])) as order:  # what the child appends
+            for seq, item_id in enumerate(ids):
+                order.append({"seq": seq, "id": item_id, "status": "ok", "wall_s": 0.2})
+        return raw
+
+    monkeypatch.setattr(ncu, "run_ncu", fake_run_ncu)
+    monkeypatch.setattr(ncu, "query_metrics", lambda: list(METRICS))
+    summary = counters_mod.drive(plan, out, budget_s=600.0, chunk=3, log=lambda *_: None)
+    assert summary["profiled"] == 3 and summary["failed"] == 0
+    rows = _jsonl(out / "counters.jsonl")
+    want = [w.id for w in counters_mod.pending(plan, set())]
+    assert [r["id"] for r in rows] == want
+    assert [r["kernels"] for r in rows] == [2, 7, 2]  # the export's segments, in order
+    assert (out / "chunk_order_0.jsonl").read_text().count("earlier") == 3  # provenance kept
+    assert (out / "chunk_order_1.jsonl").exists()

@@ -372,3 +372,17 @@ def test_sequence_accuracy_scores_the_unseen_sequence_networks_against_their_tar
     assert "| H100 | all | 3 | 2.0% | 5.7% | 10.0% |" in doc and "| 1 of 2 | **not met** |" in doc
     fixed = records.assign(pred_gpu_energy_mj=lambda d: d["pred_gpu_energy_mj"].where(d["pred_gpu_energy_mj"] < 110, 105.0))
     assert "| 2 of 2 | met |" in "\n".join(_sequence_section(sequence_accuracy(fixed)))
+
+
+def test_targeted_sentence_says_which_gpus_measured_the_targeted_sets() -> None:
+    """The per-kind section used to say the targeted sets were 'not measured yet' long after both
+    GPUs had measured them: the sentence now follows the rows."""
+    from gpurec.reports.accuracy import targeted_sentence
+
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    none = targeted_sentence({h100: {"operations": 0, "networks": 0}})
+    assert "not measured yet" in none and targeted_sentence(None) == none
+    one = targeted_sentence({h100: {"operations": 0, "networks": 0}, h200: {"operations": 1801, "networks": 30}})
+    assert "H200 1,801 operation rows and 30 network rows" in one and "Not yet measured on the H100" in one
+    both = targeted_sentence({h100: {"operations": 5, "networks": 1}, h200: {"operations": 7, "networks": 2}})
+    assert "not measured yet" not in both and "Not yet" not in both and "H100 5 operation rows" in both

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -110,6 +111,12 @@ def pending(plan: Path, done: set[str], shard: tuple[int, int] = (0, 1), kinds: 
     return [w for w in shard_items(_load_items(plan), *shard) if w.id not in done and (kinds is None or w.kind in kinds)]
 
 
+def _next_chunk_index(out: Path) -> int:
+    """One past the highest chunk number any earlier run left in ``out``."""
+    used = [int(m.group(1)) for f in out.glob("chunk_*") if (m := re.match(r"chunk_(?:order_)?(\d+)\.", f.name))]
+    return max(used, default=-1) + 1
+
+
 def drive(plan: Path, out: Path, budget_s: float, chunk: int = 80, shard: tuple[int, int] = (0, 1),
           log: Any = print, kinds: set[str] | None = None) -> dict[str, Any]:
     """Profile as many planned operations as ``budget_s`` allows, resumably (``gpurec counters``).
@@ -131,6 +138,9 @@ def drive(plan: Path, out: Path, budget_s: float, chunk: int = 80, shard: tuple[
     log(f"counters: {len(items)} operations to profile; metrics {len(metrics)} (missing {missing})")
     t_end = time.time() + budget_s
     summary = {"profiled": 0, "failed": 0, "chunks": 0, "missing_metrics": missing}
+    # chunk files of earlier runs stay as provenance; this run numbers its own after them, since
+    # the child appends to its order file and a stale one would pair counters with the wrong ids
+    first = _next_chunk_index(out)
     pos = 0
     with JsonlShard(rows_path) as rows_out:
         while pos < len(items) and time.time() < t_end - 20:
@@ -138,8 +148,8 @@ def drive(plan: Path, out: Path, budget_s: float, chunk: int = 80, shard: tuple[
             pos += chunk
             ids_file = out / "chunk_ids.json"
             ids_file.write_text(json.dumps([w.id for w in batch]))
-            order_file = out / f"chunk_order_{summary['chunks']}.jsonl"
-            csv_path = out / f"chunk_{summary['chunks']}.csv"
+            order_file = out / f"chunk_order_{first + summary['chunks']}.jsonl"
+            csv_path = out / f"chunk_{first + summary['chunks']}.csv"
             spec_file = out / "chunk_spec.json"
             spec_file.write_text(json.dumps({"plan": str(plan), "ids": str(ids_file), "order": str(order_file),
                                              "deadline_unix": t_end - 15}))

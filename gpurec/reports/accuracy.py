@@ -1700,8 +1700,49 @@ def energy_tables(models_dir: Path, data_root: Path | str | None, rep: dict[str,
         "bounds": power_bound_violations(predictor, POWER_GRID), "grid": POWER_GRID,
         "transfer": gpu_bound_transfer(host_gpu["records"]) if host_gpu is not None else None,
         "rows_by_gpu_mode": rep.get("rows", {}).get("by_gpu_mode", {}),
-        "eager_proxy_min_ms": rep.get("targets", {}).get("eager_proxy_min_ms")}
+        "eager_proxy_min_ms": rep.get("targets", {}).get("eager_proxy_min_ms"),
+        "targeted_rows": targeted_rows(data_root)}
     return out
+
+
+def targeted_rows(data_root: Path | str | None) -> dict[str, dict[str, int]]:
+    """Per GPU, the measured rows (``ok``) of the targeted plan's architectures (gpurec.sets
+    SYNTH_ARCHS and SWEEP_ARCHS): ``operations`` and ``networks``; every GPU with measured networks
+    is listed, with zeros where it measured none of them."""
+    from gpurec.dataset import load_dataset
+    from gpurec.model.fitting.evaluate import arch_of
+    from gpurec.sets import SWEEP_ARCHS, SYNTH_ARCHS
+
+    archs = set(SYNTH_ARCHS) | set(SWEEP_ARCHS)
+    out: dict[str, dict[str, int]] = {}
+    for table in ("operations", "networks"):
+        rows = load_dataset(root=data_root, table=table)
+        rows = rows[rows["status"] == "ok"]
+        if table == "networks":
+            for g in sorted(set(rows["gpu"])):
+                out.setdefault(str(g), {"operations": 0, "networks": 0})
+        rows = rows[rows["set_key"].map(lambda k: arch_of(str(k)) in archs)]
+        for gpu, n in rows.groupby("gpu").size().items():
+            out.setdefault(str(gpu), {"operations": 0, "networks": 0})[table] = int(n)
+    return out
+
+
+def targeted_sentence(counts: dict[str, dict[str, int]] | None) -> str:
+    """What the report says of the targeted plan's rows: which GPUs measured them (and so which
+    per-kind errors above can reflect them once the models are trained on them), which did not."""
+    lead = ("The hand-written architectures and operation sweeps that target these kinds (`gpurec.synthsets`; "
+            "plan `datasets/plans/targeted.json`, `gpurec tools plan --targeted`)")
+    measured = {g: c for g, c in (counts or {}).items() if c["operations"] or c["networks"]}
+    if not measured:
+        return (f"{lead} are not measured yet: the per-kind time error changes only once their rows are collected "
+                "and the models retrained.")
+    have = "; ".join(f"{short(g)} {c['operations']:,} operation rows and {c['networks']:,} network rows"
+                     for g, c in sorted(measured.items()))
+    missing = [short(g) for g in sorted(counts or {}) if g not in measured]
+    tail = (f" Not yet measured on the {', '.join(missing)}: its per-kind error moves only through what the "
+            "models learn from the other GPUs' rows." if missing else "")
+    return (f"{lead} are measured on: {have}; models trained on the data at hand include them (the rows "
+            f"of these architectures are training rows; none is a test architecture).{tail}")
 
 
 def unseen_by_gpu(rep: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -1802,9 +1843,7 @@ def energy_section(energy: dict[str, Any] | None, manifest: dict[str, Any]) -> l
                               f"{with_rnn['median_ratio']:.2f} ({with_rnn['networks']})" if with_rnn else "—",
                               f"{rest['median_ratio']:.2f} ({rest['networks']})" if rest else "—"]))
         L += table(["GPU", "mode", "networks with a recurrent layer", "other networks"], lines)
-    L += ["", "The hand-written architectures and operation sweeps that target these kinds (`gpurec.synthsets`; "
-          "plan `datasets/plans/targeted.json`, `gpurec tools plan --targeted`) are not measured yet: the "
-          "per-kind time error changes only once their rows are collected and the models retrained.", ""]
+    L += ["", targeted_sentence(energy.get("targeted_rows")), ""]
     tr = energy.get("transfer")
     if tr is not None and tr["rows"]:
         L += ["### Eager energy of GPU-bound networks on GPUs without host-free data", "",

@@ -335,8 +335,13 @@ def counters_section(DATA: Path, IMG: Path, gpu: str = "h200",  # noqa: N803 - d
                 on=["op_signature", "mode"], how="left")
     plan = json.loads((DATA / "plans" / "main.json").read_text())
     planned = [i for i in plan["items"] if i["item"] == "op"]
-    log_text = (DATA / gpu / "raw" / "log_phase1.txt").read_text() if (DATA / gpu / "raw" / "log_phase1.txt").exists() else ""
+    # every fp32 counters run's log: the first lease's phase-1 log, then one per later call
+    logs = [DATA / gpu / "raw" / "log_phase1.txt", *sorted((DATA / gpu / "raw" / "logs").glob("counters-fp32-*log.txt"))]
+    log_text = "\n".join(f.read_text() for f in logs if f.exists())
     chunks = [(int(n), float(s)) for n, s in re.findall(r"chunk \d+: (\d+) ops in (\d+) s", log_text)]
+    # an operation that could not run is recorded in its chunk's order file, not in counters.jsonl
+    failed = sum(1 for f in sorted(cdir.rglob("chunk_order_*.jsonl")) for line in f.read_text().splitlines()
+                 if line.strip() and json.loads(line).get("status") != "ok")
     n_chunk = sum(n for n, _ in chunks)
     s_chunk = sum(s for _, s in chunks)
     per_op = s_chunk / n_chunk if n_chunk else math.nan
@@ -353,11 +358,13 @@ def counters_section(DATA: Path, IMG: Path, gpu: str = "h200",  # noqa: N803 - d
     both = int((t.groupby("op_signature")["mode"].nunique() == 2).sum())
     w("**Coverage.** " + f"{len(t)} (operation, mode) rows profiled = {t['op_signature'].nunique()} distinct operations "
       f"({both} of them in both modes), {len(kinds)} kinds (" + ", ".join(f"{k} {v}" for k, v in kinds.items())
-      + f") from {t['set_key'].nunique()} model-input sets of {len(models)} models ({', '.join(models)}), 0 failures. "
+      + f") from {t['set_key'].nunique()} model-input sets of {len(models)} models ({', '.join(models)}); "
+      f"{failed} operations failed to run (the chunk order files beside the counters). "
       f"That is {pct(len(t) / len(planned))} of the {len(planned):,} planned (operation, mode) items "
-      f"({len({i['kind'] for i in planned})} kinds): the counters' share of the phase-1 slot ended after "
-      f"{len(chunks)} chunks ({s_chunk:.0f} s of ncu).\n")
-    w("**ncu cost.** Chunks of the log: " + ", ".join(f"{n} ops in {s:.0f} s" for n, s in chunks)
+      f"({len({i['kind'] for i in planned})} kinds), profiled over several leases in {len(chunks)} chunks "
+      f"({s_chunk:.0f} s of ncu; `raw/log_phase1.txt` and `raw/logs/counters-fp32-*`).\n")
+    w(f"**ncu cost.** The logs' {len(chunks)} chunks ({min((n for n, _ in chunks), default=0)}-"
+      f"{max((n for n, _ in chunks), default=0)} operations each): {n_chunk:,} operations in {s_chunk:.0f} s"
       + f" → {per_op:.2f} s per (operation, mode) including process start, cuDNN/CUDA initialisation and the ncu "
       f"import. Per operation inside the child (`ncu_wall_s`: materialise, 2 warm-up steps, the replayed step): "
       f"median {f(t['ncu_wall_s'].median(), '.2f')} s, p90 {f(t['ncu_wall_s'].quantile(0.9), '.2f')} s, max "
