@@ -120,8 +120,9 @@ TIME_MONOTONE: dict[str, int] = {
 }
 # The GPU's own peaks, bandwidth and L2 reach the time booster unconstrained.  The booster learns
 # the residual over the log-roofline margin, and the margin already gives a GPU with more bandwidth
-# its full roofline advantage; where the measured advantage is smaller (an H200 runs memory-bound
-# convolutions about 15% faster than an H100, not the 43% its bandwidth says), the residual has to
+# its full roofline advantage; where the measured advantage is smaller (medians over the fp32
+# operations both measured: an H200 takes 0.94x an H100's time on batch norms and 0.96x on
+# convolutions, where its 1.43x bandwidth gives memory-bound work 0.70x), the residual has to
 # *rise* with bandwidth, which a -1 constraint forbids.  Constrained (the models shipped before
 # session 23), the trees could not tell the two GPUs apart and split the difference: in sample,
 # the H100's fp32 convolutions and batch norms 6-10% too slow and the H200's as much too fast.
