@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpurec.calibrate import summary
-from gpurec.dataset.store import atomic_write_text
+from gpurec.dataset.store import atomic_write_text, read_jsonl
 from gpurec.reports.markdown import table
 
 GPUS = (("h100", "H100 80GB HBM3"), ("h200", "H200"))
@@ -340,8 +340,7 @@ def counters_section(DATA: Path, IMG: Path, gpu: str = "h200",  # noqa: N803 - d
     log_text = "\n".join(f.read_text() for f in logs if f.exists())
     chunks = [(int(n), float(s)) for n, s in re.findall(r"chunk \d+: (\d+) ops in (\d+) s", log_text)]
     # an operation that could not run is recorded in its chunk's order file, not in counters.jsonl
-    failed = sum(1 for f in sorted(cdir.rglob("chunk_order_*.jsonl")) for line in f.read_text().splitlines()
-                 if line.strip() and json.loads(line).get("status") != "ok")
+    failed = sum(1 for f in sorted(cdir.rglob("chunk_order_*.jsonl")) for r in read_jsonl(f) if r.get("status") != "ok")
     n_chunk = sum(n for n, _ in chunks)
     s_chunk = sum(s for _, s in chunks)
     per_op = s_chunk / n_chunk if n_chunk else math.nan
