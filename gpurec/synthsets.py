@@ -10,6 +10,13 @@ unseen), these small networks put many shapes of exactly those kinds into the tr
 
 * ``sweepgconv``: one input through parallel 3x3/5x5 convolutions whose groups run from 1 to
   depthwise, at several widths (an operation sweep: each branch is a distinct operation);
+* ``sweepfewgroups``: few-group 3x3 convolutions (2 to 16 groups of 8 to 64 channels) on
+  112x112 maps, stride 1 and 2, over batches 1 to 32: cuDNN picks a different algorithm for
+  them from one batch to the next (in an unseen network a 64-channel, 4-group one measured
+  0.94 ms at batch 8 and 0.28 ms at batch 64), and the training data held them at few batches;
+  ``sweepmidgroups`` the same on 56x56 maps at widths 64 to 256, and ``sweepdepthwise``
+  depthwise 3x3 and 5x5 convolutions on 112x112 to 14x14 maps at mobile networks' widths, and
+  ``sweeplategroups`` grouped convolutions of later stages (28x28 and 14x14, 5 to 64 groups);
 * ``sweepwindow``: window attention over several window sizes and shifts (roll, pad, window
   partition and reverse, attention, projection);
 * ``synthgconv``, ``synthdense``, ``synthwin``, ``synthse``, ``synthsd``: small networks
@@ -48,6 +55,52 @@ class GroupedConvSweep(nn.Module):
             self.branches.append(nn.ModuleList(
                 nn.Sequential(nn.Conv2d(c, c, k, stride=s, padding=k // 2, groups=g, bias=False), nn.BatchNorm2d(c))
                 for g in groups for k in kernels for s in (1, 2)))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = []
+        for stem, branches in zip(self.stems, self.branches, strict=True):
+            h = stem(x)
+            out.extend(self.pool(b(h)).flatten(1) for b in branches)
+        return torch.cat(out, 1)
+
+
+class FewGroupConvSweep(nn.Module):
+    """Parallel grouped 3x3 convolutions, stride 1 and 2, on the maps of a stride-``stem`` stem
+    (112x112 to 14x14 at 224), each pooled: for every width, the groups whose group width is one
+    of ``group_widths`` and that number 2 to ``max_groups``."""
+
+    def __init__(self, widths: tuple[int, ...] = (32, 48, 64, 96, 128), stem: int = 2,
+                 group_widths: tuple[int, ...] = (8, 16, 24, 32, 64), max_groups: int = 16) -> None:
+        super().__init__()
+        self.stems = nn.ModuleList(nn.Conv2d(3, c, stem, stride=stem, bias=False) for c in widths)
+        self.branches = nn.ModuleList(
+            nn.ModuleList(nn.Conv2d(c, c, 3, stride=s, padding=1, groups=c // gw, bias=False)
+                          for gw in group_widths if c % gw == 0 and 2 <= c // gw <= max_groups for s in (1, 2))
+            for c in widths)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = []
+        for stem, branches in zip(self.stems, self.branches, strict=True):
+            h = stem(x)
+            out.extend(self.pool(b(h)).flatten(1) for b in branches)
+        return torch.cat(out, 1)
+
+
+class DepthwiseConvSweep(nn.Module):
+    """Parallel depthwise 3x3 and 5x5 convolutions, stride 1 and 2, each pooled, at the widths
+    mobile networks use on 112x112, 56x56, 28x28 and 14x14 maps (stems of stride 2 to 16)."""
+
+    def __init__(self, stages: tuple[tuple[int, tuple[int, ...]], ...] = (
+            (2, (16, 32, 96)), (4, (72, 144, 240)), (8, (120, 240, 480)), (16, (480, 672, 960)))) -> None:
+        super().__init__()
+        self.stems = nn.ModuleList(nn.Conv2d(3, c, stride, stride=stride, bias=False)
+                                   for stride, widths in stages for c in widths)
+        self.branches = nn.ModuleList(
+            nn.ModuleList(nn.Conv2d(c, c, k, stride=s, padding=k // 2, groups=c, bias=False)
+                          for k in (3, 5) for s in (1, 2))
+            for _, widths in stages for c in widths)
         self.pool = nn.AdaptiveAvgPool2d(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -228,9 +281,31 @@ class DenseNet(nn.Module):
         return self.head(self.pool(F.relu(self.norm(x))).flatten(1))
 
 
+def _late_groups() -> nn.Module:
+    """Grouped convolutions of later stages: 28x28 and 14x14 maps, 5 to 64 groups."""
+    gw = (8, 16, 24, 32, 48, 64)
+    return nn.Sequential(_Parallel(FewGroupConvSweep((160, 240, 320, 448), stem=8, group_widths=gw, max_groups=64),
+                                   FewGroupConvSweep((384, 528, 672, 1008), stem=16, group_widths=gw, max_groups=64)))
+
+
+class _Parallel(nn.Module):
+    """Several sweeps on one input, their pooled outputs concatenated."""
+
+    def __init__(self, *parts: nn.Module) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], 1)
+
+
 # name -> builder.  Window blocks: (window, shift, pad) with 56 + pad a multiple of the window.
 SYNTH_BUILDERS: dict[str, Callable[[], nn.Module]] = {
     "sweepgconv": lambda: GroupedConvSweep(),
+    "sweepfewgroups": lambda: FewGroupConvSweep(),
+    "sweepmidgroups": lambda: FewGroupConvSweep((64, 128, 192, 256), stem=4),
+    "sweepdepthwise": lambda: DepthwiseConvSweep(),
+    "sweeplategroups": lambda: _late_groups(),
     "sweepwindow": lambda: WindowNet(96, 3, ((7, 0, 0), (7, 3, 0), (8, 0, 0), (8, 4, 0), (12, 6, 4), (14, 7, 0),
                                               (16, 8, 8))),
     "synthgconv": lambda: BlockNet(((64, 2, 2), (128, 3, 2), (256, 4, 2), (512, 2, 2)), expand=1, groups_width=16,

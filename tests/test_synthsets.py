@@ -31,6 +31,11 @@ TARGETS = {
     "sweepgconv": lambda ops: len({o.settings.get("groups") for o in ops if o.kind == "Conv2d"}) >= 8,
     "synthgconv": lambda ops: any(o.kind == "Conv2d" and o.settings.get("groups", 1) > 1 for o in ops),
     "synthdense": lambda ops: sum(o.kind == "cat" for o in ops) >= 10,
+    "sweepfewgroups": lambda ops: sum(o.kind == "Conv2d" and o.settings.get("groups", 1) > 1 for o in ops) >= 30,
+    "sweepmidgroups": lambda ops: sum(o.kind == "Conv2d" and o.settings.get("groups", 1) > 1 for o in ops) >= 20,
+    "sweepdepthwise": lambda ops: sum(o.kind == "Conv2d" and o.settings["groups"] == o.settings["in_channels"] > 1
+                                      for o in ops) >= 40,
+    "sweeplategroups": lambda ops: len({o.settings.get("groups") for o in ops if o.kind == "Conv2d"}) >= 20,
     "sweepwindow": lambda ops: {"roll", "pad", "MultiheadAttention"} <= {o.kind for o in ops},
     "synthwin": lambda ops: {"roll", "pad", "MultiheadAttention"} <= {o.kind for o in ops},
     "synthse": lambda ops: {"Sigmoid", "mul", "AdaptiveAvgPool2d"} <= {o.kind for o in ops},
@@ -69,3 +74,19 @@ def test_targeted_plan_holds_only_hand_written_sets() -> None:
     assert len(ids) == len(set(ids))
     main = json.loads((ROOT / "datasets" / "plans" / "main.json").read_text())["items"]
     assert not set(ids) & {f"{w['item']}:{w['key']}:{w['mode']}" for w in main}
+
+
+def test_few_group_sweep_spans_batches_that_no_unseen_network_is_measured_at() -> None:
+    """The sweep is for the batch dependence of few-group convolutions; its operations must not
+    be an unseen network's (batch is part of every operation's signature)."""
+    from gpurec.ops import extract_operations
+    from gpurec.sets import SWEEP_BATCH_SIZES_BY_ARCH, TEST_BATCH_SIZES
+
+    for name in ("sweepfewgroups", "sweepmidgroups", "sweepdepthwise", "sweeplategroups"):
+        batches = SWEEP_BATCH_SIZES_BY_ARCH[name]
+        assert len(batches) >= 4 and not set(batches) & set(TEST_BATCH_SIZES)
+    ops = extract_operations("sweepfewgroups", (2, 3, 224, 224), mode="inference", keep_sources=False)
+    convs = [o for o in ops if o.kind == "Conv2d" and o.settings.get("groups", 1) > 1]
+    assert {o.settings["groups"] for o in convs} >= {2, 4, 8, 16}
+    assert all(2 <= o.settings["groups"] <= 16 for o in convs)
+    assert {tuple(o.settings["stride"]) for o in convs} == {(1, 1), (2, 2)}

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from gpurec.ops.operation import Operation
 
-FEATURE_SCHEMA_VERSION = 2
+FEATURE_SCHEMA_VERSION = 3
 OTHER_KIND = "__other__"
 
 # Coarse kind groups: fixed order, part of the feature schema.
@@ -95,8 +95,12 @@ def kind_group(kind: str) -> str:
 DERIVED_FEATURES: tuple[str, ...] = (
     "mode_training", "has_backward", "flops_mode", "bytes_mode", "peak_tflops_used",
     "t_compute_ms", "t_memory_ms", "t_roofline_ms", "compute_bound", "param_bytes_over_l2",
-    "waves", "wave_efficiency", "t_compute_wave_ms", "working_set_over_l2",
+    "waves", "wave_efficiency", "t_compute_wave_ms", "working_set_over_l2", "channels_per_group",
 )
+# channels_per_group (a grouped convolution's input channels per group, 1 for depthwise, 0 for
+# everything else): cuDNN's algorithm for a grouped convolution, and with it a 2-9x change in
+# time at one size, follows the group width and the batch (the few-group sweeps of
+# gpurec.synthsets); a tree finds the width in one split where in_channels / groups took several.
 
 # Wave quantisation (after NeuSight, ASPLOS'25): a kernel runs its thread blocks in waves of
 # (SMs x resident blocks per SM); a last, partly filled wave costs as much as a full one. We
@@ -368,9 +372,11 @@ class FeatureBuilder:
         wave_eff = np.where(blocks > 0, waves / np.maximum(np.ceil(waves), 1.0), 1.0)
         t_compute_wave = t_compute / np.maximum(wave_eff, 1e-3)
         working_set = bytes_mode / np.maximum(l2_bytes, 1.0)
+        groups = v[:, col("groups")]
+        per_group = np.where(groups > 1, v[:, col("in_channels")] / np.maximum(groups, 1.0), 0.0)
         derived = np.stack([training, has_bwd, flops_mode, bytes_mode, peak, t_compute, t_memory, t_roof,
                             (t_compute > t_memory).astype(np.float64), param_ratio,
-                            waves, wave_eff, t_compute_wave, working_set], axis=1)
+                            waves, wave_eff, t_compute_wave, working_set, per_group], axis=1)
         n_kinds = len(self.kinds) + 1
         onehot = np.zeros((n, n_kinds + len(KIND_GROUPS)), dtype=np.float64)
         rows = np.arange(n)

@@ -272,10 +272,17 @@ def write_targeted_plan(out: Path | str = TARGETED_PLAN, main: Path | str | None
 
     from gpurec.collect.plan import MODES, build_plan, model_input_sets
     from gpurec.dataset.store import atomic_write_json
-    from gpurec.sets import SWEEP_ARCHS, SWEEP_BATCH_SIZES, SYNTH_ARCHS, SYNTH_BATCH_SIZES
+    from gpurec.sets import (
+        SWEEP_ARCHS,
+        SWEEP_BATCH_SIZES,
+        SWEEP_BATCH_SIZES_BY_ARCH,
+        SYNTH_ARCHS,
+        SYNTH_BATCH_SIZES,
+    )
 
     synth = model_input_sets(SYNTH_ARCHS, SYNTH_BATCH_SIZES)
-    sweeps = model_input_sets(SWEEP_ARCHS, SWEEP_BATCH_SIZES)
+    sweeps = [s for arch in SWEEP_ARCHS
+              for s in model_input_sets((arch,), SWEEP_BATCH_SIZES_BY_ARCH.get(arch, SWEEP_BATCH_SIZES))]
     items = build_plan(synth, MODES, networks=True, operations=False)
     items += build_plan(synth + sweeps, MODES, networks=False, operations=True)
     known: set[str] = set()
