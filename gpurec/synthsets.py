@@ -14,8 +14,8 @@ unseen), these small networks put many shapes of exactly those kinds into the tr
   112x112 maps, stride 1 and 2, over batches 1 to 32: cuDNN picks a different algorithm for
   them from one batch to the next (in an unseen network a 64-channel, 4-group one measured
   0.94 ms at batch 8 and 0.28 ms at batch 64), and the training data held them at few batches;
-  ``sweepmidgroups`` the same on 56x56 maps at widths 64 to 256, and ``sweepdepthwise``
-  depthwise 3x3 and 5x5 convolutions on 112x112 to 14x14 maps at mobile networks' widths, and
+  ``sweepmidgroups`` the same on 56x56 maps at widths 64 to 256; ``sweepdepthwise`` depthwise
+  3x3 and 5x5 convolutions on 112x112 to 14x14 maps at mobile networks' widths; and
   ``sweeplategroups`` grouped convolutions of later stages (28x28 and 14x14, 5 to 64 groups);
 * ``sweepwindow``: window attention over several window sizes and shifts (roll, pad, window
   partition and reverse, attention, projection);
@@ -42,7 +42,24 @@ def _stem(out_ch: int, stride: int = 4) -> nn.Module:
                          nn.ReLU(inplace=True))
 
 
-class GroupedConvSweep(nn.Module):
+class _BranchSweep(nn.Module):
+    """Stems (``self.stems``), each feeding its list of parallel branches (``self.branches``),
+    each branch's output pooled (``self.pool``) and all of them concatenated: every branch is a
+    distinct operation, measured on its own by the collector."""
+
+    stems: nn.ModuleList
+    branches: nn.ModuleList
+    pool: nn.Module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = []
+        for stem, branches in zip(self.stems, self.branches, strict=True):
+            h = stem(x)
+            out.extend(self.pool(b(h)).flatten(1) for b in branches)
+        return torch.cat(out, 1)
+
+
+class GroupedConvSweep(_BranchSweep):
     """Parallel grouped convolutions on one input, groups from 1 to depthwise, summed."""
 
     def __init__(self, widths: tuple[int, ...] = (64, 256, 512), kernels: tuple[int, ...] = (3, 5)) -> None:
@@ -57,15 +74,8 @@ class GroupedConvSweep(nn.Module):
                 for g in groups for k in kernels for s in (1, 2)))
         self.pool = nn.AdaptiveAvgPool2d(1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = []
-        for stem, branches in zip(self.stems, self.branches, strict=True):
-            h = stem(x)
-            out.extend(self.pool(b(h)).flatten(1) for b in branches)
-        return torch.cat(out, 1)
 
-
-class FewGroupConvSweep(nn.Module):
+class FewGroupConvSweep(_BranchSweep):
     """Parallel grouped 3x3 convolutions, stride 1 and 2, on the maps of a stride-``stem`` stem
     (112x112 to 14x14 at 224), each pooled: for every width, the groups whose group width is one
     of ``group_widths`` and that number 2 to ``max_groups``."""
@@ -80,15 +90,8 @@ class FewGroupConvSweep(nn.Module):
             for c in widths)
         self.pool = nn.AdaptiveAvgPool2d(1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = []
-        for stem, branches in zip(self.stems, self.branches, strict=True):
-            h = stem(x)
-            out.extend(self.pool(b(h)).flatten(1) for b in branches)
-        return torch.cat(out, 1)
 
-
-class DepthwiseConvSweep(nn.Module):
+class DepthwiseConvSweep(_BranchSweep):
     """Parallel depthwise 3x3 and 5x5 convolutions, stride 1 and 2, each pooled, at the widths
     mobile networks use on 112x112, 56x56, 28x28 and 14x14 maps (stems of stride 2 to 16)."""
 
@@ -102,13 +105,6 @@ class DepthwiseConvSweep(nn.Module):
                           for k in (3, 5) for s in (1, 2))
             for _, widths in stages for c in widths)
         self.pool = nn.AdaptiveAvgPool2d(1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = []
-        for stem, branches in zip(self.stems, self.branches, strict=True):
-            h = stem(x)
-            out.extend(self.pool(b(h)).flatten(1) for b in branches)
-        return torch.cat(out, 1)
 
 
 def _window_partition(x: torch.Tensor, w: int) -> torch.Tensor:

@@ -469,3 +469,22 @@ def test_compare_gpu_time_sources(tmp_path: Path) -> None:
     for source in ("in_network", "isolated"):
         assert res[source]["test_archs_network"]["n"] == 1
         assert (tmp_path / "cmp" / source / "manifest.json").exists()
+
+
+def test_channels_per_group_reaches_the_features_of_grouped_convolutions_only() -> None:
+    """cuDNN's time for a grouped convolution follows its group width (the few-group sweeps), so
+    the booster sees it as one feature: in_channels / groups, 1 when depthwise, 0 otherwise."""
+    from torch import nn
+
+    from gpurec.model.features import FeatureBuilder, OpBlock, hardware_row
+    from gpurec.ops import extract_operations
+
+    model = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1, groups=4), nn.Conv2d(64, 64, 3, padding=1, groups=64),
+                          nn.Conv2d(64, 32, 1), nn.Flatten(), nn.Linear(32 * 8 * 8, 10))
+    ops = [o for o in extract_operations(model, (2, 64, 8, 8), mode="inference", keep_sources=False)
+           if o.kind in ("Conv2d", "Linear")]
+    block = OpBlock.from_operations(ops, "inference")
+    builder = FeatureBuilder(sorted({o.kind for o in ops}))
+    X = builder.build(block, hardware_row("H100")).X
+    got = X[:, builder.feature_names.index("channels_per_group")].tolist()
+    assert got == [16.0, 1.0, 0.0, 0.0], (got, [o.kind for o in ops])

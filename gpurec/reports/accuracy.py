@@ -1731,7 +1731,7 @@ def targeted_sentence(counts: dict[str, dict[str, int]] | None) -> str:
     """What the report says of the targeted plan's rows: which GPUs measured them (and so which
     per-kind errors above can reflect them once the models are trained on them), which did not."""
     lead = ("The hand-written architectures and operation sweeps that target these kinds (`gpurec.synthsets`; "
-            "plan `datasets/plans/targeted.json`, `gpurec tools plan --targeted`)")
+            "plan `datasets/plans/targeted.json`, `gpurec tools plan --sets targeted`)")
     measured = {g: c for g, c in (counts or {}).items() if c["operations"] or c["networks"]}
     if not measured:
         return (f"{lead} are not measured yet: the per-kind time error changes only once their rows are collected "
