@@ -39,10 +39,8 @@ SWEEP_BATCH_SIZES: tuple[int, ...] = (8, 32)
 # ... except where the batch itself is what the sweep is for (cuDNN's algorithm choice for
 # few-group convolutions changes with the batch).  Its batches avoid TEST_BATCH_SIZES, so that no
 # swept operation is one of an unseen network's.
-SWEEP_BATCH_SIZES_BY_ARCH: dict[str, tuple[int, ...]] = {"sweepfewgroups": (1, 2, 4, 16, 32),
-                                                            "sweepmidgroups": (1, 2, 4, 16, 32),
-                                                            "sweepdepthwise": (1, 2, 4, 16, 32),
-                                                            "sweeplategroups": (1, 2, 4, 16, 32)}
+SWEEP_BATCH_SIZES_BY_ARCH: dict[str, tuple[int, ...]] = dict.fromkeys(
+    ("sweepfewgroups", "sweepmidgroups", "sweepdepthwise", "sweeplategroups"), (1, 2, 4, 16, 32))
 
 
 @dataclass(frozen=True)

@@ -280,8 +280,8 @@ class DenseNet(nn.Module):
 def _late_groups() -> nn.Module:
     """Grouped convolutions of later stages: 28x28 and 14x14 maps, 5 to 64 groups."""
     gw = (8, 16, 24, 32, 48, 64)
-    return nn.Sequential(_Parallel(FewGroupConvSweep((160, 240, 320, 448), stem=8, group_widths=gw, max_groups=64),
-                                   FewGroupConvSweep((384, 528, 672, 1008), stem=16, group_widths=gw, max_groups=64)))
+    return _Parallel(FewGroupConvSweep((160, 240, 320, 448), stem=8, group_widths=gw, max_groups=64),
+                     FewGroupConvSweep((384, 528, 672, 1008), stem=16, group_widths=gw, max_groups=64))
 
 
 class _Parallel(nn.Module):
