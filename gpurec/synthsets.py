@@ -17,6 +17,10 @@ unseen), these small networks put many shapes of exactly those kinds into the tr
   ``sweepmidgroups`` the same on 56x56 maps at widths 64 to 256; ``sweepdepthwise`` depthwise
   3x3 and 5x5 convolutions on 112x112 to 14x14 maps at mobile networks' widths; and
   ``sweeplategroups`` grouped convolutions of later stages (28x28 and 14x14, 5 to 64 groups);
+* ``sweepdense``: dense 1x1 convolutions between every pair of a stage's widths, 1x1 stride-2
+  projections and 3x3 convolutions (stride 1 and 2), on 224x224 to 7x7 maps at widths 32 to
+  2048, over batches between the training sets' (the unseen networks' wide 1x1 convolutions at
+  batch 64 were 15-22% under: the training data held them at batches 32 and 128 only);
 * ``sweepwindow``: window attention over several window sizes and shifts (roll, pad, window
   partition and reverse, attention, projection);
 * ``synthgconv``, ``synthdense``, ``synthwin``, ``synthse``, ``synthsd``: small networks
@@ -105,6 +109,36 @@ class DepthwiseConvSweep(_BranchSweep):
                           for k in (3, 5) for s in (1, 2))
             for _, widths in stages for c in widths)
         self.pool = nn.AdaptiveAvgPool2d(1)
+
+
+class DenseConvSweep(_BranchSweep):
+    """Parallel dense convolutions on the maps of stride-1 to stride-32 stems: per width ``c`` of
+    a stage, 1x1 convolutions to every width of the stage, a 1x1 stride-2 projection to ``2c``
+    and 3x3 convolutions ``c -> c`` at stride 1 and 2; the first two stages (224x224, 112x112)
+    hold only 3x3 ones, as networks do there."""
+
+    def __init__(self, stages: tuple[tuple[int, tuple[int, ...]], ...] = (
+            (1, (32, 64)), (2, (64, 128)), (4, (64, 128, 256)), (8, (128, 256, 512)), (16, (256, 512, 1024)),
+            (32, (512, 1024, 2048)))) -> None:
+        super().__init__()
+        self.stems = nn.ModuleList(nn.Conv2d(3, c, stride, stride=stride, bias=False)
+                                   for stride, widths in stages for c in widths)
+        branches = []
+        for stride, widths in stages:
+            for c in widths:
+                convs = [nn.Conv2d(c, c, 3, stride=s, padding=1, bias=False) for s in (1, 2)]
+                if stride >= 4:
+                    convs += [nn.Conv2d(c, o, 1, bias=False) for o in widths]
+                    convs.append(nn.Conv2d(c, 2 * c, 1, stride=2, bias=False))
+                branches.append(nn.ModuleList(convs))
+        self.branches = nn.ModuleList(branches)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # pooled maps are concatenated as they are (no flatten per branch): fewer trivial
+        # operations to measure for as many convolutions
+        maps = [stem(x) for stem in self.stems]
+        return torch.cat([self.pool(b(h)) for h, branches in zip(maps, self.branches, strict=True) for b in branches], 1)
 
 
 def _window_partition(x: torch.Tensor, w: int) -> torch.Tensor:
@@ -302,6 +336,7 @@ SYNTH_BUILDERS: dict[str, Callable[[], nn.Module]] = {
     "sweepmidgroups": lambda: FewGroupConvSweep((64, 128, 192, 256), stem=4),
     "sweepdepthwise": lambda: DepthwiseConvSweep(),
     "sweeplategroups": lambda: _late_groups(),
+    "sweepdense": lambda: DenseConvSweep(),
     "sweepwindow": lambda: WindowNet(96, 3, ((7, 0, 0), (7, 3, 0), (8, 0, 0), (8, 4, 0), (12, 6, 4), (14, 7, 0),
                                               (16, 8, 8))),
     "synthgconv": lambda: BlockNet(((64, 2, 2), (128, 3, 2), (256, 4, 2), (512, 2, 2)), expand=1, groups_width=16,

@@ -36,6 +36,9 @@ TARGETS = {
     "sweepdepthwise": lambda ops: sum(o.kind == "Conv2d" and o.settings["groups"] == o.settings["in_channels"] > 1
                                       for o in ops) >= 40,
     "sweeplategroups": lambda ops: len({o.settings.get("groups") for o in ops if o.kind == "Conv2d"}) >= 20,
+    "sweepdense": lambda ops: sum(o.kind == "Conv2d" and o.settings["groups"] == 1 < o.settings["in_channels"] - 2
+                                  for o in ops) >= 70 and {o.settings["kernel_size"][0] for o in ops
+                                                           if o.kind == "Conv2d" and o.settings["in_channels"] > 3} == {1, 3},
     "sweepwindow": lambda ops: {"roll", "pad", "MultiheadAttention"} <= {o.kind for o in ops},
     "synthwin": lambda ops: {"roll", "pad", "MultiheadAttention"} <= {o.kind for o in ops},
     "synthse": lambda ops: {"Sigmoid", "mul", "AdaptiveAvgPool2d"} <= {o.kind for o in ops},
@@ -82,7 +85,7 @@ def test_few_group_sweep_spans_batches_that_no_unseen_network_is_measured_at() -
     from gpurec.ops import extract_operations
     from gpurec.sets import SWEEP_BATCH_SIZES_BY_ARCH, TEST_BATCH_SIZES
 
-    for name in ("sweepfewgroups", "sweepmidgroups", "sweepdepthwise", "sweeplategroups"):
+    for name in ("sweepfewgroups", "sweepmidgroups", "sweepdepthwise", "sweeplategroups", "sweepdense"):
         batches = SWEEP_BATCH_SIZES_BY_ARCH[name]
         assert len(batches) >= 4 and not set(batches) & set(TEST_BATCH_SIZES)
     ops = extract_operations("sweepfewgroups", (2, 3, 224, 224), mode="inference", keep_sources=False)
