@@ -34,7 +34,7 @@ SYNTH_BATCH_SIZES: tuple[int, ...] = (8, 32, 128)
 # Operation sweeps: many shapes of one kind side by side, measured per operation only (as a
 # network they are not a meaningful step, and the wide ones would not fit in training).
 SWEEP_ARCHS: tuple[str, ...] = ("sweepgconv", "sweepwindow", "sweepfewgroups", "sweepmidgroups", "sweepdepthwise",
-                                 "sweeplategroups", "sweepdense")
+                                 "sweeplategroups", "sweepdense", "sweepnarrow")
 SWEEP_BATCH_SIZES: tuple[int, ...] = (8, 32)
 # ... except where the batch itself is what the sweep is for (cuDNN's algorithm choice for
 # few-group convolutions changes with the batch).  Its batches avoid TEST_BATCH_SIZES, so that no
@@ -44,6 +44,7 @@ SWEEP_BATCH_SIZES_BY_ARCH: dict[str, tuple[int, ...]] = dict.fromkeys(
 # Dense convolutions: the training sets hold them at batches 1, 8, 32 and 128; these fill the
 # gaps on both sides of the unseen networks' 8 and 64 without being either.
 SWEEP_BATCH_SIZES_BY_ARCH["sweepdense"] = (48, 96, 16, 4, 2)  # measured in this order
+SWEEP_BATCH_SIZES_BY_ARCH["sweepnarrow"] = (48, 96, 16)
 
 
 @dataclass(frozen=True)

