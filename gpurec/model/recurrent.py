@@ -19,7 +19,9 @@ predicted 7x too fast).  Trees on roofline features cannot extrapolate a time th
   (cuDNN switches from persistent to per-step kernels as the batch grows), log batch x log
   hidden (a step is latency-bound at small batches, where the hidden size matters little, and
   compute-bound at large ones, where it costs batch x hidden^2), or log FLOPs and log weight
-  bytes of one step's recurrent product (gates x hidden x hidden).
+  bytes of one step's recurrent product (gates x hidden x hidden); and, with the first four, the
+  log of the chains in flight, its product with log hidden (a pipelined layer adds more to a step
+  the wider the step) and whether the layer is a GRU.
 
 The form (steps and terms) is chosen per mode by leave-one-architecture-out error on the
 training architectures' recurrent rows only (gpurec.model.fitting.recurrent_fit), and the coefficients
@@ -39,7 +41,8 @@ import numpy as np
 GATES: dict[str, float] = {"LSTM": 4.0, "GRU": 3.0, "RNN": 1.0}
 SHARES: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # the layer and direction shares tried
 TERMS: tuple[str, ...] = ("log_batch", "log_batch_sq", "log_hidden", "log_batch_hidden", "log_step_flops",
-                          "log_step_weight_bytes", "log_chains", "log_chains_in_flight")
+                          "log_step_weight_bytes", "log_chains", "log_chains_in_flight", "log_chains_in_flight_hidden",
+                          "gru")
 _COLUMNS = ("batch", "seq_len", "embed_dim", "out_features", "num_heads", "element_bytes", "math_mode",
             "mode_training")
 
@@ -130,6 +133,7 @@ def step_terms(s: RecurrentShape, terms: Sequence[str]) -> np.ndarray:
     """Design matrix (intercept first) of the per-step terms."""
     b = np.log(np.maximum(s.batch, 1.0))
     h = np.log(np.maximum(s.hidden, 1.0))
+    chains = np.log(np.maximum(np.where(s.directions > 1, s.directions, s.layers), 1.0))
     values = {
         "log_batch": b,
         "log_batch_sq": b * b,
@@ -143,7 +147,14 @@ def step_terms(s: RecurrentShape, terms: Sequence[str]) -> np.ndarray:
         # the chains that can be in flight at once: a bidirectional layer needs the whole output of
         # the layer below (as chain_steps says), so only its two directions run together; the
         # layers of a unidirectional stack pipeline
-        "log_chains_in_flight": np.log(np.maximum(np.where(s.directions > 1, s.directions, s.layers), 1.0)),
+        "log_chains_in_flight": chains,
+        # how much a further chain adds to a step grows with the hidden size: in the H200's LSTM
+        # sweeps at batch 8 a second and third layer add 20% a layer at hidden 576, 40% at 896 and
+        # 60% at 1280 (the pipelined layers contend for the SMs more as each step's product grows)
+        "log_chains_in_flight_hidden": chains * h,
+        # cuDNN's GRU step is another kernel than its LSTM step (three gates, a reset gate applied
+        # inside the recurrent product), not just fewer gates
+        "gru": (s.gates == GATES["GRU"]).astype(np.float64),
     }
     unknown = [t for t in terms if t not in values]
     if unknown:

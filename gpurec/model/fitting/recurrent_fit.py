@@ -37,6 +37,8 @@ TERM_SETS: tuple[tuple[str, ...], ...] = (
     ("log_batch", "log_batch_sq", "log_hidden"),
     ("log_batch", "log_hidden", "log_batch_hidden"),
     ("log_batch", "log_batch_sq", "log_hidden", "log_batch_hidden"),
+    ("log_batch", "log_batch_sq", "log_hidden", "log_batch_hidden", "log_chains_in_flight",
+     "log_chains_in_flight_hidden", "gru"),
 )
 MIN_ROWS = 12
 MIN_GROUPS = 3
