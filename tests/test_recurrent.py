@@ -339,6 +339,29 @@ def test_step_time_whose_hidden_slope_depends_on_the_batch_takes_the_interaction
     assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(true_ms(unseen), rel=1e-4)
 
 
+def test_step_time_whose_layer_cost_grows_with_the_hidden_size_takes_the_chain_terms() -> None:
+    """Pipelined layers that add more to a step the wider the step, and a GRU step that is another
+    kernel than an LSTM one: the chains-in-flight terms and the GRU indicator are chosen, and the
+    fit extrapolates to a deeper, wider unseen stack of either kind."""
+    archs = [("LSTM", 512, 2, 1), ("LSTM", 1024, 1, 1), ("LSTM", 256, 3, 1), ("LSTM", 1024, 2, 1), ("GRU", 256, 2, 1),
+             ("GRU", 512, 1, 1), ("GRU", 512, 3, 1)]
+    specs = [(k, b, s, h, layers, d) for k, h, layers, d in archs for b in (1, 8, 32, 128) for s in (32, 128)]
+    X = _rows(specs)
+    groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in specs]
+
+    def true_ms(X: np.ndarray) -> np.ndarray:
+        s = recurrent_shape(X, NAMES)
+        lb, lh, chains = np.log(s.batch), np.log(s.hidden / 256), np.log(s.layers)
+        return s.seq_len * 2e-3 * np.exp(0.1 * lb + 0.3 * lh + 0.25 * chains * lh - 0.2 * (s.gates == 3))
+
+    model, _ = fit_recurrent(X, np.log(true_ms(X)), np.full(len(X), "inference"), groups, NAMES)
+    assert model is not None
+    fit = model.fits["inference"]
+    assert {"log_chains_in_flight_hidden", "gru"} <= set(fit.terms) and fit.loao_mape < 1e-3
+    unseen = _rows([("LSTM", 8, 384, 768, 3, 1), ("GRU", 64, 384, 640, 4, 1)])
+    assert np.exp(model.apply(np.zeros(2), unseen, "inference")) == pytest.approx(true_ms(unseen), rel=1e-3)
+
+
 def test_host_dispatch_grows_with_every_step_of_every_layer_and_direction() -> None:
     from gpurec.model.fitting.recurrent_fit import fit_recurrent_host
     from gpurec.model.host_model import HostDispatch

@@ -149,7 +149,7 @@ def step_terms(s: RecurrentShape, terms: Sequence[str]) -> np.ndarray:
         # layers of a unidirectional stack pipeline
         "log_chains_in_flight": chains,
         # how much a further chain adds to a step grows with the hidden size: in the H200's LSTM
-        # sweeps at batch 8 a second and third layer add 20% a layer at hidden 576, 40% at 896 and
+        # sweeps at batch 8 a second and third layer add about 20% a layer at hidden 576, 35% at 896 and
         # 60% at 1280 (the pipelined layers contend for the SMs more as each step's product grows)
         "log_chains_in_flight_hidden": chains * h,
         # cuDNN's GRU step is another kernel than its LSTM step (three gates, a reset gate applied
