@@ -39,12 +39,13 @@ SWEEP_BATCH_SIZES: tuple[int, ...] = (8, 32)
 # ... except where the batch itself is what the sweep is for (cuDNN's algorithm choice for
 # few-group convolutions changes with the batch).  Its batches avoid TEST_BATCH_SIZES, so that no
 # swept operation is one of an unseen network's.
-SWEEP_BATCH_SIZES_BY_ARCH: dict[str, tuple[int, ...]] = dict.fromkeys(
-    ("sweepfewgroups", "sweepmidgroups", "sweepdepthwise", "sweeplategroups"), (1, 2, 4, 16, 32))
-# Dense convolutions: the training sets hold them at batches 1, 8, 32 and 128; these fill the
-# gaps on both sides of the unseen networks' 8 and 64 without being either.
-SWEEP_BATCH_SIZES_BY_ARCH["sweepdense"] = (48, 96, 16, 4, 2)  # measured in this order
-SWEEP_BATCH_SIZES_BY_ARCH["sweepnarrow"] = (48, 96, 16)
+# Dense convolutions: the training sets hold them at batches 1, 8, 32 and 128; the dense sweeps'
+# batches fill the gaps on both sides of the unseen networks' 8 and 64 without being either.
+SWEEP_BATCH_SIZES_BY_ARCH: dict[str, tuple[int, ...]] = {
+    **dict.fromkeys(("sweepfewgroups", "sweepmidgroups", "sweepdepthwise", "sweeplategroups"), (1, 2, 4, 16, 32)),
+    "sweepdense": (48, 96, 16, 4, 2),
+    "sweepnarrow": (48, 96, 16),
+}
 
 
 @dataclass(frozen=True)
