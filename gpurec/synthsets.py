@@ -51,17 +51,21 @@ def _stem(out_ch: int, stride: int = 4) -> nn.Module:
 class _BranchSweep(nn.Module):
     """Stems (``self.stems``), each feeding its list of parallel branches (``self.branches``),
     each branch's output pooled (``self.pool``) and all of them concatenated: every branch is a
-    distinct operation, measured on its own by the collector."""
+    distinct operation, measured on its own by the collector.  Without ``flatten_branches`` the
+    pooled maps are concatenated as they are: fewer trivial operations to measure for as many
+    branches (the earlier sweeps keep their flatten, so their measured operations keep their names)."""
 
     stems: nn.ModuleList
     branches: nn.ModuleList
     pool: nn.Module
+    flatten_branches: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = []
         for stem, branches in zip(self.stems, self.branches, strict=True):
             h = stem(x)
-            out.extend(self.pool(b(h)).flatten(1) for b in branches)
+            pooled = (self.pool(b(h)) for b in branches)
+            out.extend(p.flatten(1) for p in pooled) if self.flatten_branches else out.extend(pooled)
         return torch.cat(out, 1)
 
 
@@ -120,6 +124,8 @@ class DenseConvSweep(_BranchSweep):
     hold only 3x3 ones, as networks do there.  ``expansions`` add 1x1 convolutions ``c -> e c``
     (a mobile block's expansion; its projection back is a pair of the stage's widths)."""
 
+    flatten_branches = False
+
     def __init__(self, stages: tuple[tuple[int, tuple[int, ...]], ...] = (
             (1, (32, 64)), (2, (64, 128)), (4, (64, 128, 256)), (8, (128, 256, 512)), (16, (256, 512, 1024)),
             (32, (512, 1024, 2048))), expansions: tuple[int, ...] = (), strides_3x3: tuple[int, ...] = (1, 2),
@@ -138,12 +144,6 @@ class DenseConvSweep(_BranchSweep):
                 branches.append(nn.ModuleList(convs))
         self.branches = nn.ModuleList(branches)
         self.pool = nn.AdaptiveAvgPool2d(1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # pooled maps are concatenated as they are (no flatten per branch): fewer trivial
-        # operations to measure for as many convolutions
-        maps = [stem(x) for stem in self.stems]
-        return torch.cat([self.pool(b(h)) for h, branches in zip(maps, self.branches, strict=True) for b in branches], 1)
 
 
 def _window_partition(x: torch.Tensor, w: int) -> torch.Tensor:

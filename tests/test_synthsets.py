@@ -36,7 +36,7 @@ TARGETS = {
     "sweepdepthwise": lambda ops: sum(o.kind == "Conv2d" and o.settings["groups"] == o.settings["in_channels"] > 1
                                       for o in ops) >= 40,
     "sweeplategroups": lambda ops: len({o.settings.get("groups") for o in ops if o.kind == "Conv2d"}) >= 20,
-    "sweepdense": lambda ops: sum(o.kind == "Conv2d" and o.settings["groups"] == 1 < o.settings["in_channels"] - 2
+    "sweepdense": lambda ops: sum(o.kind == "Conv2d" and o.settings["groups"] == 1 and o.settings["in_channels"] > 3
                                   for o in ops) >= 70 and {o.settings["kernel_size"][0] for o in ops
                                                            if o.kind == "Conv2d" and o.settings["in_channels"] > 3} == {1, 3},
     "sweepnarrow": lambda ops: sum(o.kind == "Conv2d" and o.settings["groups"] == 1 and 3 < o.settings["in_channels"]
