@@ -279,11 +279,17 @@ class BlockNet(nn.Module):
 
 class DenseNet(nn.Module):
     """Dense blocks: each layer's output is concatenated to its input (the channel concatenation
-    whose training cost the operation sum misses), with transitions between blocks."""
+    whose training cost the operation sum misses), with transitions between blocks.
+
+    ``list_concat``: each layer concatenates the list of every earlier feature map of its block
+    (torchvision's DenseNet does), so a feature map has one consumer per later layer and training
+    accumulates its gradient once per consumer; the k-th concatenation has k+1 inputs.  Without
+    it, each layer concatenates two tensors (the running map and its own output)."""
 
     def __init__(self, growth: int = 32, layers: tuple[int, ...] = (4, 8, 8), stem: int = 64,
-                 classes: int = 1000) -> None:
+                 classes: int = 1000, list_concat: bool = False) -> None:
         super().__init__()
+        self.list_concat = list_concat
         self.stem = nn.Sequential(nn.Conv2d(3, stem, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(stem),
                                   nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1))
         self.blocks = nn.ModuleList()
@@ -309,8 +315,14 @@ class DenseNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)
         for j, block in enumerate(self.blocks):
-            for layer in block:
-                x = torch.cat([x, layer(x)], 1)
+            if self.list_concat:
+                features = [x]
+                for layer in block:
+                    features.append(layer(torch.cat(features, 1)))
+                x = torch.cat(features, 1)
+            else:
+                for layer in block:
+                    x = torch.cat([x, layer(x)], 1)
             if j < len(self.transitions):
                 x = self.transitions[j](x)
         return self.head(self.pool(F.relu(self.norm(x))).flatten(1))
@@ -350,6 +362,9 @@ SYNTH_BUILDERS: dict[str, Callable[[], nn.Module]] = {
     "synthgconv": lambda: BlockNet(((64, 2, 2), (128, 3, 2), (256, 4, 2), (512, 2, 2)), expand=1, groups_width=16,
                                    kernel=3, se=False, drop=0.0),
     "synthdense": lambda: DenseNet(),
+    # torchvision's concatenation pattern, with deeper blocks than densenet121's (24 layers) and
+    # another growth rate, so concatenations of up to 37 inputs and their gradient accumulation
+    "synthdensecat": lambda: DenseNet(growth=24, layers=(6, 12, 36, 28), stem=48, list_concat=True),
     "synthwin": lambda: WindowNet(128, 4, ((7, 0, 0), (7, 3, 0), (7, 0, 0), (7, 3, 0))),
     "synthse": lambda: BlockNet(((24, 2, 2), (48, 3, 2), (96, 3, 2), (160, 2, 1)), expand=4, groups_width=0,
                                 kernel=5, se=True, drop=0.0),

@@ -31,6 +31,7 @@ TARGETS = {
     "sweepgconv": lambda ops: len({o.settings.get("groups") for o in ops if o.kind == "Conv2d"}) >= 8,
     "synthgconv": lambda ops: any(o.kind == "Conv2d" and o.settings.get("groups", 1) > 1 for o in ops),
     "synthdense": lambda ops: sum(o.kind == "cat" for o in ops) >= 10,
+    "synthdensecat": lambda ops: max(len(o.input_shapes) for o in ops if o.kind == "cat") > 33,
     "sweepfewgroups": lambda ops: sum(o.kind == "Conv2d" and o.settings.get("groups", 1) > 1 for o in ops) >= 30,
     "sweepmidgroups": lambda ops: sum(o.kind == "Conv2d" and o.settings.get("groups", 1) > 1 for o in ops) >= 20,
     "sweepdepthwise": lambda ops: sum(o.kind == "Conv2d" and o.settings["groups"] == o.settings["in_channels"] > 1
@@ -91,6 +92,9 @@ def test_few_group_sweep_spans_batches_that_no_unseen_network_is_measured_at() -
                  "sweepnarrow"):
         batches = SWEEP_BATCH_SIZES_BY_ARCH[name]
         assert len(batches) >= 3 and not set(batches) & set(TEST_BATCH_SIZES)
+    from gpurec.sets import SYNTH_BATCH_SIZES_BY_ARCH
+
+    assert all(not set(b) & set(TEST_BATCH_SIZES) for b in SYNTH_BATCH_SIZES_BY_ARCH.values())
     ops = extract_operations("sweepfewgroups", (2, 3, 224, 224), mode="inference", keep_sources=False)
     convs = [o for o in ops if o.kind == "Conv2d" and o.settings.get("groups", 1) > 1]
     assert {o.settings["groups"] for o in convs} >= {2, 4, 8, 16}

@@ -278,9 +278,11 @@ def write_targeted_plan(out: Path | str = TARGETED_PLAN, main: Path | str | None
         SWEEP_BATCH_SIZES_BY_ARCH,
         SYNTH_ARCHS,
         SYNTH_BATCH_SIZES,
+        SYNTH_BATCH_SIZES_BY_ARCH,
     )
 
-    synth = model_input_sets(SYNTH_ARCHS, SYNTH_BATCH_SIZES)
+    synth = [s for arch in SYNTH_ARCHS
+             for s in model_input_sets((arch,), SYNTH_BATCH_SIZES_BY_ARCH.get(arch, SYNTH_BATCH_SIZES))]
     sweeps = [s for arch in SWEEP_ARCHS
               for s in model_input_sets((arch,), SWEEP_BATCH_SIZES_BY_ARCH.get(arch, SWEEP_BATCH_SIZES))]
     items = build_plan(synth, MODES, networks=True, operations=False)
