@@ -92,11 +92,17 @@ def test_few_group_sweep_spans_batches_that_no_unseen_network_is_measured_at() -
                  "sweepnarrow"):
         batches = SWEEP_BATCH_SIZES_BY_ARCH[name]
         assert len(batches) >= 3 and not set(batches) & set(TEST_BATCH_SIZES)
-    from gpurec.sets import SYNTH_BATCH_SIZES_BY_ARCH
-
-    assert all(not set(b) & set(TEST_BATCH_SIZES) for b in SYNTH_BATCH_SIZES_BY_ARCH.values())
     ops = extract_operations("sweepfewgroups", (2, 3, 224, 224), mode="inference", keep_sources=False)
     convs = [o for o in ops if o.kind == "Conv2d" and o.settings.get("groups", 1) > 1]
     assert {o.settings["groups"] for o in convs} >= {2, 4, 8, 16}
     assert all(2 <= o.settings["groups"] <= 16 for o in convs)
     assert {tuple(o.settings["stride"]) for o in convs} == {(1, 1), (2, 2)}
+
+
+def test_hand_written_architectures_added_later_avoid_the_unseen_networks_batches() -> None:
+    """Their operations must not be an unseen network's (batch is part of every signature)."""
+    from gpurec.sets import SYNTH_ARCHS, SYNTH_BATCH_SIZES_BY_ARCH, TEST_BATCH_SIZES
+
+    assert "synthdensecat" in SYNTH_BATCH_SIZES_BY_ARCH and set(SYNTH_BATCH_SIZES_BY_ARCH) <= set(SYNTH_ARCHS)
+    for arch, batches in SYNTH_BATCH_SIZES_BY_ARCH.items():
+        assert batches and not set(batches) & set(TEST_BATCH_SIZES), arch
