@@ -283,8 +283,9 @@ class DenseNet(nn.Module):
 
     ``list_concat``: each layer concatenates the list of every earlier feature map of its block
     (torchvision's DenseNet does), so a feature map has one consumer per later layer and training
-    accumulates its gradient once per consumer; the k-th concatenation has k+1 inputs.  Without
-    it, each layer concatenates two tensors (the running map and its own output)."""
+    accumulates its gradient once per consumer; the k-th layer concatenates k maps and a block of
+    n layers ends with a concatenation of n+1.  Without it, each layer concatenates two tensors
+    (the running map and its own output)."""
 
     def __init__(self, growth: int = 32, layers: tuple[int, ...] = (4, 8, 8), stem: int = 64,
                  classes: int = 1000, list_concat: bool = False) -> None:
