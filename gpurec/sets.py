@@ -82,11 +82,14 @@ class ModelInputSet:
 
 
 def model_input_sets(archs: Iterable[str], batch_sizes: Iterable[int],
-                     resolutions: Iterable[int] = (224,)) -> list[ModelInputSet]:
-    """Every (architecture, resolution, batch size) combination, in that nesting order."""
+                     resolutions: Iterable[int] = (224,),
+                     batch_sizes_by_arch: dict[str, tuple[int, ...]] | None = None) -> list[ModelInputSet]:
+    """Every (architecture, resolution, batch size) combination, in that nesting order; an
+    architecture in ``batch_sizes_by_arch`` takes its own batch sizes instead."""
     batch_sizes = list(batch_sizes)
     resolutions = list(resolutions)
-    return [ModelInputSet(a, b, r) for a in archs for r in resolutions for b in batch_sizes]
+    by_arch = batch_sizes_by_arch or {}
+    return [ModelInputSet(a, b, r) for a in archs for r in resolutions for b in by_arch.get(a, batch_sizes)]
 
 
 # -- sequence models (token-id inputs), built by gpurec.seqmodels -------------------------------

@@ -64,8 +64,9 @@ class _BranchSweep(nn.Module):
         out = []
         for stem, branches in zip(self.stems, self.branches, strict=True):
             h = stem(x)
-            pooled = (self.pool(b(h)) for b in branches)
-            out.extend(p.flatten(1) for p in pooled) if self.flatten_branches else out.extend(pooled)
+            for b in branches:
+                pooled = self.pool(b(h))
+                out.append(pooled.flatten(1) if self.flatten_branches else pooled)
         return torch.cat(out, 1)
 
 

@@ -58,3 +58,10 @@ def test_training_features_come_from_the_shared_cache() -> None:
     assert block.signatures == [op.signature for op in shared.operations(SET, "inference")]
     assert ex.get(SET, "inference") is block and shared.extractions == 1
     assert ex.get("not_a_model:b1:r32", "inference") is None and ("not_a_model:b1:r32", "inference") in ex.errors
+
+
+def test_model_input_sets_give_an_architecture_its_own_batches_where_asked() -> None:
+    from gpurec.sets import model_input_sets
+
+    sets = model_input_sets(("a", "b"), (8, 32), batch_sizes_by_arch={"b": (16,)})
+    assert [(s.arch, s.batch) for s in sets] == [("a", 8), ("a", 32), ("b", 16)]

@@ -281,10 +281,8 @@ def write_targeted_plan(out: Path | str = TARGETED_PLAN, main: Path | str | None
         SYNTH_BATCH_SIZES_BY_ARCH,
     )
 
-    synth = [s for arch in SYNTH_ARCHS
-             for s in model_input_sets((arch,), SYNTH_BATCH_SIZES_BY_ARCH.get(arch, SYNTH_BATCH_SIZES))]
-    sweeps = [s for arch in SWEEP_ARCHS
-              for s in model_input_sets((arch,), SWEEP_BATCH_SIZES_BY_ARCH.get(arch, SWEEP_BATCH_SIZES))]
+    synth = model_input_sets(SYNTH_ARCHS, SYNTH_BATCH_SIZES, batch_sizes_by_arch=SYNTH_BATCH_SIZES_BY_ARCH)
+    sweeps = model_input_sets(SWEEP_ARCHS, SWEEP_BATCH_SIZES, batch_sizes_by_arch=SWEEP_BATCH_SIZES_BY_ARCH)
     items = build_plan(synth, MODES, networks=True, operations=False)
     items += build_plan(synth + sweeps, MODES, networks=False, operations=True)
     known: set[str] = set()
