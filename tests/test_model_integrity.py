@@ -47,11 +47,22 @@ def _refused(d: Path, match: str) -> None:
     assert "gpurec train" in str(exc.value)  # says how to fix it
 
 
+def _booster_files(m: dict[str, Any]) -> set[str]:
+    """Every booster file of a manifest: {mode: file}, or {mode: {group: file}} for a target with
+    kind groups (schema 4)."""
+    return {n for r in m["boosters"].values() for v in r.values() for n in ([v] if isinstance(v, str) else v.values())}
+
+
+def _time_booster(m: dict[str, Any], mode: str) -> str:
+    """A time booster file of ``mode`` (its first kind group's where the model has kind groups)."""
+    v = m["boosters"]["time"][mode]
+    return v if isinstance(v, str) else v[sorted(v)[0]]
+
+
 def test_shipped_model_directory_is_sealed() -> None:
     m = _manifest(SHIPPED)
     verify_model_files(m, SHIPPED)
-    assert set(m[FILES_KEY]) == {*(n for r in m["boosters"].values() for n in r.values()), m["measured_lookup"],
-                                 "report.json"}
+    assert set(m[FILES_KEY]) == {*_booster_files(m), m["measured_lookup"], "report.json"}
 
 
 def test_reformatting_the_manifest_is_not_an_edit(models: Path) -> None:
@@ -83,8 +94,8 @@ def test_a_manifest_without_digest_is_refused(models: Path) -> None:
 
 def test_a_swapped_booster_without_its_hash_entry_is_refused(models: Path) -> None:
     m = _manifest(models)
-    name = m["boosters"]["time"]["training"]
-    shutil.copy(models / m["boosters"]["time"]["inference"], models / name)
+    name = _time_booster(m, "training")
+    shutil.copy(models / _time_booster(m, "inference"), models / name)
     _refused(models, f"{name} in .* differs")
     del m[FILES_KEY][name]
     _write_raw(models, m)

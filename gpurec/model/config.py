@@ -11,6 +11,15 @@ from gpurec.model.features import FeatureConfig
 # no leave-one-GPU-out validation could measure the cross-GPU error.
 UNMEASURED_BAND_WIDENING = 3.0
 
+# The time target's kind groups: per mode, one booster on the rows of each group's kinds and one
+# (gpurec.model.regressors.REST_GROUP) on every other row, so rows of one kind stop moving the
+# leaves another kind's predictions sit in (session 25's dense convolutions moved batch norm,
+# session 26's DenseNet rows moved dense convolutions).  Rows are routed by their ``kind=...``
+# one-hot columns; the saved models carry the definition they were fitted with (manifest
+# ``kind_groups``), so this constant only shapes new training runs.  Off:
+# ``TrainConfig(time_kind_groups=False)``.
+TIME_KIND_GROUPS: dict[str, tuple[str, ...]] = {"conv_bn": ("Conv2d", "BatchNorm2d")}
+
 TARGETS: dict[str, dict[str, str]] = {
     "time": {"column": "gpu_time_ms (host-free; eager time_ms before issue 12's data)", "transform": "log",
              "unit": "ms", "name": "log_gpu_time_ms"},
@@ -32,7 +41,8 @@ class TrainConfig:
     max_rounds: int = 600
     early_stopping_rounds: int = 30
     default_rounds: int = 400  # used when tune_trials == 0
-    min_rows_per_mode: int = 30
+    min_rows_per_mode: int = 30  # also per kind group: a smaller group is served by its mode's booster
+    time_kind_groups: bool = True  # time boosters per mode and TIME_KIND_GROUPS group (False: one per mode)
     forest_trees: int = 150
     baselines: bool = True  # RandomForest and roofline-linear beside XGBoost
     small_op_ms: float = 0.02

@@ -7,7 +7,9 @@ with every validation number.
 
 Loading refuses (IncompatibleModel) what would give silently wrong predictions: another
 schema version, features this code can no longer compute, a booster that is missing, altered
-or has another feature count. It warns (ModelWarning) about what may merely shift numbers:
+or has another feature count, kind groups (``kind_groups``: a target's boosters per mode and
+group of operation kinds, gpurec.model.regressors.KindGroups) that are malformed or lack a
+booster. It warns (ModelWarning) about what may merely shift numbers:
 other library versions, or training data that differs from the data now on disk.
 
 Integrity: the manifest lists every file of the directory that gpurec reads (boosters, the
@@ -30,8 +32,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 3  # 2: every file hashed in file_sha256, the manifest sealed by manifest_sha256;
-#                    3: host.network_calibration (how dispatch adds up inside a network)
+SCHEMA_VERSION = 4  # 2: every file hashed in file_sha256, the manifest sealed by manifest_sha256;
+#                    3: host.network_calibration (how dispatch adds up inside a network);
+#                    4: kind_groups, and boosters[target][mode] = {group: file} for a grouped target
+# Read as well: schema 3 (no kind groups; one booster per target and mode, predicted as before).
+READABLE_SCHEMA_VERSIONS = (3, SCHEMA_VERSION)
+KIND_GROUPS_KEY = "kind_groups"
 MODELS_ENV = "GPUREC_MODELS"
 MANIFEST = "manifest.json"
 REPORT = "report.json"
@@ -98,11 +104,25 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
 
 def model_files(manifest: dict[str, Any]) -> list[str]:
     """Every file of the model directory that gpurec reads, by the manifest's own description."""
-    names = {name for routes in manifest.get("boosters", {}).values() for name in routes.values()}
+    names = {name for routes in manifest.get("boosters", {}).values() for name in _booster_names(routes)}
     if manifest.get("measured_lookup"):
         names.add(manifest["measured_lookup"])
     names.add(REPORT)
     return sorted(names)
+
+
+def _booster_names(routes: Any) -> list[str]:
+    """The booster files of one target's ``boosters`` entry: {mode: file} or {mode: {group: file}}
+    (anything else is left to check_kind_groups to refuse)."""
+    if not isinstance(routes, dict):
+        return []
+    out: list[str] = []
+    for v in routes.values():
+        if isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, dict):
+            out += [n for n in v.values() if isinstance(n, str)]
+    return out
 
 
 def write_manifest(model_dir: Path | str, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -185,20 +205,28 @@ def _write_model_files(out_dir: Path, models: dict[str, Any], manifest: dict[str
     from gpurec.dataset.store import atomic_write_file, atomic_write_text
     from gpurec.model.provenance import dumps
 
-    boosters: dict[str, dict[str, str]] = {}
+    boosters: dict[str, dict[str, Any]] = {}
+    kind_groups: dict[str, dict[str, list[str]]] = {}
     for target, routed in models.items():
         boosters[target] = {}
         written: dict[str, str] = {}
-        for mode, key in routed.route.items():
-            if key not in written:
+
+        def file_of(key: str, target: str = target, routed: Any = routed, written: dict[str, str] = written) -> str:
+            if key not in written:  # one file per distinct booster: e.g. time_inference_conv_bn.ubj
                 name = f"{target}_{key}.ubj"
                 atomic_write_file(out_dir / name, routed.models[key].save)
                 written[key] = name
-            boosters[target][mode] = written[key]
+            return written[key]
+
+        groups = getattr(routed, "groups_", None)
+        if groups is not None:
+            kind_groups[target] = groups.as_dict()
+        for mode, key in routed.route.items():
+            boosters[target][mode] = file_of(key) if isinstance(key, str) else {g: file_of(k) for g, k in key.items()}
     if lookup is not None:
         atomic_write_file(out_dir / LOOKUP, lookup.to_parquet)
     atomic_write_text(out_dir / REPORT, dumps(report) + "\n")
-    write_manifest(out_dir, {**manifest, "boosters": boosters,
+    write_manifest(out_dir, {**manifest, "boosters": boosters, KIND_GROUPS_KEY: kind_groups,
                              "measured_lookup": LOOKUP if lookup is not None else None})
 
 
@@ -304,9 +332,9 @@ def check_manifest(manifest: dict[str, Any], model_dir: Path | str, data_root: P
     from gpurec.model.features import FEATURE_SCHEMA_VERSION, FeatureBuilder, FeatureConfig
 
     model_dir = Path(model_dir)
-    if manifest.get("schema_version") != SCHEMA_VERSION:
+    if manifest.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
         raise IncompatibleModel(f"model schema_version {manifest.get('schema_version')!r}, this gpurec reads "
-                                f"{SCHEMA_VERSION}: {RETRAIN}")
+                                f"{' or '.join(map(str, READABLE_SCHEMA_VERSIONS))}: {RETRAIN}")
     verify_model_files(manifest, model_dir)
     if manifest.get("feature_schema_version") != FEATURE_SCHEMA_VERSION:
         raise IncompatibleModel(f"feature schema {manifest.get('feature_schema_version')!r}, this gpurec builds "
@@ -328,6 +356,7 @@ def check_manifest(manifest: dict[str, Any], model_dir: Path | str, data_root: P
             + (f"; missing here: {missing[:8]}" if missing else "")
             + (f"; not in the model: {extra[:8]}" if extra else "")
             + ("; same names in another order" if not missing and not extra else "") + ". Retrain.")
+    check_kind_groups(manifest, model_dir)
     notes: list[str] = []
     from gpurec.model.provenance import library_versions
 
@@ -354,22 +383,73 @@ def check_manifest(manifest: dict[str, Any], model_dir: Path | str, data_root: P
     return notes
 
 
+def check_kind_groups(manifest: dict[str, Any], model_dir: Path | str) -> None:
+    """Raise IncompatibleModel unless the manifest's kind groups are well formed (group names,
+    disjoint kinds with a ``kind=K`` feature column each: gpurec.model.regressors.KindGroups)
+    and each target's ``boosters`` name one file per mode, or, for a grouped target, one per
+    mode and group (rest included).  A schema-3 manifest has no kind groups.  (That each named
+    file is there with its sha256 is verify_model_files'.)"""
+    from gpurec.model.regressors import KindGroups
+
+    where = Path(model_dir) / MANIFEST
+    groups = manifest.get(KIND_GROUPS_KEY, {})
+    if groups is None:
+        groups = {}
+    if not isinstance(groups, dict):
+        raise IncompatibleModel(f"{where}: '{KIND_GROUPS_KEY}' must map a target to its kind groups, not "
+                                f"{type(groups).__name__}; {RETRAIN}")
+    if groups and manifest.get("schema_version") != SCHEMA_VERSION:
+        raise IncompatibleModel(f"{where}: '{KIND_GROUPS_KEY}' in a schema_version "
+                                f"{manifest.get('schema_version')!r} manifest (kind groups came with "
+                                f"{SCHEMA_VERSION}); {RETRAIN}")
+    boosters = manifest["boosters"]
+    if not isinstance(boosters, dict):
+        raise IncompatibleModel(f"{where}: 'boosters' must map a target to its booster files; {RETRAIN}")
+    unknown = sorted(set(groups) - set(boosters))
+    if unknown:
+        raise IncompatibleModel(f"{where}: kind groups for target(s) {', '.join(unknown)} without boosters; {RETRAIN}")
+    for target, routes in boosters.items():
+        if not isinstance(routes, dict) or not routes:
+            raise IncompatibleModel(f"{where}: boosters of '{target}' must map each mode to its file(s); {RETRAIN}")
+        if target not in groups:
+            bad = sorted(m for m, v in routes.items() if not isinstance(v, str))
+            if bad:
+                raise IncompatibleModel(f"{where}: boosters of '{target}' in mode(s) {', '.join(bad)} are not one "
+                                        f"file each, and '{target}' has no kind groups; {RETRAIN}")
+            continue
+        try:
+            kg = KindGroups(groups[target], manifest["feature_names"])
+        except ValueError as exc:
+            raise IncompatibleModel(f"{where}: the kind groups of '{target}' are malformed ({exc}); {RETRAIN}"
+                                    ) from exc
+        for mode, v in routes.items():
+            if not isinstance(v, dict) or set(v) != set(kg.names) or not all(isinstance(n, str) for n in v.values()):
+                raise IncompatibleModel(f"{where}: boosters of '{target}' in mode '{mode}' must name one file for "
+                                        f"each kind group ({', '.join(kg.names)}), not {v!r}; {RETRAIN}")
+
+
 def load_boosters(manifest: dict[str, Any], model_dir: Path | str, nthread: int | None = None
                   ) -> dict[str, dict[str, Any]]:
-    """{target: {mode: XGBModel}}; a booster shared by two modes is loaded once."""
-    from gpurec.model.regressors import XGBModel
+    """{target: {mode: XGBModel}}, or {mode: KindRouter} for a target with kind groups (each row
+    to its group's booster); a booster shared by two modes or groups is loaded once."""
+    from gpurec.model.regressors import KindGroups, KindRouter, XGBModel
 
     model_dir = Path(model_dir)
     loaded: dict[str, Any] = {}
+
+    def booster(name: str) -> Any:
+        if name not in loaded:
+            m = XGBModel.load(model_dir / name, nthread=nthread)
+            if m.booster.num_features() != len(manifest["feature_names"]):
+                raise IncompatibleModel(f"booster {name} has {m.booster.num_features()} features, the manifest "
+                                        f"{len(manifest['feature_names'])}")
+            loaded[name] = m
+        return loaded[name]
+
+    groups = manifest.get(KIND_GROUPS_KEY) or {}
     out: dict[str, dict[str, Any]] = {}
     for target, routes in manifest["boosters"].items():
-        out[target] = {}
-        for mode, name in routes.items():
-            if name not in loaded:
-                m = XGBModel.load(model_dir / name, nthread=nthread)
-                if m.booster.num_features() != len(manifest["feature_names"]):
-                    raise IncompatibleModel(f"booster {name} has {m.booster.num_features()} features, the manifest "
-                                            f"{len(manifest['feature_names'])}")
-                loaded[name] = m
-            out[target][mode] = loaded[name]
+        kg = KindGroups(groups[target], manifest["feature_names"]) if target in groups else None
+        out[target] = {mode: booster(v) if kg is None else KindRouter(kg, {g: booster(n) for g, n in v.items()})
+                       for mode, v in routes.items()}
     return out

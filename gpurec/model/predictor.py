@@ -71,6 +71,7 @@ from gpurec.model.network import (
 )
 from gpurec.model.persist import check_manifest, default_model_dir, load_boosters, read_manifest
 from gpurec.model.recurrent import RecurrentHost, RecurrentPower, RecurrentTime
+from gpurec.model.regressors import KindRouter
 from gpurec.model.rowmemo import RowMemo
 from gpurec.model.timeline import bound_of, simulate
 from gpurec.ops.coverage import warn_if_low, warn_unmeasured_precision
@@ -755,7 +756,8 @@ class Predictor:
         return out
 
     def _time_log_ms(self, feats: Any, mode: str) -> np.ndarray:
-        """log GPU time (ms) per feature row: the time booster, recurrent layers by their own model."""
+        """log GPU time (ms) per feature row: the time booster (the mode's booster of each row's kind
+        group, where the model has kind groups), recurrent layers by their own model."""
         X = masked(feats.X, self._masks["time"])
         log_t = self._boosters["time"][mode].predict(X, feats.margin_time)
         return log_t if self.recurrent is None else self.recurrent.apply(log_t, X, mode)
@@ -865,10 +867,35 @@ def _collector_paused() -> Iterator[Any]:
             gc.enable()
 
 
-def _memoised(boosters: dict[str, dict[str, Any]]) -> dict[str, dict[str, RowMemo]]:
-    """{target: {mode: RowMemo}}, one RowMemo per distinct booster object."""
+class _GroupMemo(KindRouter):
+    """A KindRouter (one mode's boosters by kind group) over RowMemos: rows are routed by their
+    kind columns with numpy masks once per call, and each group's booster remembers its rows.
+    ``model`` is the router over the boosters themselves (no memo)."""
+
+    def __init__(self, router: KindRouter, wrap: Any) -> None:
+        super().__init__(router.groups, {g: wrap(b) for g, b in router.models.items()})
+        self.model = router
+
+    def _memos(self) -> list[RowMemo]:
+        return list({id(m): m for m in self.models.values()}.values())
+
+    def clear(self) -> None:
+        for m in self._memos():
+            m.clear()
+
+    def __len__(self) -> int:
+        return sum(len(m) for m in self._memos())
+
+
+def _memoised(boosters: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{target: {mode: RowMemo}}, one RowMemo per distinct booster object; a mode's kind-group
+    router (gpurec.model.regressors.KindRouter) becomes one over its boosters' RowMemos."""
     wrapped: dict[int, RowMemo] = {}
-    return {target: {mode: wrapped.setdefault(id(b), RowMemo(b)) for mode, b in routes.items()}
+
+    def wrap(b: Any) -> RowMemo:
+        return wrapped.setdefault(id(b), RowMemo(b))
+
+    return {target: {mode: _GroupMemo(b, wrap) if isinstance(b, KindRouter) else wrap(b) for mode, b in routes.items()}
             for target, routes in boosters.items()}
 
 

@@ -5,7 +5,9 @@ What is learnt, per operation:
 * GPU time and GPU power, on host-free targets where the data has them (gpurec.model.fitting.data
   says which; eager targets for data without host-free rows), one booster per mode, on log targets:
   times span five orders of magnitude and what matters is relative error; power is bounded
-  between idle and TDP. GPU energy = power x time, so the three never disagree.
+  between idle and TDP. GPU energy = power x time, so the three never disagree.  Time has one
+  booster per mode and kind group (gpurec.model.config.TIME_KIND_GROUPS: convolutions and batch
+  norm, and the rest; ``TrainConfig.time_kind_groups=False`` for one per mode).
 * Host dispatch on the reference host (gpurec.model.host_model), from ``host_ms`` rows.
 
 Per network: the whole-network correction of the GPU time and power (fitted on out-of-fold

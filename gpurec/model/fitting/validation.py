@@ -14,7 +14,7 @@ import numpy as np
 
 from gpurec.catalog import resolve_gpu
 from gpurec.model._sets import MODES, dataset_arch_names
-from gpurec.model.config import TrainConfig
+from gpurec.model.config import TIME_KIND_GROUPS, TrainConfig
 from gpurec.model.features import MeasuredLookup, monotone_constraints
 from gpurec.model.fitting.data import Prepared
 from gpurec.model.fitting.evaluate import arch_of, breakdown, family, grouped_folds
@@ -40,8 +40,17 @@ from gpurec.model.regressors import ForestModel, RooflineLinearModel, Routed, XG
 GPU_TARGETS = ("time", "power")
 
 
+def kind_groups_for(target: str, cfg: TrainConfig) -> dict[str, tuple[str, ...]] | None:
+    """The kind groups a target's models are fitted per (gpurec.model.regressors.Routed): the time
+    target's TIME_KIND_GROUPS unless ``cfg.time_kind_groups`` is off; None (one model per mode)
+    for every other target."""
+    return dict(TIME_KIND_GROUPS) if target == "time" and cfg.time_kind_groups else None
+
+
 class Suite:
-    """Model factories for XGBoost and the baselines, with the tuned parameters."""
+    """Model factories for XGBoost and the baselines, with the tuned parameters.  Every fit of the
+    GPU targets (final models and every validation scheme) goes through :meth:`fit`, so the
+    cross-validated numbers describe the shipped design (kind groups included)."""
 
     def __init__(self, cfg: TrainConfig, params: dict[str, dict[str, Any]], rounds: dict[str, int],
                  names: list[str]) -> None:
@@ -64,7 +73,7 @@ class Suite:
             else:
                 def factory() -> Any:
                     return RooflineLinearModel()
-            out[target] = Routed(factory, cfg.min_rows_per_mode).fit(
+            out[target] = Routed(factory, cfg.min_rows_per_mode, kind_groups_for(target, cfg)).fit(
                 p.X[target][rows], p.y[target][rows], p.margin[target][rows], p.modes[rows], feature_names=self.names)
         # cuDNN recurrent layers take the sequential-chain model fitted on these rows only, so
         # out-of-fold sums never see the held-out architectures' recurrent rows
