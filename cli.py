@@ -658,12 +658,15 @@ def train_crossgpu(
                                   help="also leave each GPU out and write crossgpu_report.json (minutes)"),
     tiles: bool = typer.Option(False, "--tiles/--no-tiles",
                                help="tile structure for matmul-like GEMMs and spec-dependent efficiencies (experimental)"),
+    residual: bool = typer.Option(True, "--residual/--no-residual",
+                                  help="a boosted-tree residual over the roofline (monotone through the lower "
+                                       "envelope over the catalogue)"),
 ) -> None:
     """Fit the cross-GPU operation time model (OUT/crossgpu.json) on every GPU with data."""
     from gpurec.model.fitting.crossgpu_fit import fit_and_save
 
     model = _guard(fit_and_save, data, out, str(cache) if cache is not None else None, validate,
-                   log=lambda msg: typer.echo(msg, err=True), tiles=tiles)
+                   log=lambda msg: typer.echo(msg, err=True), tiles=tiles, residual=residual)
     _print_json(model.info)
 
 

@@ -841,3 +841,63 @@ def test_report_shows_the_anchored_table_and_says_it_does_not_count_towards_the_
     text = "\n".join(_anchored_section(rows))
     assert "| H200 | H100 | yes | 10 | 6.6% | 4.0% | 55.0% | matmul 5% |" in text
     assert "H200 from H100 6.6%" in text and "not counted towards it" in text
+
+
+def _residual_favouring_small_gpus(model: CrossGPUModel, ops) -> CrossGPUModel:
+    """``model`` with a residual booster that makes an operation faster the more tiles each SM gets
+    (so the fewer SMs a GPU has): the kind of non-monotone residual the lower envelope must mend."""
+    import xgboost as xgb
+
+    from gpurec.model.crossgpu import RESIDUAL_FEATURES, residual_features
+
+    specs = np.stack([spec_row(s) for s in load_catalog()])
+    x = np.concatenate([residual_features(ops, np.broadcast_to(r, (len(ops), len(GPU_COLUMNS)))) for r in specs])
+    y = -1.5 * x[:, RESIDUAL_FEATURES.index("tiles_per_sm")]
+    booster = xgb.train({"max_depth": 4, "eta": 0.3, "nthread": 1, "seed": 0},
+                        xgb.DMatrix(x, y, feature_names=list(RESIDUAL_FEATURES)), 30)
+    model.residual = booster
+    return model
+
+
+def test_a_residual_that_favours_weaker_gpus_is_mended_by_the_lower_envelope() -> None:
+    ops = _random_ops(1500, seed=11)
+    model = _residual_favouring_small_gpus(_random_model(4), ops)
+    pairs = _dominating_pairs()
+    raw = {g: model.predict_ms_rows(ops, np.broadcast_to(spec_row(g), (len(ops), len(GPU_COLUMNS))))
+           for g in {x for p in pairs for x in p}}
+    # the residual alone breaks monotonicity on some catalogue pair ...
+    assert any((raw[better] > raw[worse] * (1 + 1e-9)).any() for worse, better in pairs)
+    # ... and predict_ms, the envelope, never puts a dominating GPU behind
+    pred = {g: model.predict_ms(ops, g) for g in raw}
+    for worse, better in pairs:
+        assert not (pred[better] > pred[worse] * (1 + 1e-9)).any(), f"{better} slower than {worse}"
+    # a GPU that dominates no other catalogue GPU keeps its own prediction
+    p4 = spec_row("Tesla P4")
+    assert np.allclose(model.predict_ms(ops, p4), model.predict_ms_rows(ops, np.broadcast_to(p4, (len(ops), len(GPU_COLUMNS)))))
+
+
+def test_residual_survives_the_model_file_and_a_damaged_or_foreign_one_is_refused() -> None:
+    ops = _random_ops(400, seed=12)
+    model = _residual_favouring_small_gpus(_random_model(5), ops)
+    d = json.loads(json.dumps(model.to_dict()))
+    again = CrossGPUModel.from_dict(d)
+    for g in ("Tesla T4", "NVIDIA H200", "NVIDIA A100-SXM4-80GB"):
+        assert np.allclose(again.predict_ms(ops, g), model.predict_ms(ops, g), rtol=1e-6)
+    assert not np.allclose(again.predict_ms(ops, "Tesla T4"),
+                           CrossGPUModel.from_dict({**d, "residual_ubj_base64": None}).predict_ms(ops, "Tesla T4"))
+    with pytest.raises(CrossGPUModelError, match="other features"):
+        CrossGPUModel.from_dict({**d, "residual_features": ["group", "log_flops"]})
+    with pytest.raises(CrossGPUModelError, match="does not load"):
+        CrossGPUModel.from_dict({**d, "residual_ubj_base64": d["residual_ubj_base64"][:200]})
+
+
+def test_one_compute_die_shares_the_residual() -> None:
+    """The residual never reads the memory bandwidth, so the H200/H100 ratio stays the roofline's."""
+    from gpurec.model.crossgpu import residual_features
+
+    ops = _random_ops(500, seed=13)
+    h100, h200 = (np.broadcast_to(spec_row(g), (len(ops), len(GPU_COLUMNS))) for g in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"))
+    a, b = residual_features(ops, h100), residual_features(ops, h200)
+    assert np.array_equal(np.nan_to_num(a, nan=-9), np.nan_to_num(b, nan=-9))
+    model = _residual_favouring_small_gpus(_random_model(6), ops)
+    assert np.allclose(model.residual_log(ops, h100), model.residual_log(ops, h200))

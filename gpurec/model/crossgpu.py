@@ -41,11 +41,24 @@ times non-negative efficiencies), bandwidth, L2 (non-decreasing ``u_m``) and the
 is taken as the best quantisation over any count up to the GPU's, which never increases with
 more SMs; the on-chip term falls with more SMs and a higher clock). So a GPU that is not worse in any of these never gets a longer time.
 
-Prediction is numpy only; fitting lives in gpurec.model.fitting.crossgpu_fit (torch autograd).
+**A learnt residual on top (schema 4).** The roofline's efficiencies are smooth functions of a few
+operation features, and within one GPU the measured times scatter about them by 15-25% (a GEMM's
+tile and wave fit, cuDNN's algorithm).  A boosted-tree residual (``residual``: XGBoost, saved inside
+the model file) multiplies the roofline time by exp(r), with r learnt on every GPU's log residual
+from the operation's own features and three that relate it to the GPU's die alone: output tiles per
+SM, the last wave's fill and bytes over L2 (RESIDUAL_FEATURES).  Memory bandwidth never enters it,
+so two GPUs of one compute die (the H100 and the H200) get the same r and the roofline's ratio.
+It is not monotone in the specifications (the last wave's fill is not), so a model with a residual
+predicts a GPU's time as the least over it and every catalogue GPU it is no better than in any
+specification (``predict_ms``, the lower envelope): monotone over the catalogue by construction.
+
+Prediction is numpy only (and xgboost for the residual); fitting lives in
+gpurec.model.fitting.crossgpu_fit (torch autograd).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,8 +71,8 @@ from gpurec.catalog import GPUSpec, resolve_gpu
 from gpurec.model.features import KIND_GROUPS, OpBlock, kind_group
 from gpurec.model.network import is_recurrent
 
-CROSSGPU_SCHEMA = 3
-_READABLE_SCHEMAS = (2, 3)  # 2: the single-tile wave factor (no tile efficiencies)
+CROSSGPU_SCHEMA = 4
+_READABLE_SCHEMAS = (2, 3, 4)  # 2: the single-tile wave factor (no tile efficiencies); 3: no residual
 CROSSGPU_FILE = "crossgpu.json"
 GEMM_GROUPS = ("conv", "matmul", "attention")
 GEMM_TILE = 128 * 128
@@ -289,6 +302,61 @@ def gemm_tile_work(raw: np.ndarray) -> np.ndarray:
     return out
 
 
+# The residual's features: the operation's own (kind group, mode, math, sizes, GEMM shape) and three
+# that relate it to the GPU's compute die (tiles per SM, the last wave's fill, bytes over L2); never
+# the memory bandwidth, so GPUs of one die share the residual.
+RESIDUAL_FEATURES = ("group", "gemm", "tensor_mode", "training", "log_flops", "log_bytes", "log_out", "log_intensity",
+                     "log_m", "log_n", "log_k", "log_batch", "bytes_over_l2", "tiles_per_sm", "wave_fill")
+RESIDUAL_TILE = 128  # output tile (rows x columns) of a GEMM; other operations: blocks of 512 elements
+RESIDUAL_BLOCK_ELEMENTS = 512
+RESIDUAL_CLIP = 3.0  # |log residual| at most this (a factor of 20): trees never extrapolate further
+
+
+def residual_features(ops: OpTable, specs: np.ndarray) -> np.ndarray:
+    """(n, len(RESIDUAL_FEATURES)) features of operation i on the GPU of spec row i."""
+    f, b, o, gemm, tm, nn, nb = (ops.raw[:, OP_COLUMNS.index(c)] for c in OP_COLUMNS)
+    l2, sms = specs[:, GPU_COLUMNS.index("l2_cache_mb")], specs[:, GPU_COLUMNS.index("sm_count")]
+    group = np.argmax(group_onehot(ops.design), axis=1).astype(np.float64)
+    training = ops.design[:, len(KIND_GROUPS) * len(_PER_GROUP)]
+    log = lambda v: np.log10(np.maximum(v, 1e-30))  # noqa: E731
+    is_gemm = gemm > 0
+    m_rows = o / np.maximum(nb * nn, 1.0)
+    t = RESIDUAL_TILE
+    tiles = np.where(gemm == 1, nb * np.ceil(m_rows / t - 1e-9) * np.ceil(nn / t - 1e-9), np.ceil(o / RESIDUAL_BLOCK_ELEMENTS))
+    tiles = np.maximum(tiles, 1.0)
+    waves = np.ceil(tiles / sms - 1e-9)
+    return np.column_stack([
+        group, gemm, tm, training, log(f + 1.0), log(b), log(o), log((f + 1.0) / b),
+        np.where(is_gemm, log(m_rows), np.nan), np.where(is_gemm, log(nn), np.nan),
+        np.where(f > 0, log(f / (2.0 * o) + 1.0), np.nan), log(nb),
+        log(b / (l2 * 2**20)), log(tiles / sms), tiles / (sms * waves)])
+
+
+def _booster_to_text(booster: Any) -> str:
+    import base64
+
+    return base64.b64encode(bytes(booster.save_raw("ubj"))).decode("ascii")
+
+
+def _booster_from_text(text: str) -> Any:
+    import base64
+
+    import xgboost as xgb
+
+    booster = xgb.Booster()
+    booster.load_model(bytearray(base64.b64decode(text)))
+    booster.set_param({"nthread": 1})
+    return booster
+
+
+@functools.lru_cache(maxsize=1)
+def _catalogue_rows() -> np.ndarray:
+    """Spec rows of every catalogue GPU, for the lower envelope (CrossGPUModel.predict_ms)."""
+    from gpurec.catalog import load_catalog
+
+    return np.stack([spec_row(s) for s in load_catalog()])
+
+
 @dataclass
 class CrossGPUModel:
     """Fitted parameters (see the module docstring); ``info`` records how and on what it was fitted."""
@@ -317,6 +385,8 @@ class CrossGPUModel:
     # The same per memory type (the catalogue's memory_type: HBM3, HBM3e, ...), where the network pairs
     # tell the types apart; a type not in it takes memory_energy_pj_per_byte.  None: one value for all.
     memory_energy_by_type_pj_per_byte: dict[str, float] | None = None
+    # An xgboost Booster of the log residual over the roofline (RESIDUAL_FEATURES); None: none.
+    residual: Any = None
 
     def memory_energy_pj_per_byte_for(self, gpu: str | GPUSpec) -> float | None:
         """DRAM energy per byte moved on ``gpu``: its memory type's where fitted, else the shared value."""
@@ -326,9 +396,27 @@ class CrossGPUModel:
         return (self.memory_energy_by_type_pj_per_byte or {}).get(kind, self.memory_energy_pj_per_byte)
 
     def predict_ms(self, ops: OpTable, gpu: str | GPUSpec | np.ndarray) -> np.ndarray:
-        """GPU time (ms) of each operation on one GPU (a name, a spec, or its spec_row)."""
-        spec = gpu if isinstance(gpu, np.ndarray) else spec_row(gpu)
-        return self.predict_ms_rows(ops, np.broadcast_to(spec, (len(ops), len(GPU_COLUMNS))))
+        """GPU time (ms) of each operation on one GPU (a name, a spec, or its spec_row).  With a
+        residual, the least over this GPU and every catalogue GPU it is no better than in any
+        specification (the lower envelope; module docstring)."""
+        spec = np.asarray(gpu if isinstance(gpu, np.ndarray) else spec_row(gpu), dtype=np.float64)
+        n = len(ops)
+        if self.residual is None or n == 0:
+            return self.predict_ms_rows(ops, np.broadcast_to(spec, (n, len(GPU_COLUMNS))))
+        cat = _catalogue_rows()
+        below = cat[np.all(cat <= spec, axis=1) & ~np.all(cat == spec, axis=1)]
+        rows = np.concatenate([spec[None, :], below])  # this GPU first, then those it dominates
+        every = self.predict_ms_rows(ops.take(np.tile(np.arange(n), len(rows))), np.repeat(rows, n, axis=0))
+        return every.reshape(len(rows), n).min(axis=0)
+
+    def residual_log(self, ops: OpTable, specs: np.ndarray) -> np.ndarray:
+        """The residual's log factor of operation i on the GPU of spec row i (0 without one)."""
+        if self.residual is None or len(ops) == 0:
+            return np.zeros(len(ops))
+        import xgboost as xgb
+
+        x = xgb.DMatrix(residual_features(ops, specs), feature_names=list(RESIDUAL_FEATURES))
+        return np.clip(self.residual.predict(x), -RESIDUAL_CLIP, RESIDUAL_CLIP)
 
     def predict_ms_rows(self, ops: OpTable, specs: np.ndarray, waves: np.ndarray | None = None,
                         tiles: np.ndarray | None = None) -> np.ndarray:
@@ -373,7 +461,7 @@ class CrossGPUModel:
         roof = roof * waves ** self.wave_exponent
         if len(tiled):
             roof[tiled] = tiled_ms  # matmul-like GEMMs: the tiled roofline instead
-        return roof + self.c0_ms
+        return (roof + self.c0_ms) * np.exp(self.residual_log(ops, specs))
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": CROSSGPU_SCHEMA, "design": design_names(), "gpu_columns": list(GPU_COLUMNS),
@@ -386,7 +474,9 @@ class CrossGPUModel:
                 "tile_efficiency": None if self.tile_efficiency is None else self.tile_efficiency.tolist(),
                 "gemm_tiles": [list(t) for t in GEMM_TILES],
                 "spec_terms": list(SPEC_TERMS),
-                "spec_weights": None if self.spec_weights is None else self.spec_weights.tolist()}
+                "spec_weights": None if self.spec_weights is None else self.spec_weights.tolist(),
+                "residual_features": list(RESIDUAL_FEATURES) if self.residual is not None else None,
+                "residual_ubj_base64": None if self.residual is None else _booster_to_text(self.residual)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CrossGPUModel:
@@ -420,6 +510,16 @@ class CrossGPUModel:
                 isinstance(v, int | float) and np.isfinite(v) and v >= 0 for v in by_type.values())):
             raise CrossGPUModelError("the cross-GPU model's memory energy per memory type is not a table of "
                                      "non-negative numbers beside a shared value; refit it with `gpurec train-crossgpu`")
+        residual = d.get("residual_ubj_base64")
+        if residual is not None and d.get("residual_features") != list(RESIDUAL_FEATURES):
+            raise CrossGPUModelError("the cross-GPU model's residual was fitted on other features than this code "
+                                     "computes; refit it with `gpurec train-crossgpu`")
+        if residual is not None:
+            try:
+                residual = _booster_from_text(residual)
+            except Exception as e:  # a damaged or truncated booster
+                raise CrossGPUModelError(f"the cross-GPU model's residual booster does not load ({e}); refit it "
+                                         "with `gpurec train-crossgpu`") from e
         return cls(np.asarray(d["theta_ff"], dtype=np.float64), np.asarray(d["theta_tc"], dtype=np.float64),
                    np.asarray(d["theta_m"], dtype=np.float64), np.asarray(d["theta_s"], dtype=np.float64),
                    np.asarray(d["theta_p"], dtype=np.float64), np.asarray(d["theta_k"], dtype=np.float64),
@@ -428,7 +528,7 @@ class CrossGPUModel:
                    float(d["wave_exponent"]), float(d["c0_ms"]), dict(d.get("info", {})),
                    None if energy is None else float(energy),
                    None if tile_eff is None else np.asarray(tile_eff, dtype=np.float64), sw,
-                   None if by_type is None else {str(k): float(v) for k, v in by_type.items()})
+                   None if by_type is None else {str(k): float(v) for k, v in by_type.items()}, residual)
 
 
 def _with_gemm_shape_columns(d: dict[str, Any]) -> dict[str, Any]:

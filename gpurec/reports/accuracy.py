@@ -764,6 +764,20 @@ def _card_text(t: dict[str, Any], cards: list[dict[str, Any]] | None) -> list[st
     return L + [""] if L else []
 
 
+def _residual_text(info: dict[str, Any]) -> str:
+    """The fitted model's boosted-tree residual, as words (empty for a model fitted without one)."""
+    res = info.get("residual")
+    if not res:
+        return ""
+    return (f" On top of the roofline, a boosted-tree residual ({res.get('rounds')} trees of depth "
+            f"{res.get('params', {}).get('max_depth')}, fitted on every GPU's log residual with the same weights) "
+            "multiplies each operation's time by a learnt factor, from the operation's own features and three that "
+            "relate it to the GPU's compute die (output tiles per SM, the last wave's fill, bytes over L2; never "
+            "the memory bandwidth, so an H100 and an H200 share it and their ratio stays the roofline's). The "
+            "residual is not monotone in the specifications, so a GPU's time is the least over it and every "
+            "catalogue GPU it is no better than in any specification (the lower envelope).")
+
+
 def _tile_text(info: dict[str, Any]) -> str:
     """The tile structure and specification-dependent efficiencies of the fitted model, as words
     (empty for a model fitted without them)."""
@@ -947,7 +961,8 @@ def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, 
           "by a soft maximum whose sharpness (how far compute and memory overlap) is learnt per operation, with "
           "a power-headroom factor, wave quantisation and efficiencies bounded in (0, 1) learnt from the "
           "operation's features only, per group of the work an operation does (autocast's dtype casts with the "
-          "elementwise operations, embedding lookups with data movement: `physical_group`)." + _tile_text(info) + " It is monotone by construction: a GPU no worse in any "
+          "elementwise operations, embedding lookups with data movement: `physical_group`)." + _tile_text(info)
+          + _residual_text(info) + " It is monotone by construction: a GPU no worse in any "
           "specification (FP32 and tensor-core peaks, bandwidth, L2, SMs, clock, board power) is never predicted slower "
           "(tested over every such catalogue pair, `tests/test_crossgpu.py`).", "",
           "Fitted by `gpurec train-crossgpu` on the rows with data: " + ", ".join(
