@@ -1124,7 +1124,9 @@ def tools_plan(out: Path = typer.Option(None, "--out",
                preset: str = typer.Option(None, "--preset", help="a plan of several precisions: "
                                           "'precision' (the round's precision collection), "
                                           "'precision-networks' (bf16-mixed networks only, unseen test "
-                                          "architectures first)")) -> None:
+                                          "architectures first), 'bf16-mixed-operations', 'seq-bf16-mixed' "
+                                          "(the sequence models at bf16-mixed: held-out networks, then the "
+                                          "training sets' operations and networks)")) -> None:
     """Write the collection plan (work order) with the local torch."""
     from gpurec.tools.plan import (
         DEFAULT_PLAN,

@@ -689,3 +689,32 @@ def test_the_bf16_mixed_operations_preset_holds_the_precision_plans_bf16_mixed_o
     assert not {w.key.split(":")[0] for w in ops} & set(TEST_ARCHS)
     full = build_parts_plan(PRESETS["precision"](), extract=_fake_extract)
     assert [w.id for w in ops] == [w.id for w in full if w.item != "network" and w.precision == "bf16-mixed"]
+
+
+def test_the_seq_bf16_mixed_preset_measures_sequence_sets_with_the_held_out_architectures_networks_only() -> None:
+    """Sequence sets (token shapes, not image batches) at bf16-mixed: every held-out sequence
+    architecture's networks at its test shapes first, operations of the training architectures
+    alone, and each training set's networks."""
+    from gpurec.sets import (
+        SEQ_DATASET_ARCHS,
+        SEQ_SHAPES,
+        SEQ_TEST_ARCHS,
+        SEQ_TEST_SHAPES,
+        sequence_input_sets,
+    )
+    from gpurec.tools.plan import PRESETS, held_out_first
+
+    def extract(arch: str, shape: tuple[int, ...], mode: str, precision: str = "fp32") -> list:
+        return [SimpleNamespace(signature=f"{arch}-{shape}-{k}", kind=k, precision=precision)
+                for k in ("Linear", "softmax")]
+
+    items = held_out_first(build_parts_plan(PRESETS["seq-bf16-mixed"](), extract=extract), SEQ_TEST_ARCHS)
+    assert {w.precision for w in items} == {"bf16-mixed"}
+    nets = [w for w in items if w.item == "network"]
+    test_keys = {s.key for s in sequence_input_sets(SEQ_TEST_ARCHS, SEQ_TEST_SHAPES)}
+    train_keys = {s.key for s in sequence_input_sets(SEQ_DATASET_ARCHS, SEQ_SHAPES)}
+    assert {w.key for w in nets[:2 * len(test_keys)]} == test_keys
+    assert {w.key for w in nets[2 * len(test_keys):]} == train_keys
+    ops = [w for w in items if w.item != "network"]
+    assert {w.set_key for w in ops} == train_keys  # ":s" keys: sequence sets, not image batches
+    assert all(":s" in w.set_key for w in ops) and not {w.set_key.split(":")[0] for w in ops} & set(SEQ_TEST_ARCHS)

@@ -41,7 +41,9 @@ def write_main_plan(out: Path | str = DEFAULT_PLAN, precision: str = "fp32") -> 
 
 @dataclass(frozen=True)
 class PlanPart:
-    """One precision's share of a plan: which sets, in which modes, networks and/or operations."""
+    """One precision's share of a plan: which sets, in which modes, networks and/or operations.
+    With ``seq_shapes`` (gpurec.sets.SEQ_SHAPES-like: family -> (batches, lengths)) the
+    architectures are sequence models and ``batch_sizes`` is ignored."""
 
     precision: str
     archs: Sequence[str]
@@ -49,6 +51,14 @@ class PlanPart:
     networks: bool = True
     operations: bool = True
     modes: Sequence[str] = ("inference", "training")
+    seq_shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None
+
+    def input_sets(self) -> list[Any]:
+        from gpurec.collect.plan import model_input_sets, sequence_input_sets
+
+        if self.seq_shapes is not None:
+            return sequence_input_sets(self.archs, self.seq_shapes)
+        return model_input_sets(self.archs, self.batch_sizes)
 
 
 def _issue21_parts() -> list[PlanPart]:
@@ -88,9 +98,20 @@ def _bf16_mixed_operations_parts() -> list[PlanPart]:
     return [PlanPart("bf16-mixed", DATASET_ARCHS, DATASET_BATCH_SIZES, networks=False)]
 
 
+def _seq_bf16_mixed_parts() -> list[PlanPart]:
+    """The sequence models at bf16-mixed, the precision Hopper users run transformers and LSTMs
+    at: networks of the held-out sequence architectures (judged on them), then of the training
+    ones, and operations of the training sets only (the held-out architectures stay unseen)."""
+    from gpurec.sets import SEQ_DATASET_ARCHS, SEQ_SHAPES, SEQ_TEST_ARCHS, SEQ_TEST_SHAPES
+
+    return [PlanPart("bf16-mixed", SEQ_TEST_ARCHS, (), operations=False, seq_shapes=SEQ_TEST_SHAPES),
+            PlanPart("bf16-mixed", SEQ_DATASET_ARCHS, (), seq_shapes=SEQ_SHAPES)]
+
+
 PRESETS: dict[str, Callable[[], list[PlanPart]]] = {"precision": _issue21_parts,
                                                     "precision-networks": _precision_networks_parts,
-                                                    "bf16-mixed-operations": _bf16_mixed_operations_parts}
+                                                    "bf16-mixed-operations": _bf16_mixed_operations_parts,
+                                                    "seq-bf16-mixed": _seq_bf16_mixed_parts}
 
 
 def build_parts_plan(parts: Sequence[PlanPart], extract: Any = None,
@@ -98,12 +119,12 @@ def build_parts_plan(parts: Sequence[PlanPart], extract: Any = None,
     """One plan of several precisions: every part's networks first (in part order), then the
     operations of the parts round-robin, so a run stopped anywhere holds some of each (the
     writer then puts held-out networks first and training networks last: held_out_first)."""
-    from gpurec.collect.plan import _round_robin, build_plan, model_input_sets
+    from gpurec.collect.plan import _round_robin, build_plan
 
     networks: list[Any] = []
     operations: list[list[Any]] = []
     for part in parts:
-        sets = model_input_sets(part.archs, part.batch_sizes)
+        sets = part.input_sets()
         if part.networks:
             networks += build_plan(sets, part.modes, networks=True, operations=False, precision=part.precision)
         if part.operations:
