@@ -427,3 +427,61 @@ def test_power_of_a_bidirectional_stack_grows_with_the_chains_in_flight_not_all_
     unseen = np.column_stack([_rows([("GRU", 8, 384, 384, 2, 2)]), [700.0]])
     assert np.exp(model.apply(np.zeros(1), unseen, "inference")) == pytest.approx(700.0 * share(unseen, names),
                                                                                 rel=1e-4)
+
+
+def _half(X: np.ndarray) -> np.ndarray:
+    """The same layers with fp16 elements (autocast runs cuDNN's recurrent layers in fp16)."""
+    out = X.copy()
+    out[:, NAMES.index("element_bytes")] = 2.0
+    return out
+
+
+def test_half_precision_layers_take_the_fp32_chain_times_a_fitted_factor() -> None:
+    """fp32 rows fix the chain; half-precision rows of three architectures, 0.6x as long, fit one
+    factor per mode that carries to an unseen half-precision layer (deeper, longer, wider); with
+    too few half-precision architectures there is none and the boosters' value stays."""
+    specs = _training_grid()
+    X = _rows(specs)
+    groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in specs]
+    Xh = _half(X[:24])  # the first three architectures
+    model, report = fit_recurrent(np.vstack([X, Xh]), np.log(np.concatenate([_true_ms(X), 0.6 * _true_ms(X[:24])])),
+                                  np.full(len(X) + 24, "inference"), groups + groups[:24], NAMES)
+    assert model is not None
+    half = model.fits["inference"].half
+    assert half is not None and half.log_factor == pytest.approx(np.log(0.6), abs=1e-4) and half.rows == 24
+    assert half.loao_mape < 1e-4 and report["chosen"]["inference"]["half"]["rows"] == 24
+    assert model.fits["inference"].loao_mape < 1e-4  # the fp32 form is fitted on fp32 rows alone
+    unseen = _rows([("LSTM", 8, 384, 768, 3, 1), ("GRU", 64, 384, 384, 2, 2)])
+    got = np.exp(model.apply(np.zeros(2), _half(unseen), "inference"))
+    assert got == pytest.approx(0.6 * _true_ms(unseen), rel=1e-4)
+    again = RecurrentTime.from_dict(model.as_dict(), NAMES)
+    assert again is not None and again.fits["inference"].half == half
+    replaced, _ = model.coverage(_half(unseen), NAMES, np.array(["LSTM", "GRU"], dtype=object), "inference", 2.0)
+    assert replaced.all()
+
+    few, _ = fit_recurrent(np.vstack([X, Xh[:16]]), np.log(np.concatenate([_true_ms(X), 0.6 * _true_ms(X[:16])])),
+                           np.full(len(X) + 16, "inference"), groups + groups[:16], NAMES)
+    assert few is not None and few.fits["inference"].half is None  # two architectures
+    assert few.apply(np.array([1.5, 2.5]), _half(unseen), "inference") == pytest.approx([1.5, 2.5])
+
+
+def test_half_precision_power_is_the_fp32_share_times_a_fitted_factor() -> None:
+    from gpurec.model.fitting.recurrent_fit import fit_recurrent_power
+    from gpurec.model.recurrent import RecurrentHost
+
+    names = [*NAMES, "hw_tdp_w"]
+    X = np.column_stack([_rows(_training_grid()), np.full(40, 700.0)])
+    Xh = X[:24].copy()
+    Xh[:, NAMES.index("element_bytes")] = 2.0
+    share = 0.2 * recurrent_shape(X, names).batch ** 0.15
+    model, _ = fit_recurrent_power(np.vstack([X, Xh]), np.log(700.0 * np.concatenate([share, 0.8 * share[:24]])),
+                                   np.full(64, "inference"), [str(i // 8) for i in range(40)] + [str(i // 8)
+                                                                                             for i in range(24)],
+                                   names)
+    assert model is not None and model.fits["inference"].half is not None
+    assert model.fits["inference"].half.log_factor == pytest.approx(np.log(0.8), abs=1e-6)
+    got = np.exp(model.apply(np.zeros(24), Xh, "inference"))
+    assert got == pytest.approx(700.0 * 0.8 * share[:24], rel=1e-4)
+    host = RecurrentHost({"inference": {"a_ms": 0.1, "b_ms": 0.01, "kinds": ["LSTM", "GRU"]}}, names)
+    s = recurrent_shape(Xh, names)
+    assert host.apply(np.zeros(24), Xh, "inference") == pytest.approx(0.1 + 0.01 * s.seq_len * s.layers * s.directions)

@@ -374,6 +374,27 @@ def test_sequence_accuracy_scores_the_unseen_sequence_networks_against_their_tar
     assert "| 2 of 2 | met |" in "\n".join(_sequence_section(sequence_accuracy(fixed)))
 
 
+def test_the_precision_section_lists_the_sequence_models_at_that_precision_without_a_verdict() -> None:
+    import pandas as pd
+
+    from gpurec.model.fitting.evaluate import sequence_accuracy
+    from gpurec.reports.accuracy import precision_section
+
+    h200 = "NVIDIA H200"
+    records = pd.DataFrame([{"gpu": h200, "set_key": "lstm_lm_3x768:b8:s96", "mode": "inference",
+                             "measured_gpu_time_ms": 10.0, "pred_gpu_time_ms": 13.0, "measured_gpu_energy_mj": 100.0,
+                             "pred_gpu_energy_mj": 90.0, "measured_time_ms": 20.0, "pred_time_ms": 20.0}])
+    group = {"gpu": h200, "archs": "unseen test", "mode": "inference", "n_time": 1, "n_energy": 1, "time_mape": 30.0,
+             "energy_mape": 10.0, "architectures": ["lstm_lm_3x768"]}
+    p = {"groups": [group], "records": records.iloc[:0], "sequence": sequence_accuracy(records)}
+    doc = "\n".join(precision_section({"targets_pct": {"time": 8, "energy": 10}, "precisions": {"bf16-mixed": p}}))
+    assert "the sequence models at bf16-mixed" in doc and "(lstm_lm_3x768)" in doc
+    assert "| H200 | all | 1 | 30.0% | 10.0% | 0.0% |" in doc and "met |" not in doc.split("sequence models at")[1]
+    p["sequence"] = []
+    assert "sequence models at" not in "\n".join(precision_section({"targets_pct": {"time": 8, "energy": 10},
+                                                                      "precisions": {"bf16-mixed": p}}))
+
+
 def test_targeted_sentence_says_which_gpus_measured_the_targeted_sets() -> None:
     """The per-kind section used to say the targeted sets were 'not measured yet' long after both
     GPUs had measured them: the sentence now follows the rows."""

@@ -26,14 +26,17 @@ predicted 7x too fast).  Trees on roofline features cannot extrapolate a time th
 The form (steps and terms) is chosen per mode by leave-one-architecture-out error on the
 training architectures' recurrent rows only (gpurec.model.fitting.recurrent_fit), and the coefficients
 are refitted on all of them.  Everything is read from the time feature matrix, so the same
-code serves training (out-of-fold network sums) and prediction.  Only fp32/TF32 float32
-operations of the kinds the fit saw are replaced; others keep the boosters' prediction.
+code serves training (out-of-fold network sums) and prediction.  The form is fitted on
+fp32/TF32 float32 layers of the kinds the fit saw.  A half-precision layer (fp16 or bf16
+elements: autocast runs cuDNN's recurrent layers in fp16) is the same chain, each step faster by
+a factor fitted per mode on the half-precision rows (``ModeFit.half_log_factor``); without it
+(too few such rows) the boosters keep predicting it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -63,18 +66,42 @@ class ModeFit:
     # inputs.  Sequence length, layers and directions enter through the chain length, which
     # extrapolates by construction.  None in models fitted before it was recorded.
     ranges: tuple[float, float, float, float] | None = None
+    # Half-precision layers: log(time) = the fp32 form's + this (None: not fitted, the boosters
+    # predict them), with its leave-one-architecture-out error and row count.
+    half: HalfFactor | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = {"layer_share": self.layer_share, "direction_share": self.direction_share, "terms": list(self.terms),
              "coef": list(self.coef), "loao_mape": self.loao_mape, "rows": self.rows, "kinds": list(self.kinds)}
-        return d | ({"ranges": list(self.ranges)} if self.ranges is not None else {})
+        d |= {"ranges": list(self.ranges)} if self.ranges is not None else {}
+        return d | ({"half": self.half.as_dict()} if self.half is not None else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModeFit:
         r = d.get("ranges")
         return cls(float(d["layer_share"]), float(d["direction_share"]), tuple(d["terms"]),
                    tuple(float(c) for c in d["coef"]), float(d["loao_mape"]), int(d["rows"]), tuple(d["kinds"]),
-                   None if r is None else (float(r[0]), float(r[1]), float(r[2]), float(r[3])))
+                   None if r is None else (float(r[0]), float(r[1]), float(r[2]), float(r[3])),
+                   HalfFactor.from_dict(d.get("half")))
+
+
+@dataclass(frozen=True)
+class HalfFactor:
+    """How a half-precision recurrent layer differs from the fp32 form: log(target) = the fp32
+    form's + ``log_factor`` (time: fp16 steps are faster; power: they draw less).  One number per
+    mode, because the half-precision rows are few (a handful of architectures) and the chain
+    structure they share with fp32 is what extrapolates to other lengths, depths and widths."""
+
+    log_factor: float
+    loao_mape: float  # leave-one-architecture-out MAPE of the factor on the half-precision rows
+    rows: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"log_factor": self.log_factor, "loao_mape": self.loao_mape, "rows": self.rows}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> HalfFactor | None:
+        return None if not d else cls(float(d["log_factor"]), float(d["loao_mape"]), int(d["rows"]))
 
 
 @dataclass(frozen=True)
@@ -82,6 +109,7 @@ class RecurrentShape:
     """Per row of a feature matrix: the recurrent layer's structure (NaN-free where ``mask``)."""
 
     mask: np.ndarray  # recurrent kind, float32 element, fp32/TF32 arithmetic, shapes known
+    half: np.ndarray  # recurrent kind, fp16/bf16 element, shapes known
     gates: np.ndarray
     batch: np.ndarray
     seq_len: np.ndarray
@@ -117,10 +145,23 @@ def _shape(cols: dict[str, np.ndarray], gates: np.ndarray) -> RecurrentShape:
     with np.errstate(divide="ignore", invalid="ignore"):
         directions = np.where(hidden > 0, np.rint(cols["out_features"] / hidden), 0.0)
         layers = np.where(directions > 0, np.rint(cols["num_heads"] / np.maximum(directions, 1.0)), 0.0)
-    mask = ((gates > 0) & (cols["batch"] >= 1) & (cols["seq_len"] >= 1) & (hidden >= 1) & (directions >= 1)
-            & (layers >= 1) & (cols["element_bytes"] == 4.0) & (cols["math_mode"] <= 1.0))
-    return RecurrentShape(mask, gates, cols["batch"], cols["seq_len"], hidden, directions, layers,
+    known = ((gates > 0) & (cols["batch"] >= 1) & (cols["seq_len"] >= 1) & (hidden >= 1) & (directions >= 1)
+             & (layers >= 1))
+    mask = known & (cols["element_bytes"] == 4.0) & (cols["math_mode"] <= 1.0)
+    half = known & (cols["element_bytes"] == 2.0)
+    return RecurrentShape(mask, half, gates, cols["batch"], cols["seq_len"], hidden, directions, layers,
                           cols["element_bytes"], cols["mode_training"] > 0.5)
+
+
+def as_fp32(s: RecurrentShape) -> RecurrentShape:
+    """The same layers with float32 elements: the shape the fp32 form is evaluated on for a
+    half-precision layer (its weight bytes as the form's coefficients were fitted)."""
+    return replace(s, element_bytes=np.full(len(s.element_bytes), 4.0))
+
+
+def half_fit_rows(s: RecurrentShape, fit_half: HalfFactor | None) -> np.ndarray:
+    """The rows a fit with (or without) a half-precision factor predicts."""
+    return s.mask | s.half if fit_half is not None else s.mask
 
 
 def chain_steps(s: RecurrentShape, layer_share: float, direction_share: float) -> np.ndarray:
@@ -166,6 +207,11 @@ def log_time_ms(s: RecurrentShape, fit: ModeFit) -> np.ndarray:
     """log(time_ms) of every row under ``fit`` (meaningful where ``s.mask``)."""
     steps = np.maximum(chain_steps(s, fit.layer_share, fit.direction_share), 1.0)
     return np.log(steps) + step_terms(s, fit.terms) @ np.asarray(fit.coef)
+
+
+def log_time_half_ms(s: RecurrentShape, fit: ModeFit) -> np.ndarray:
+    """log(time_ms) of half-precision rows: the fp32 form on their fp32 shape, before the factor."""
+    return log_time_ms(as_fp32(s), fit)
 
 
 
@@ -246,8 +292,9 @@ class RecurrentTime(_RecurrentRows):
         # 256) cuDNN was measured running another regime (fitting.recurrent_fit.MIN_HIDDEN)
         inside = ((s.batch >= b_lo / tolerance) & (s.batch <= b_hi * tolerance)
                   & (s.hidden >= h_lo) & (s.hidden <= h_hi * tolerance))
-        out[rows] = s.mask & inside
-        replaced[rows] = s.mask
+        predicted = half_fit_rows(s, fit.half)
+        out[rows] = predicted & inside
+        replaced[rows] = predicted
         return replaced, out
 
     def apply(self, log_t: np.ndarray, X: np.ndarray, modes: str | np.ndarray) -> np.ndarray:
@@ -262,6 +309,9 @@ class RecurrentTime(_RecurrentRows):
             sel = s.mask & (mode_of == mode)
             if sel.any():
                 out[rows[sel]] = log_time_ms(take_rows(s, sel), fit)
+            sel = s.half & (mode_of == mode)
+            if fit.half is not None and sel.any():
+                out[rows[sel]] = log_time_half_ms(take_rows(s, sel), fit) + fit.half.log_factor
         return out
 
 
@@ -278,15 +328,17 @@ class PowerFit:
     loao_mape: float
     rows: int
     kinds: tuple[str, ...]
+    half: HalfFactor | None = None  # half-precision layers: log(power / TDP) = the fp32 form's + it
 
     def as_dict(self) -> dict[str, Any]:
-        return {"terms": list(self.terms), "coef": list(self.coef), "loao_mape": self.loao_mape, "rows": self.rows,
-                "kinds": list(self.kinds)}
+        d = {"terms": list(self.terms), "coef": list(self.coef), "loao_mape": self.loao_mape, "rows": self.rows,
+             "kinds": list(self.kinds)}
+        return d | ({"half": self.half.as_dict()} if self.half is not None else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PowerFit:
         return cls(tuple(d["terms"]), tuple(float(c) for c in d["coef"]), float(d["loao_mape"]), int(d["rows"]),
-                   tuple(d["kinds"]))
+                   tuple(d["kinds"]), HalfFactor.from_dict(d.get("half")))
 
 
 class RecurrentPower(_RecurrentRows):
@@ -325,6 +377,10 @@ class RecurrentPower(_RecurrentRows):
             sel = s.mask & (mode_of == mode) & (tdp > 0)
             if sel.any():
                 out[rows[sel]] = np.log(tdp[sel]) + step_terms(take_rows(s, sel), fit.terms) @ np.asarray(fit.coef)
+            sel = s.half & (mode_of == mode) & (tdp > 0)
+            if fit.half is not None and sel.any():
+                out[rows[sel]] = (np.log(tdp[sel]) + step_terms(as_fp32(take_rows(s, sel)), fit.terms)
+                                  @ np.asarray(fit.coef) + fit.half.log_factor)
         return out
 
 
@@ -360,5 +416,7 @@ class RecurrentHost(_RecurrentRows):
         rows, s = found
         out = np.array(ms, dtype=np.float64, copy=True)
         steps = chain_steps(s, 1.0, 1.0)
-        out[rows[s.mask]] = float(fit["a_ms"]) + float(fit["b_ms"]) * steps[s.mask]
+        # a half-precision layer enqueues the same kernels per step as an fp32 one
+        sel = s.mask | s.half
+        out[rows[sel]] = float(fit["a_ms"]) + float(fit["b_ms"]) * steps[sel]
         return out

@@ -77,8 +77,9 @@ def fit_into(model_dir: Path | str, data_root: Path | str | None = None, evaluat
 
 
 def evaluate_held_out(model_dir: Path | str, data_root: Path | str | None = None) -> dict[str, Any]:
-    """MAPE of host-free time, host-free energy and eager time on every measured fp32 network
-    row of the held-out sequence architectures, per family and overall."""
+    """MAPE of host-free time, host-free energy and eager time on every measured network row of
+    the held-out sequence architectures, per family ("lstm"; "lstm|bf16-mixed" at another
+    precision) and overall (fp32 rows only, "all"; every precision, "all precisions")."""
     import torch
 
     from gpurec.dataset.load import default_root
@@ -88,20 +89,24 @@ def evaluate_held_out(model_dir: Path | str, data_root: Path | str | None = None
     from gpurec.sets import SEQ_TEST_ARCHS
 
     _, nets, _ = load_tables(data_root if data_root is not None else default_root())
-    nets = nets[(nets["status"] == "ok") & nets["set_key"].map(lambda k: arch_of(str(k)) in SEQ_TEST_ARCHS)
-                & (nets["precision"].map(precision_or_default) == "fp32")]
+    nets = nets[(nets["status"] == "ok") & nets["set_key"].map(lambda k: arch_of(str(k)) in SEQ_TEST_ARCHS)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         p = load_predictor(model_dir, check_data=False)
         errors: dict[str, dict[str, list[float]]] = {}
         for _, r in nets.iterrows():
             arch, b, s = str(r["set_key"]).split(":")
-            e = p.predict(arch, (int(b[1:]), int(s[1:])), mode=str(r["mode"]), gpu=str(r["gpu"]), dtype=torch.long)
-            fam = errors.setdefault(arch.split("_")[0], {"time": [], "energy": [], "eager_time": []})
+            precision = precision_or_default(r["precision"])
+            e = p.predict(arch, (int(b[1:]), int(s[1:])), mode=str(r["mode"]), gpu=str(r["gpu"]), dtype=torch.long,
+                          precision=None if precision == "fp32" else precision)
+            name = arch.split("_")[0] + ("" if precision == "fp32" else f"|{precision}")
+            fam = errors.setdefault(name, {"time": [], "energy": [], "eager_time": []})
             fam["time"].append(abs(e.gpu_time_ms / r["gpu_time_ms"] - 1))
             fam["energy"].append(abs(e.gpu_energy_mj / r["gpu_energy_mj"] - 1))
             fam["eager_time"].append(abs(e.time_ms / r["time_ms"] - 1))
     table = {f: {k: float(np.mean(v)) for k, v in d.items()} | {"n": len(d["time"])} for f, d in errors.items()}
-    every = {k: [x for d in errors.values() for x in d[k]] for k in ("time", "energy", "eager_time")}
-    table["all"] = {k: float(np.mean(v)) for k, v in every.items()} | {"n": len(every["time"])}
+    for label, names in (("all", [f for f in errors if "|" not in f]), ("all precisions", list(errors))):
+        every = {k: [x for f in names for x in errors[f][k]] for k in ("time", "energy", "eager_time")}
+        if every["time"]:
+            table[label] = {k: float(np.mean(v)) for k, v in every.items()} | {"n": len(every["time"])}
     return table

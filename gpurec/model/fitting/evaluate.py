@@ -415,6 +415,7 @@ def precision_accuracy(predictor: Any, data_root: Any = None, fp32_records: Any 
         out["precisions"][str(precision)] = {
             "groups": groups, "records": part.reset_index(drop=True),
             "test_planned_not_measured": [k for k in planned if k not in measured],
+            "sequence": sequence_accuracy(part),
             "correction_check": precision_correction_check(part)}
     return out
 

@@ -10,6 +10,7 @@ Every architecture weighs the same, in the fits and in the error that picks the 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -17,13 +18,16 @@ import numpy as np
 from gpurec.model.recurrent import (
     GATES,
     SHARES,
+    HalfFactor,
     ModeFit,
     PowerFit,
     RecurrentHost,
     RecurrentPower,
     RecurrentShape,
     RecurrentTime,
+    as_fp32,
     chain_steps,
+    log_time_half_ms,
     log_time_ms,
     recurrent_shape,
     step_terms,
@@ -111,6 +115,23 @@ def _mode_rows(s_all: RecurrentShape, modes: np.ndarray, usable: np.ndarray, gro
             yield mode, sel, groups_arr[sel]
 
 
+def half_factor(resid: np.ndarray, s_all: RecurrentShape, modes: np.ndarray, mode: str,
+                groups: Sequence[Any]) -> HalfFactor | None:
+    """The half-precision factor of one mode: the architecture-weighted mean of ``resid`` (log
+    target minus the fp32 form's, per row; NaN where unusable) over that mode's half-precision
+    recurrent rows of hidden size at least MIN_HIDDEN, with its leave-one-architecture-out error.
+    None below MIN_ROWS rows or MIN_GROUPS architectures."""
+    groups_arr = np.asarray([str(g) for g in groups])
+    sel = s_all.half & (np.asarray(modes).astype(str) == mode) & np.isfinite(resid) & (s_all.hidden >= MIN_HIDDEN)
+    g, r = groups_arr[sel], np.asarray(resid, dtype=np.float64)[sel]
+    if len(r) < MIN_ROWS or len(set(g.tolist())) < MIN_GROUPS:
+        return None
+    w = arch_weights(g)
+    errs = [float(np.mean(np.abs(np.exp(r[g == a] - np.average(r[g != a], weights=w[g != a])) - 1.0)))
+            for a in np.unique(g)]
+    return HalfFactor(float(np.average(r, weights=w)), float(np.mean(errs)), int(len(r)))
+
+
 def _kinds_in(X: np.ndarray, names: list[str], sel: np.ndarray) -> tuple[str, ...]:
     """The recurrent kinds (in GATES order) among the selected rows, by their one-hot columns."""
     return tuple(k for k in GATES if f"kind={k}" in names and (X[sel, names.index(f"kind={k}")] > 0.5).any())
@@ -142,8 +163,13 @@ def fit_recurrent(X: np.ndarray, log_t: np.ndarray, modes: np.ndarray, groups: S
         assert best is not None
         mape, shares, terms = best
         coef = tuple(float(c) for c in _solve(s, y, shares, terms, arch_weights(g)))
-        fits[mode] = ModeFit(*shares, terms, coef, mape, n, kinds,
-                             (float(s.batch.min()), float(s.batch.max()), float(s.hidden.min()), float(s.hidden.max())))
+        fit = ModeFit(*shares, terms, coef, mape, n, kinds,
+                      (float(s.batch.min()), float(s.batch.max()), float(s.hidden.min()), float(s.hidden.max())))
+        resid = np.full(len(log_t), np.nan)
+        if s_all.half.any():
+            hs = take_rows(s_all, s_all.half)
+            resid[s_all.half] = np.asarray(log_t, dtype=np.float64)[s_all.half] - log_time_half_ms(hs, fit)
+        fits[mode] = replace(fit, half=half_factor(resid, s_all, modes, mode, groups))
         report["candidates"][mode] = scores
         report["chosen"][mode] = fits[mode].as_dict()
     return (RecurrentTime(fits, feature_names) if fits else None), report
@@ -203,7 +229,12 @@ def fit_recurrent_power(X: np.ndarray, log_w: np.ndarray, modes: np.ndarray, gro
                 best = (mape, terms)
         assert best is not None
         mape, terms = best
-        fits[mode] = PowerFit(terms, tuple(float(c) for c in solve(np.ones(n, dtype=bool), terms)), mape, n, kinds)
+        coef = tuple(float(c) for c in solve(np.ones(n, dtype=bool), terms))
+        resid = np.full(len(y_all), np.nan)
+        if s_all.half.any():
+            hs = as_fp32(take_rows(s_all, s_all.half))
+            resid[s_all.half] = y_all[s_all.half] - step_terms(hs, terms) @ np.asarray(coef)
+        fits[mode] = PowerFit(terms, coef, mape, n, kinds, half_factor(resid, s_all, modes, mode, groups))
         report["candidates"][mode] = scores
         report["chosen"][mode] = fits[mode].as_dict()
     return (RecurrentPower(fits, names) if fits else None), report
