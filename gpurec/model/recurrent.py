@@ -29,7 +29,7 @@ are refitted on all of them.  Everything is read from the time feature matrix, s
 code serves training (out-of-fold network sums) and prediction.  The form is fitted on
 fp32/TF32 float32 layers of the kinds the fit saw.  A half-precision layer (fp16 or bf16
 elements: autocast runs cuDNN's recurrent layers in fp16) is the same chain, each step faster by
-a factor fitted per mode on the half-precision rows (``ModeFit.half_log_factor``); without it
+a factor fitted per mode on the half-precision rows (``ModeFit.half``, a HalfFactor); without it
 (too few such rows) the boosters keep predicting it.
 """
 
@@ -159,11 +159,6 @@ def as_fp32(s: RecurrentShape) -> RecurrentShape:
     return replace(s, element_bytes=np.full(len(s.element_bytes), 4.0))
 
 
-def half_fit_rows(s: RecurrentShape, fit_half: HalfFactor | None) -> np.ndarray:
-    """The rows a fit with (or without) a half-precision factor predicts."""
-    return s.mask | s.half if fit_half is not None else s.mask
-
-
 def chain_steps(s: RecurrentShape, layer_share: float, direction_share: float) -> np.ndarray:
     """Sequential steps of the layer (see the module docstring)."""
     a = np.where(s.directions > 1, 1.0, layer_share)
@@ -207,11 +202,6 @@ def log_time_ms(s: RecurrentShape, fit: ModeFit) -> np.ndarray:
     """log(time_ms) of every row under ``fit`` (meaningful where ``s.mask``)."""
     steps = np.maximum(chain_steps(s, fit.layer_share, fit.direction_share), 1.0)
     return np.log(steps) + step_terms(s, fit.terms) @ np.asarray(fit.coef)
-
-
-def log_time_half_ms(s: RecurrentShape, fit: ModeFit) -> np.ndarray:
-    """log(time_ms) of half-precision rows: the fp32 form on their fp32 shape, before the factor."""
-    return log_time_ms(as_fp32(s), fit)
 
 
 
@@ -292,7 +282,7 @@ class RecurrentTime(_RecurrentRows):
         # 256) cuDNN was measured running another regime (fitting.recurrent_fit.MIN_HIDDEN)
         inside = ((s.batch >= b_lo / tolerance) & (s.batch <= b_hi * tolerance)
                   & (s.hidden >= h_lo) & (s.hidden <= h_hi * tolerance))
-        predicted = half_fit_rows(s, fit.half)
+        predicted = s.mask | s.half if fit.half is not None else s.mask
         out[rows] = predicted & inside
         replaced[rows] = predicted
         return replaced, out
@@ -311,7 +301,7 @@ class RecurrentTime(_RecurrentRows):
                 out[rows[sel]] = log_time_ms(take_rows(s, sel), fit)
             sel = s.half & (mode_of == mode)
             if fit.half is not None and sel.any():
-                out[rows[sel]] = log_time_half_ms(take_rows(s, sel), fit) + fit.half.log_factor
+                out[rows[sel]] = log_time_ms(as_fp32(take_rows(s, sel)), fit) + fit.half.log_factor
         return out
 
 

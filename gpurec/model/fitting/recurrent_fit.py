@@ -9,7 +9,7 @@ Every architecture weighs the same, in the fits and in the error that picks the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -27,7 +27,6 @@ from gpurec.model.recurrent import (
     RecurrentTime,
     as_fp32,
     chain_steps,
-    log_time_half_ms,
     log_time_ms,
     recurrent_shape,
     step_terms,
@@ -115,15 +114,17 @@ def _mode_rows(s_all: RecurrentShape, modes: np.ndarray, usable: np.ndarray, gro
             yield mode, sel, groups_arr[sel]
 
 
-def half_factor(resid: np.ndarray, s_all: RecurrentShape, modes: np.ndarray, mode: str,
-                groups: Sequence[Any]) -> HalfFactor | None:
-    """The half-precision factor of one mode: the architecture-weighted mean of ``resid`` (log
-    target minus the fp32 form's, per row; NaN where unusable) over that mode's half-precision
-    recurrent rows of hidden size at least MIN_HIDDEN, with its leave-one-architecture-out error.
-    None below MIN_ROWS rows or MIN_GROUPS architectures."""
+def half_factor(log_target: np.ndarray, fp32_form: Callable[[RecurrentShape], np.ndarray], s_all: RecurrentShape,
+                modes: np.ndarray, mode: str, groups: Sequence[Any]) -> HalfFactor | None:
+    """The half-precision factor of one mode: the architecture-weighted mean of the log target
+    minus ``fp32_form`` (the fitted fp32 form's log target of an fp32 shape) over that mode's
+    half-precision recurrent rows of hidden size at least MIN_HIDDEN, with its
+    leave-one-architecture-out error.  None below MIN_ROWS rows or MIN_GROUPS architectures."""
     groups_arr = np.asarray([str(g) for g in groups])
-    sel = s_all.half & (np.asarray(modes).astype(str) == mode) & np.isfinite(resid) & (s_all.hidden >= MIN_HIDDEN)
-    g, r = groups_arr[sel], np.asarray(resid, dtype=np.float64)[sel]
+    y = np.asarray(log_target, dtype=np.float64)
+    sel = s_all.half & (np.asarray(modes).astype(str) == mode) & np.isfinite(y) & (s_all.hidden >= MIN_HIDDEN)
+    g = groups_arr[sel]
+    r = y[sel] - fp32_form(as_fp32(take_rows(s_all, sel))) if sel.any() else y[sel]
     if len(r) < MIN_ROWS or len(set(g.tolist())) < MIN_GROUPS:
         return None
     w = arch_weights(g)
@@ -165,11 +166,8 @@ def fit_recurrent(X: np.ndarray, log_t: np.ndarray, modes: np.ndarray, groups: S
         coef = tuple(float(c) for c in _solve(s, y, shares, terms, arch_weights(g)))
         fit = ModeFit(*shares, terms, coef, mape, n, kinds,
                       (float(s.batch.min()), float(s.batch.max()), float(s.hidden.min()), float(s.hidden.max())))
-        resid = np.full(len(log_t), np.nan)
-        if s_all.half.any():
-            hs = take_rows(s_all, s_all.half)
-            resid[s_all.half] = np.asarray(log_t, dtype=np.float64)[s_all.half] - log_time_half_ms(hs, fit)
-        fits[mode] = replace(fit, half=half_factor(resid, s_all, modes, mode, groups))
+        fits[mode] = replace(fit, half=half_factor(log_t, lambda hs, fit=fit: log_time_ms(hs, fit), s_all, modes,
+                                                   mode, groups))
         report["candidates"][mode] = scores
         report["chosen"][mode] = fits[mode].as_dict()
     return (RecurrentTime(fits, feature_names) if fits else None), report
@@ -230,11 +228,9 @@ def fit_recurrent_power(X: np.ndarray, log_w: np.ndarray, modes: np.ndarray, gro
         assert best is not None
         mape, terms = best
         coef = tuple(float(c) for c in solve(np.ones(n, dtype=bool), terms))
-        resid = np.full(len(y_all), np.nan)
-        if s_all.half.any():
-            hs = as_fp32(take_rows(s_all, s_all.half))
-            resid[s_all.half] = y_all[s_all.half] - step_terms(hs, terms) @ np.asarray(coef)
-        fits[mode] = PowerFit(terms, coef, mape, n, kinds, half_factor(resid, s_all, modes, mode, groups))
+        half = half_factor(y_all, lambda hs, terms=terms, coef=coef: step_terms(hs, terms) @ np.asarray(coef), s_all,
+                           modes, mode, groups)
+        fits[mode] = PowerFit(terms, coef, mape, n, kinds, half)
         report["candidates"][mode] = scores
         report["chosen"][mode] = fits[mode].as_dict()
     return (RecurrentPower(fits, names) if fits else None), report
