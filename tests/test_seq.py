@@ -200,6 +200,24 @@ def test_attention_backend_rule_per_dtype() -> None:
     assert all(op.backend == "" for op in ops if op.kind != "scaled_dot_product_attention")
 
 
+@pytest.mark.parametrize("arch", ["gpt_d512", "bert_d768_post"])  # flash; memory-efficient (a padding mask)
+def test_fused_attention_under_autocast_reads_its_half_precision_inputs(arch: str) -> None:
+    """Without CUDA, torch's math fallback upcasts q, k, v to float32 inside the call; the GPU's
+    fused kernel does not, so those copies are neither casts nor the attention's input dtype
+    (the GPU machine's extraction, whose signatures a plan must name, has neither)."""
+    ops = extract_operations(arch, (2, 16), mode="training", keep_sources=False, precision="bf16-mixed")
+    att = [op for op in ops if op.kind == "scaled_dot_product_attention"]
+    assert att and {op.backend for op in att} <= {"flash", "memory_efficient"}
+    for op in att:
+        assert op.input_dtypes[:3] == ["bfloat16"] * 3 and op.dtype == "bfloat16"
+        assert op.bytes_read >= sum(2 * torch.Size(s).numel() for s in op.input_shapes[:3])
+    feeding = {n for op in att for n in op.input_nodes}
+    upcasts = [op for op in ops if op.kind == "autocast_cast" and op.node in feeding]
+    assert not upcasts
+    assert not [op for op in ops if op.kind == "autocast_cast" and op.settings["to_dtype"] == "float32"
+                and op.settings["from_dtype"] == "bfloat16" and op.input_shapes == att[0].input_shapes[:1]]
+
+
 def test_float_operations_keep_their_signatures() -> None:
     """input_dtypes enters the identity only where an input is not the operation's dtype."""
     ops = extract_operations("gpt_d512", (2, 16), keep_sources=False)

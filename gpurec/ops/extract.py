@@ -964,6 +964,15 @@ def _sdpa_backend_of(args: Any, kwargs: Any, training: bool) -> str:
                         bound.get("attn_mask") is not None, bool(kwargs.get("enable_gqa", False)))
 
 
+def _without_math_upcasts(casts: list[tuple[torch.Tensor, torch.dtype]]) -> list[tuple[torch.Tensor, torch.dtype]]:
+    """The casts of a fused-backend attention call, less the float32 copies of its half-precision
+    inputs.  Without CUDA, torch._fused_sdp_choice answers "math" for fake CUDA tensors, and the
+    math fallback upcasts half-precision q, k and v to float32; on the GPU the fused kernel
+    (sdpa_backend) reads them as they are, so the GPU machine's extraction has no such casts, and
+    a plan made here would name attention signatures it never finds."""
+    return [(src, to) for src, to in casts if not (to == torch.float32 and src.dtype in (torch.float16, torch.bfloat16))]
+
+
 def _backward_flops(op_matmul_flops: int, has_params: bool, inputs_requiring_grad: int, elementwise: int) -> int:
     """Analytic backward count: the gradient of each operand of a product costs about one forward.
 
@@ -1527,6 +1536,9 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
                           and not (training and any(requires_grad) and kind in _GRAD_ASSEMBLING_VIEWS))
         if kind == "scaled_dot_product_attention":
             op.backend = _sdpa_backend_of(args, kwargs, training)
+            if precise is not None and op.backend != "math":
+                assert isinstance(counter, _NodeTrace)
+                counter.casts = _without_math_upcasts(counter.casts)
         if keep_sources:
             if node.op == "call_module":
                 op.source = ("module", modules[node.target], arg_template, kwarg_template)
