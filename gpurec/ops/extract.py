@@ -1472,8 +1472,11 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             kind = _function_kind(node)
         # Split the arguments into activation inputs, parameters and constants.
         split = _ArgSplitter(env, training)
+        backend = _sdpa_backend_of(args, kwargs, training) if kind == "scaled_dot_product_attention" else ""
         if precise is not None:  # parameters read by functions: in the dtype the kernel reads them
             assert isinstance(counter, _NodeTrace)
+            if backend not in ("", "math"):
+                counter.casts = _without_math_upcasts(counter.casts)
             split.cast_to = {id(src): to for src, to in counter.casts}
         arg_template = _map_nodes(node.args, split)
         kwarg_template = _map_nodes(dict(node.kwargs), split)
@@ -1534,11 +1537,7 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         # in-network, chunk, split and unbind launched backward kernels in every training step.
         op.kernel_free = (aliased and not op.in_place and "out" not in kwargs
                           and not (training and any(requires_grad) and kind in _GRAD_ASSEMBLING_VIEWS))
-        if kind == "scaled_dot_product_attention":
-            op.backend = _sdpa_backend_of(args, kwargs, training)
-            if precise is not None and op.backend != "math":
-                assert isinstance(counter, _NodeTrace)
-                counter.casts = _without_math_upcasts(counter.casts)
+        op.backend = backend
         if keep_sources:
             if node.op == "call_module":
                 op.source = ("module", modules[node.target], arg_template, kwarg_template)
