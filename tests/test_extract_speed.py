@@ -503,6 +503,31 @@ def test_row_memo_matches_its_model_row_by_row_and_forgets_when_full() -> None:
     assert memo.predict(X[:0], margin[:0]).shape == (0,)
 
 
+def test_row_memo_sends_a_new_row_repeated_in_one_call_through_its_model_once() -> None:
+    from gpurec.model.rowmemo import RowMemo
+
+    class Model:
+        rows = 0
+
+        def predict(self, X: np.ndarray, margin: np.ndarray) -> np.ndarray:
+            Model.rows += len(X)
+            return X[:, 0] * 2.0 + X[:, 1] - np.asarray(margin)
+
+    rng = np.random.default_rng(1)
+    distinct = rng.normal(size=(5, 3))
+    X = distinct[[0, 1, 0, 2, 1, 0, 3, 4, 4]]
+    margin = np.array([0.5, 1.0, 0.5, 0.0, 1.0, 0.5, 2.0, 3.0, 3.0])
+    memo = RowMemo(Model())
+    assert np.array_equal(memo.predict(X, margin), Model().predict(X, margin))
+    Model.rows = 0
+    fresh = RowMemo(Model())
+    assert np.array_equal(fresh.predict(X, margin), X[:, 0] * 2.0 + X[:, 1] - margin)
+    assert Model.rows == 5 and len(fresh) == 5  # 9 rows, 5 distinct (row, margin) pairs
+    X2, m2 = X.copy(), margin.copy()
+    m2[2] = 9.0  # the same features with another margin is another prediction
+    assert np.array_equal(fresh.predict(X2, m2), X2[:, 0] * 2.0 + X2[:, 1] - m2) and Model.rows == 6
+
+
 class _Wired(nn.Module):
     """Leaf calls that share type, settings and input shapes but not their record: the same
     bilinear layer on (x, x) and on (x, y); the same convolution frozen and training; a

@@ -40,13 +40,20 @@ class RowMemo:
         keys = [raw[i * width:(i + 1) * width] for i in range(n)]
         memo = self._memo
         values = [memo.get(k) for k in keys]
-        missing = [i for i, v in enumerate(values) if v is None]
-        if missing:
-            fresh = self.model.predict(X[missing], margin[missing]).tolist()
-            if len(memo) + len(missing) > self.max_rows:
+        # A new row repeated within the call (a network's repeated blocks) goes through the
+        # model once: the first index of each distinct missing key.
+        first: dict[bytes, int] = {}
+        for i, v in enumerate(values):
+            if v is None:
+                first.setdefault(keys[i], i)
+        if first:
+            rows = list(first.values())
+            fresh = self.model.predict(X[rows], margin[rows]).tolist()
+            if len(memo) + len(rows) > self.max_rows:
                 memo.clear()
-            for i, v in zip(missing, fresh, strict=True):
-                values[i] = memo[keys[i]] = v
+            for i, v in zip(rows, fresh, strict=True):
+                memo[keys[i]] = v
+            values = [memo[k] if v is None else v for k, v in zip(keys, values, strict=True)]
         return np.asarray(values, dtype=np.float64)
 
     def clear(self) -> None:
