@@ -1118,7 +1118,8 @@ def tools_plan(out: Path = typer.Option(None, "--out",
                                              "item per network of the main plan; peaks-networks: one per "
                                              "network of the seq, targeted, precision and main plans; "
                                              "counter-twins: the operations at --precision (default bf16-mixed) "
-                                             "of the layers already profiled with ncu in fp32"),
+                                             "of the layers already profiled with ncu in fp32; recard: the main and seq "
+                                             "plans' batch-32 and batch-128 networks, to measure again on another card"),
                precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP + "; the main plan's "
                                              "sets and modes at that precision"),
                preset: str = typer.Option(None, "--preset", help="a plan of several precisions: "
@@ -1132,6 +1133,7 @@ def tools_plan(out: Path = typer.Option(None, "--out",
         DEFAULT_PLAN,
         NETWORK_PEAKS_PLAN,
         PEAKS_PLAN,
+        RECARD_PLAN,
         RNN_SWEEP_PLAN,
         SEQ_PLAN,
         TARGETED_PLAN,
@@ -1139,6 +1141,7 @@ def tools_plan(out: Path = typer.Option(None, "--out",
         write_network_peaks_plan,
         write_peaks_plan,
         write_preset_plan,
+        write_recard_plan,
         write_rnn_sweep_plan,
         write_seq_plan,
         write_targeted_plan,
@@ -1162,7 +1165,8 @@ def tools_plan(out: Path = typer.Option(None, "--out",
         _fail(f"--precision applies to the main sets only (or use --preset); not to --sets {sets}", 2)
     writers = {"seq": (write_seq_plan, SEQ_PLAN), "targeted": (write_targeted_plan, TARGETED_PLAN),
                "rnn-sweep": (write_rnn_sweep_plan, RNN_SWEEP_PLAN), "peaks": (write_peaks_plan, PEAKS_PLAN),
-               "peaks-networks": (write_network_peaks_plan, NETWORK_PEAKS_PLAN)}
+               "peaks-networks": (write_network_peaks_plan, NETWORK_PEAKS_PLAN),
+               "recard": (write_recard_plan, RECARD_PLAN)}
     if sets not in writers:
         _fail(f"--sets must be one of main, {', '.join(writers)}, not {sets!r}", 2)
     write, default = writers[sets]

@@ -407,3 +407,34 @@ def test_targeted_sentence_says_which_gpus_measured_the_targeted_sets() -> None:
     assert "H200 1,801 operation rows and 30 network rows" in one and "Not yet measured on the H100" in one
     both = targeted_sentence({h100: {"operations": 5, "networks": 1}, h200: {"operations": 7, "networks": 2}})
     assert "not measured yet" not in both and "Not yet" not in both and "H100 5 operation rows" in both
+
+
+def test_recard_table_pairs_each_card_row_with_the_committed_row_of_its_id(tmp_path) -> None:
+    import gzip
+    import json
+
+    import pandas as pd
+
+    from gpurec.reports.dataset import GpuData, recard_table, section_cards
+
+    def net(id_: str, set_key: str, energy: float, uuid: str) -> dict:
+        return {"id": id_, "item": "network", "mode": "inference", "set_key": set_key, "status": "ok",
+                "gpu_time_ms": 2.0, "gpu_energy_mj": energy, "gpu_power_w": energy / 2.0, "gpu_uuid": uuid}
+
+    committed = pd.DataFrame([net("network:resnet18:b32:r224:inference", "resnet18:b32:r224", 100.0, "GPU-aaaaaaaa-1"),
+                              net("network:gpt_d512:b32:s512:inference", "gpt_d512:b32:s512", 200.0, "GPU-bbbbbbbb-1")])
+    new = [net("network:resnet18:b32:r224:inference", "resnet18:b32:r224", 103.0, "GPU-cccccccc-1"),
+           net("network:gpt_d512:b32:s512:inference", "gpt_d512:b32:s512", 202.0, "GPU-cccccccc-1"),
+           {**net("network:gpt_d512:b32:s512:inference", "gpt_d512:b32:s512", 900.0, "GPU-cccccccc-1"), "repeat": True},
+           net("network:vgg11:b32:r224:inference", "vgg11:b32:r224", 50.0, "GPU-cccccccc-1"),  # no committed row
+           {"item": "idle", "idle_power_w": 120.0, "repeat": True}]
+    (tmp_path / "cards").mkdir()
+    with gzip.open(tmp_path / "cards" / "rows-x-0of1.jsonl.gz", "wt") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in new))
+    recs = recard_table([GpuData(tag="h200", path=tmp_path, tables={"networks": committed})])
+    by_family = {r["family"]: r for r in recs}
+    assert set(by_family) == {"CNN", "sequence"} and all(r["networks"] == 1 for r in recs)
+    assert abs(by_family["CNN"]["median_energy_ratio"] - 1.03) < 1e-9
+    assert abs(by_family["sequence"]["median_energy_ratio"] - 1.01) < 1e-9  # the repeat row is not the measurement
+    assert by_family["CNN"]["idle_power_w"] == 120.0 and by_family["CNN"]["card"] == "GPU-cccccccc"
+    assert "`GPU-cccccccc` +2.0 pp" in section_cards([GpuData(tag="h200", path=tmp_path, tables={"networks": committed})])

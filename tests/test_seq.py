@@ -383,3 +383,19 @@ def test_training_never_asks_a_gradient_of_a_non_float_input() -> None:
         assert not any(flags), (op.kind, op.input_requires_grad, op.input_dtypes)
     triu = next(op for op in masked if op.kind == "triu")
     triu.materialize("cpu").step()
+
+
+def test_recard_plan_interleaves_both_families_and_matches_the_committed_plan(tmp_path) -> None:
+    import json
+
+    from gpurec.tools.plan import DEFAULT_PLAN, RECARD_PLAN, SEQ_PLAN, recard_items, write_recard_plan
+
+    cnn = {"items": [{"item": "network", "key": f"resnet18:b{b}:r224", "mode": "inference"} for b in (1, 32, 128)]
+           + [{"item": "op", "key": "resnet18:b32:r224", "mode": "inference"}]}
+    seq = {"items": [{"item": "network", "key": f"gpt_d512:b{b}:s512", "mode": "training"} for b in (32, 64)]}
+    items = recard_items(cnn, seq)
+    assert [i["key"] for i in items] == ["resnet18:b32:r224", "gpt_d512:b32:s512", "resnet18:b128:r224"]
+    # the committed plan is what the committed main and sequence plans give
+    summary = write_recard_plan(tmp_path / "recard.json", DEFAULT_PLAN, SEQ_PLAN)
+    written, committed = (json.loads(p.read_text()) for p in (tmp_path / "recard.json", RECARD_PLAN))
+    assert written == committed and summary["items"] == len(committed["items"]) > 100

@@ -1194,6 +1194,71 @@ def section_networks_across(gpus: list[GpuData]) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- the same networks on more cards
+def recard_table(gpus: list[GpuData]) -> list[dict[str, Any]]:
+    """Networks measured again on another card of the same GPU (``<gpu>/cards/rows-*``), against
+    the committed row of the same id: one record per (card, family, mode) with the median
+    new/committed ratio of host-free time, energy and power.  Why: each family was first measured
+    on its own cards, so a family's energy offset in the cross-GPU ratio is card or family; on
+    one card both families share the card."""
+    from gpurec.sets import SEQ_DATASET_ARCHS, SEQ_TEST_ARCHS
+
+    seq = {*SEQ_DATASET_ARCHS, *SEQ_TEST_ARCHS}
+    out: list[dict[str, Any]] = []
+    for g in gpus:
+        cards = g.path / "cards"
+        nets = ok(g.t("networks"))
+        if not cards.exists() or nets.empty or "gpu_energy_mj" not in nets:
+            continue
+        ref = nets.drop_duplicates("id", keep="last").set_index("id")
+        for f in raw_row_files(cards):
+            rows = list(read_jsonl(f))
+            idle = [float(r["idle_power_w"]) for r in rows if r.get("item") == "idle" and "idle_power_w" in r]
+            recs = []
+            for r in rows:
+                if r.get("item") != "network" or r.get("repeat") or r.get("status") != "ok" or r["id"] not in ref.index:
+                    continue
+                o = ref.loc[r["id"]]
+                recs.append({"card": str(r.get("gpu_uuid", ""))[:12], "mode": r["mode"],
+                             "family": "sequence" if r["set_key"].split(":")[0] in seq else "CNN",
+                             "time": r["gpu_time_ms"] / o["gpu_time_ms"], "energy": r["gpu_energy_mj"] / o["gpu_energy_mj"],
+                             "power": r["gpu_power_w"] / o["gpu_power_w"], "first_card": str(o.get("gpu_uuid", ""))[:12]})
+            if not recs:
+                continue
+            d = pd.DataFrame(recs)
+            for (card, fam, mode), x in d.groupby(["card", "family", "mode"]):
+                out.append({"gpu": g.tag, "file": f.name, "card": card, "family": fam, "mode": mode, "networks": len(x),
+                            "first_cards": int(x["first_card"].nunique()),
+                            "median_time_ratio": float(x["time"].median()),
+                            "median_energy_ratio": float(x["energy"].median()),
+                            "median_power_ratio": float(x["power"].median()),
+                            "idle_power_w": float(np.median(idle)) if idle else float("nan")})
+    return out
+
+
+def section_cards(gpus: list[GpuData]) -> str:
+    """The same networks measured again on other cards: how much a card moves energy."""
+    recs = recard_table(gpus)
+    if not recs:
+        return ""
+    rows = [[r["gpu"], f"`{r['card']}`", r["family"], r["mode"], r["networks"], r["first_cards"],
+             fnum(r["median_time_ratio"], 3), fnum(r["median_energy_ratio"], 3), fnum(r["median_power_ratio"], 3),
+             fnum(r["idle_power_w"], 1)] for r in recs]
+    lines = ["## The same networks on other cards", "",
+             "Networks measured again on another card of the same GPU (`<gpu>/cards/`, kept out of the "
+             "dataset: same ids), against the committed row of the same id (its first card differs by "
+             "family); ratio = new card / committed, host-free time, energy and average power, median:", ""]
+    lines += [table(["GPU", "new card", "family", "mode", "networks", "first cards", "time ratio", "energy ratio",
+                     "power ratio", "new card idle W"], rows), ""]
+    by = pd.DataFrame(recs).groupby(["gpu", "card", "family"])["median_energy_ratio"].median().unstack("family")
+    if {"CNN", "sequence"} <= set(by.columns):
+        gaps = [f"`{card}` {100 * (row['CNN'] - row['sequence']):+.1f} pp" for (_, card), row in by.iterrows()]
+        lines += ["On one card, CNN energy ratio minus sequence energy ratio: " + ", ".join(gaps) +
+                  ". A gap that repeats on every new card is how much more, relative to a common card, the "
+                  "sequence networks' first cards drew than the CNN networks' first cards.", ""]
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- driver
 @dataclass
 class Context:
@@ -1492,6 +1557,7 @@ SECTIONS: list[tuple[str, Callable[[Context], str]]] = [
     ("validation", _validation),
     ("power", lambda c: section_power(c.gpus, c.img, c.out_dir)),
     ("networks_across", lambda c: section_networks_across(c.gpus)),
+    ("cards", lambda c: section_cards(c.gpus)),
     ("host_free", section_host_free),
 ]
 

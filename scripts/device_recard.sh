@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Measure the fp32 networks of datasets/plans/recard_fp32.json again on the card at hand, in a
+# fresh output folder (never seeded: every item is measured again), host-free method.  Why: the
+# same networks of both families on one card tell card from family in the H200/H100 energy-ratio
+# error (datasets/h200/cards/README.md).  On an H100 the round's H100 plans run instead.
+#   bash scripts/device_recard.sh BUDGET_S
+set -u
+BUDGET_S="${1:-440}"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "$NAME" in
+  *H100*)
+    PLANS_H100="datasets/plans/rnn_sweep.json@0.6,datasets/plans/bf16_mixed_operations.json@0.9,datasets/plans/precision.json,datasets/plans/seq_bf16_mixed.json" \
+      bash scripts/device_round2.sh "$BUDGET_S"; exit $? ;;
+esac
+COL="out/recard-$(date -u +%Y%m%dT%H%M%S)"; mkdir -p "$COL"
+nvidia-smi --query-gpu=index,name,uuid,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv > "$OUT/nvsmi.txt" 2>&1
+python3 cli.py collect --out "$COL" --plan datasets/plans/recard_fp32.json --devices 0 --what networks \
+  --no-in-network --time-budget-s "$BUDGET_S" > "$OUT/collect.txt" 2>&1
+echo "collect rc=$?" >> "$OUT/collect.txt"
+for f in "$COL"/rows-*.jsonl; do gzip -c "$f" > "$OUT/$(basename "$f").gz"; done
+cp "$COL"/provenance-*.json "$OUT"/ 2>/dev/null
+gzip -f "$OUT/collect.txt"
+ls -la "$OUT"
