@@ -437,4 +437,11 @@ def test_recard_table_pairs_each_card_row_with_the_committed_row_of_its_id(tmp_p
     assert abs(by_family["CNN"]["median_energy_ratio"] - 1.03) < 1e-9
     assert abs(by_family["sequence"]["median_energy_ratio"] - 1.01) < 1e-9  # the repeat row is not the measurement
     assert by_family["CNN"]["idle_power_w"] == 120.0 and by_family["CNN"]["card"] == "GPU-cccccccc"
-    assert "`GPU-cccccccc` +2.0 pp" in section_cards([GpuData(tag="h200", path=tmp_path, tables={"networks": committed})])
+    assert "`GPU-cccccccc` (x) +2.0 pp" in section_cards([GpuData(tag="h200", path=tmp_path, tables={"networks": committed})])
+    # a second run on the same card is its own line, not pooled with the first
+    second = [{**r, "gpu_energy_mj": r["gpu_energy_mj"] * 1.1} if r.get("set_key", "").startswith("resnet18")
+              and not r.get("repeat") else r for r in new]
+    with gzip.open(tmp_path / "cards" / "rows-y-0of1.jsonl.gz", "wt") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in second))
+    text = section_cards([GpuData(tag="h200", path=tmp_path, tables={"networks": committed})])
+    assert "`GPU-cccccccc` (x) +2.0 pp" in text and "`GPU-cccccccc` (y) +12.3 pp" in text

@@ -1236,26 +1236,37 @@ def recard_table(gpus: list[GpuData]) -> list[dict[str, Any]]:
     return out
 
 
+def _run_name(file: str) -> str:
+    """A cards/ row file's run label: ``rows-recard-s33b-0of1.jsonl.gz`` -> ``recard-s33b``."""
+    stem = file.split(".jsonl")[0]
+    stem = stem[len("rows-"):] if stem.startswith("rows-") else stem
+    return stem.rsplit("-", 1)[0] if stem.rsplit("-", 1)[-1].count("of") == 1 else stem
+
+
 def section_cards(gpus: list[GpuData]) -> str:
     """The same networks measured again on other cards: how much a card moves energy."""
     recs = recard_table(gpus)
     if not recs:
         return ""
-    rows = [[r["gpu"], f"`{r['card']}`", r["family"], r["mode"], r["networks"], r["first_cards"],
+    rows = [[r["gpu"], f"`{r['card']}`", f"`{_run_name(r['file'])}`", r["family"], r["mode"], r["networks"],
+             r["first_cards"],
              fnum(r["median_time_ratio"], 3), fnum(r["median_energy_ratio"], 3), fnum(r["median_power_ratio"], 3),
              fnum(r["idle_power_w"], 1)] for r in recs]
     lines = ["## The same networks on other cards", "",
              "Networks measured again on another card of the same GPU (`<gpu>/cards/`, kept out of the "
              "dataset: same ids), against the committed row of the same id (its first card differs by "
              "family); ratio = new card / committed, host-free time, energy and average power, median:", ""]
-    lines += [table(["GPU", "new card", "family", "mode", "networks", "first cards", "time ratio", "energy ratio",
+    lines += [table(["GPU", "new card", "run", "family", "mode", "networks", "first cards", "time ratio", "energy ratio",
                      "power ratio", "new card idle W"], rows), ""]
-    by = pd.DataFrame(recs).groupby(["gpu", "card", "family"])["median_energy_ratio"].median().unstack("family")
+    by = (pd.DataFrame(recs).groupby(["gpu", "card", "file", "family"])["median_energy_ratio"].median()
+          .unstack("family"))
     if {"CNN", "sequence"} <= set(by.columns):
-        gaps = [f"`{card}` {100 * (row['CNN'] - row['sequence']):+.1f} pp" for (_, card), row in by.iterrows()]
-        lines += ["On one card, CNN energy ratio minus sequence energy ratio: " + ", ".join(gaps) +
+        gaps = [f"`{card}` ({_run_name(file)}) {100 * (row['CNN'] - row['sequence']):+.1f} pp"
+                for (_, card, file), row in by.iterrows()]
+        lines += ["On one card, per run, CNN energy ratio minus sequence energy ratio: " + ", ".join(gaps) +
                   ". A gap that repeats on every new card is how much more, relative to a common card, the "
-                  "sequence networks' first cards drew than the CNN networks' first cards.", ""]
+                  "sequence networks' first cards drew than the CNN networks' first cards; two runs on one card "
+                  "show how far a card repeats itself.", ""]
     return "\n".join(lines)
 
 
