@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -1195,6 +1196,12 @@ def section_networks_across(gpus: list[GpuData]) -> str:
 
 
 # ----------------------------------------------------------------------------- the same networks on more cards
+def _run_name(file: str) -> str:
+    """A cards/ row file's run label: ``rows-recard-s33b-0of1.jsonl.gz`` -> ``recard-s33b``."""
+    m = re.fullmatch(r"rows-(.+?)(?:-\d+of\d+)?\.jsonl(?:\.gz)?", file)
+    return m.group(1) if m else file
+
+
 def recard_table(gpus: list[GpuData]) -> list[dict[str, Any]]:
     """Networks measured again on another card of the same GPU (``<gpu>/cards/rows-*``), against
     the committed row of the same id: one record per (card, family, mode) with the median
@@ -1227,7 +1234,8 @@ def recard_table(gpus: list[GpuData]) -> list[dict[str, Any]]:
                 continue
             d = pd.DataFrame(recs)
             for (card, fam, mode), x in d.groupby(["card", "family", "mode"]):
-                out.append({"gpu": g.tag, "file": f.name, "card": card, "family": fam, "mode": mode, "networks": len(x),
+                out.append({"gpu": g.tag, "file": f.name, "run": _run_name(f.name), "card": card, "family": fam,
+                            "mode": mode, "networks": len(x),
                             "first_cards": int(x["first_card"].nunique()),
                             "median_time_ratio": float(x["time"].median()),
                             "median_energy_ratio": float(x["energy"].median()),
@@ -1236,19 +1244,12 @@ def recard_table(gpus: list[GpuData]) -> list[dict[str, Any]]:
     return out
 
 
-def _run_name(file: str) -> str:
-    """A cards/ row file's run label: ``rows-recard-s33b-0of1.jsonl.gz`` -> ``recard-s33b``."""
-    stem = file.split(".jsonl")[0]
-    stem = stem[len("rows-"):] if stem.startswith("rows-") else stem
-    return stem.rsplit("-", 1)[0] if stem.rsplit("-", 1)[-1].count("of") == 1 else stem
-
-
 def section_cards(gpus: list[GpuData]) -> str:
     """The same networks measured again on other cards: how much a card moves energy."""
     recs = recard_table(gpus)
     if not recs:
         return ""
-    rows = [[r["gpu"], f"`{r['card']}`", f"`{_run_name(r['file'])}`", r["family"], r["mode"], r["networks"],
+    rows = [[r["gpu"], f"`{r['card']}`", f"`{r['run']}`", r["family"], r["mode"], r["networks"],
              r["first_cards"],
              fnum(r["median_time_ratio"], 3), fnum(r["median_energy_ratio"], 3), fnum(r["median_power_ratio"], 3),
              fnum(r["idle_power_w"], 1)] for r in recs]
@@ -1258,11 +1259,11 @@ def section_cards(gpus: list[GpuData]) -> str:
              "family); ratio = new card / committed, host-free time, energy and average power, median:", ""]
     lines += [table(["GPU", "new card", "run", "family", "mode", "networks", "first cards", "time ratio", "energy ratio",
                      "power ratio", "new card idle W"], rows), ""]
-    by = (pd.DataFrame(recs).groupby(["gpu", "card", "file", "family"])["median_energy_ratio"].median()
+    by = (pd.DataFrame(recs).groupby(["gpu", "card", "run", "family"])["median_energy_ratio"].median()
           .unstack("family"))
     if {"CNN", "sequence"} <= set(by.columns):
-        gaps = [f"`{card}` ({_run_name(file)}) {100 * (row['CNN'] - row['sequence']):+.1f} pp"
-                for (_, card, file), row in by.iterrows()]
+        gaps = [f"`{card}` ({run}) {100 * (row['CNN'] - row['sequence']):+.1f} pp"
+                for (_, card, run), row in by.iterrows()]
         lines += ["On one card, per run, CNN energy ratio minus sequence energy ratio: " + ", ".join(gaps) +
                   ". A gap that repeats on every new card is how much more, relative to a common card, the "
                   "sequence networks' first cards drew than the CNN networks' first cards; two runs on one card "
