@@ -901,3 +901,44 @@ def test_one_compute_die_shares_the_residual() -> None:
     assert np.array_equal(np.nan_to_num(a, nan=-9), np.nan_to_num(b, nan=-9))
     model = _residual_favouring_small_gpus(_random_model(6), ops)
     assert np.allclose(model.residual_log(ops, h100), model.residual_log(ops, h200))
+
+
+def test_card_averaged_energy_error_uses_the_mean_over_the_committed_and_every_new_card(tmp_path) -> None:
+    """A pair whose H200 network was measured again on two more cards: its measured energy ratio is
+    taken at the mean of the three cards' energies (the committed card counting 1), per family;
+    an eager pair, a repeat row and a network without a pair do not enter."""
+    import gzip
+    import json
+
+    from gpurec.reports.accuracy import _card_averaged_text, card_averaged_energy_errors
+    from gpurec.reports.dataset import GpuData
+
+    def net(id_: str, set_key: str, energy: float, uuid: str) -> dict:
+        return {"id": id_, "item": "network", "mode": "inference", "set_key": set_key, "status": "ok",
+                "gpu": "NVIDIA H200", "gpu_time_ms": 2.0, "gpu_energy_mj": energy, "gpu_power_w": energy / 2.0,
+                "gpu_uuid": uuid}
+
+    cnn, seq = ("network:resnet18:b32:r224:inference", "resnet18:b32:r224"), \
+        ("network:gpt_d512:b32:s512:inference", "gpt_d512:b32:s512")
+    committed = pd.DataFrame([net(*cnn, 100.0, "GPU-aaaaaaaa-1"), net(*seq, 200.0, "GPU-bbbbbbbb-1")])
+    (tmp_path / "cards").mkdir()
+    for name, factor in (("rows-x-0of1.jsonl.gz", 1.03), ("rows-y-0of1.jsonl.gz", 0.97 * 0.97)):
+        rows = [net(*cnn, 100.0 * factor, f"GPU-{name[5]}" * 2), net(*seq, 200.0 * 0.94, f"GPU-{name[5]}" * 2),
+                {**net(*seq, 9000.0, "GPU-zz"), "repeat": True}, net("network:vgg11:b8:r224:inference", "vgg11:b8:r224",
+                                                                   5.0, "GPU-zz")]
+        with gzip.open(tmp_path / "cards" / name, "wt") as fh:
+            fh.write("".join(json.dumps(r) + "\n" for r in rows))
+    gpus = [GpuData(tag="h200", path=tmp_path, tables={"networks": committed})]
+    pair = {"mode": "inference", "basis": "host_free", "measured_energy_ratio": 0.9, "pred_energy_ratio": 0.95,
+            "energy_ratio_error_pp": 5.0}
+    nets = [{**pair, "set_key": cnn[1]}, {**pair, "set_key": seq[1]},
+            {**pair, "set_key": seq[1], "basis": "eager", "energy_ratio_error_pp": 50.0}]
+    avg = card_averaged_energy_errors(nets, gpus=gpus)
+    assert (avg["pairs"], avg["runs"], avg["cards"], avg["cards_per_pair"]) == (2, 2, 2, 3.0)
+    cnn_mean = (1 + 1.03 + 0.97 * 0.97) / 3
+    assert avg["by_family"]["CNN"]["averaged_bias_pp"] == pytest.approx(100 * (0.95 - 0.9 * cnn_mean))
+    assert avg["by_family"]["sequence"]["averaged_bias_pp"] == pytest.approx(100 * (0.95 - 0.9 * (1 + 2 * 0.94) / 3))
+    assert avg["measured_pp"] == pytest.approx(5.0) and avg["by_family"]["CNN"]["measured_bias_pp"] == 5.0
+    text = "\n".join(_card_averaged_text(avg))
+    assert "2 runs on 2 cards" in text and "sequence +5.0 -> +8.6 pp mean" in text
+    assert card_averaged_energy_errors(nets, gpus=gpus, other="NVIDIA H100 80GB HBM3") is None

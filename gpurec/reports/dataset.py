@@ -1202,37 +1202,49 @@ def _run_name(file: str) -> str:
     return m.group(1) if m else file
 
 
+def recard_runs(g: GpuData) -> list[tuple[Path, pd.DataFrame, list[float]]]:
+    """Each row file of ``g``'s ``cards/`` (networks measured again on another card of the same
+    GPU) with its network rows paired with the committed row of the same id (one record per
+    network: card, set key, mode, precision, family, new/committed host-free time, energy and power,
+    the committed row's card) and the file's idle power readings (W).  Repeat rows are the
+    repeatability check, not the measurement, and are left out; a file without a paired row too."""
+    from gpurec.sets import SEQ_DATASET_ARCHS, SEQ_TEST_ARCHS
+
+    seq = {*SEQ_DATASET_ARCHS, *SEQ_TEST_ARCHS}
+    cards = g.path / "cards"
+    nets = ok(g.t("networks"))
+    if not cards.exists() or nets.empty or "gpu_energy_mj" not in nets:
+        return []
+    ref = nets.drop_duplicates("id", keep="last").set_index("id")
+    out = []
+    for f in raw_row_files(cards):
+        rows = list(read_jsonl(f))
+        idle = [float(r["idle_power_w"]) for r in rows if r.get("item") == "idle" and "idle_power_w" in r]
+        recs = []
+        for r in rows:
+            if r.get("item") != "network" or r.get("repeat") or r.get("status") != "ok" or r["id"] not in ref.index:
+                continue
+            o = ref.loc[r["id"]]
+            precision = o.get("precision")
+            recs.append({"card": str(r.get("gpu_uuid", ""))[:12], "set_key": str(o["set_key"]), "mode": r["mode"],
+                         "precision": precision if isinstance(precision, str) and precision else "fp32",
+                         "family": "sequence" if r["set_key"].split(":")[0] in seq else "CNN",
+                         "time": r["gpu_time_ms"] / o["gpu_time_ms"], "energy": r["gpu_energy_mj"] / o["gpu_energy_mj"],
+                         "power": r["gpu_power_w"] / o["gpu_power_w"], "first_card": str(o.get("gpu_uuid", ""))[:12]})
+        if recs:
+            out.append((f, pd.DataFrame(recs), idle))
+    return out
+
+
 def recard_table(gpus: list[GpuData]) -> list[dict[str, Any]]:
     """Networks measured again on another card of the same GPU (``<gpu>/cards/rows-*``), against
     the committed row of the same id: one record per (card, family, mode) with the median
     new/committed ratio of host-free time, energy and power.  Why: each family was first measured
     on its own cards, so a family's energy offset in the cross-GPU ratio is card or family; on
     one card both families share the card."""
-    from gpurec.sets import SEQ_DATASET_ARCHS, SEQ_TEST_ARCHS
-
-    seq = {*SEQ_DATASET_ARCHS, *SEQ_TEST_ARCHS}
     out: list[dict[str, Any]] = []
     for g in gpus:
-        cards = g.path / "cards"
-        nets = ok(g.t("networks"))
-        if not cards.exists() or nets.empty or "gpu_energy_mj" not in nets:
-            continue
-        ref = nets.drop_duplicates("id", keep="last").set_index("id")
-        for f in raw_row_files(cards):
-            rows = list(read_jsonl(f))
-            idle = [float(r["idle_power_w"]) for r in rows if r.get("item") == "idle" and "idle_power_w" in r]
-            recs = []
-            for r in rows:
-                if r.get("item") != "network" or r.get("repeat") or r.get("status") != "ok" or r["id"] not in ref.index:
-                    continue
-                o = ref.loc[r["id"]]
-                recs.append({"card": str(r.get("gpu_uuid", ""))[:12], "mode": r["mode"],
-                             "family": "sequence" if r["set_key"].split(":")[0] in seq else "CNN",
-                             "time": r["gpu_time_ms"] / o["gpu_time_ms"], "energy": r["gpu_energy_mj"] / o["gpu_energy_mj"],
-                             "power": r["gpu_power_w"] / o["gpu_power_w"], "first_card": str(o.get("gpu_uuid", ""))[:12]})
-            if not recs:
-                continue
-            d = pd.DataFrame(recs)
+        for f, d, idle in recard_runs(g):
             for (card, fam, mode), x in d.groupby(["card", "family", "mode"]):
                 out.append({"gpu": g.tag, "file": f.name, "run": _run_name(f.name), "card": card, "family": fam,
                             "mode": mode, "networks": len(x),
