@@ -120,6 +120,37 @@ def test_a_positional_table_sliced_through_int_is_captured(keep_sources: bool) -
     assert ops[-1].output_shapes == [[4, 100, 3]]
 
 
+class _CausalMask(nn.Module):
+    """minGPT's attention: a causal mask made in forward from the sequence length (a factory
+    call, ``torch.tril``, which PyTorch runs through a decomposition of tensor operators)."""
+
+    def __init__(self, d: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.qkv(x).split(c, dim=2))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        mask = torch.tril(torch.ones(t, t, device=x.device)).view(1, 1, t, t)
+        att = F.softmax(att.masked_fill(mask == 0, float("-inf")), dim=-1)
+        return (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_a_causal_mask_made_in_forward_is_one_operation_per_call(mode: str) -> None:
+    """A call that PyTorch runs through Python (tril's decomposition subtracts aranges) is one
+    recorded operation: its insides are neither recorded again nor taken for unknown tensors."""
+    ops = extract_operations(_CausalMask(), (2, 16, 32), mode=mode)
+    kinds = [op.kind for op in ops]
+    assert kinds.count("tril") == 1 and kinds.count("ones") == 1
+    assert "arange" not in kinds and "sub" not in kinds
+    fill = next(op for op in ops if op.kind == "masked_fill")
+    assert fill.input_shapes[0] == [2, 4, 16, 16]
+    assert ops[-1].output_shapes == [[2, 16, 32]]
+
+
 def test_transformer_with_example_inputs_when_fx_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     tr = nn.Transformer(32, 4, 1, 1, 64, batch_first=True)
     src, tgt = torch.zeros(2, 10, 32), torch.zeros(2, 7, 32)

@@ -143,7 +143,13 @@ class _Recorder(TorchFunctionMode):
                 f"{list(args[0].shape)}, e.g. `if x.sum() > 0:`); extraction sees shapes, never values: move the "
                 "branch out of forward or make it depend on shapes or constant attributes")
         self.check_known((args, kwargs))
-        out = func(*args, **kwargs)
+        # the call's own insides (a decomposition's operators, a Python function's tensor
+        # arithmetic) are part of this one node, not nodes of their own
+        self.in_leaf += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.in_leaf -= 1
         if name in _NO_NODE_METHODS or not _tensor_leaves(out):
             return out  # shapes, sizes, flags: plain values, as fx's interpretation makes them
         getter = getattr(func, "__self__", None)
