@@ -66,6 +66,39 @@ def _check_shape(batch_size: int, resolution: int) -> tuple[int, int, int, int]:
     return (batch_size, 3, resolution, resolution)
 
 
+MODEL_HELP = "a torchvision classifier or one of gpurec's sequence models (`gpurec ops --list-models`)"
+SEQ_LEN_HELP = ("tokens per sequence, for gpurec's sequence models (BERT-, GPT-, LSTM- and GRU-like; "
+                "`gpurec ops --list-models`); default 128")
+DEFAULT_SEQ_LEN = 128
+
+
+def _check_input(model: str, batch_size: int, resolution: int, seq_len: int | None) -> tuple[int, ...]:
+    """The model's name checked, then the input it takes: (batch, seq_len) token ids for one of
+    gpurec's sequence models, else a (batch, 3, resolution, resolution) image batch."""
+    _check_model_name(model)
+    from gpurec.sets import is_sequence_arch
+
+    if not is_sequence_arch(model):
+        if seq_len is not None:
+            _fail(f"--seq-len is for sequence models; {model} takes images (--resolution)")
+        return _check_shape(batch_size, resolution)
+    if batch_size < 1:
+        _fail(f"--batch-size must be at least 1, got {batch_size}")
+    seq_len = DEFAULT_SEQ_LEN if seq_len is None else seq_len
+    if seq_len < 1:
+        _fail(f"--seq-len must be at least 1, got {seq_len}")
+    return (batch_size, seq_len)
+
+
+def _check_precision(precision: str) -> str:
+    """The precision, lower-cased, if gpurec knows it."""
+    from gpurec.ops.precision import PRECISIONS
+
+    if precision.lower() not in PRECISIONS:
+        _fail(f"--precision must be one of {', '.join(PRECISIONS)}, not '{precision}'")
+    return precision.lower()
+
+
 def _check_mode(mode: str) -> str:
     """The mode, lower-cased: choices ignore case."""
     from gpurec.sets import MODES
@@ -131,26 +164,28 @@ def _fmt(v: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 @app.command()
 def ops(
-    model: str = typer.Option(None, "--model", "-m", help="torchvision classification model name"),
-    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images per step"),
+    model: str = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images (or sequences) per step"),
     resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
     mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or csv"),
-    list_models: bool = typer.Option(False, "--list-models", help="list the torchvision models and exit"),
+    list_models: bool = typer.Option(False, "--list-models", help="list the model names and exit"),
     precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP),
+    seq_len: int = typer.Option(None, "--seq-len", "-s", help=SEQ_LEN_HELP),
 ) -> None:
     """List the operations a network executes, with their analytic features and totals."""
     fmt = _check_format(fmt)
     if list_models:
         from gpurec.ops import classification_models
+        from gpurec.sets import SEQ_DATASET_ARCHS, SEQ_TEST_ARCHS
 
         typer.echo("\n".join(classification_models()))
+        typer.echo("\n".join(sorted((*SEQ_DATASET_ARCHS, *SEQ_TEST_ARCHS))))
         return
     if not model:
         _fail("--model is required (see --list-models)")
-    shape = _check_shape(batch_size, resolution)
+    shape = _check_input(model, batch_size, resolution, seq_len)
     mode = _check_mode(mode)
-    _check_model_name(model)
     from gpurec.ops import extract_operations, network_totals
 
     with _Progress() as say:
@@ -586,9 +621,9 @@ def profile(
         _fail(f"--ncu-sampling must be one of {', '.join(SAMPLING_MODES)}, not '{ncu_sampling}'")
     if precision not in ("fp32", "tf32", "bf16", "fp16"):
         _fail(f"--precision must be one of fp32, tf32, bf16, fp16, not '{precision}'")
-    _check_shape(batch_size, resolution)
+    if len(_check_input(model, batch_size, resolution, None)) != 4:
+        _fail(f"profile takes torchvision classifiers; {model} is a sequence model")
     mode = _check_mode(mode)
-    _check_model_name(model)
     if device is None or str(device).startswith("cuda"):
         _require_gpu("profile", gpu_index)
     from gpurec.device.errors import NcuNotFound
@@ -744,8 +779,8 @@ def _check_gpus(gpus_opt: str | None) -> list[str] | None:
 
 @app.command()
 def predict(
-    model: str = typer.Option(..., "--model", "-m", help="torchvision classification model name"),
-    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images per step"),
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images (or sequences) per step"),
     resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
     mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
     gpu: str = typer.Option("H100-SXM", "--gpu", help="GPU short name or NVML name (see `gpurec gpus`)"),
@@ -754,12 +789,12 @@ def predict(
     models: Path = typer.Option(None, "--models", help=MODELS_HELP),
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
     precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP),
+    seq_len: int = typer.Option(None, "--seq-len", "-s", help=SEQ_LEN_HELP),
 ) -> None:
     """Predict one step's time, energy and power on one GPU, with its uncertainty band."""
     fmt = _check_format(fmt, ("table", "json"))
-    shape = _check_shape(batch_size, resolution)
+    shape = _check_input(model, batch_size, resolution, seq_len)
     mode = _check_mode(mode)
-    _check_model_name(model)
     host = _check_host(host)
     from gpurec.catalog import resolve_gpu
     from gpurec.recommend.ranking import predict_on
@@ -833,17 +868,18 @@ LOW_COVERAGE = 0.9
 
 def _check_model_name(model: str) -> None:
     """Reject an unknown name before torch is imported (a fraction of a second, not seconds)."""
-    from gpurec.ops.names import unknown_model_message
+    from gpurec.ops.names import TORCHVISION_CLASSIFIERS, unknown_model_message
+    from gpurec.sets import SEQ_DATASET_ARCHS, SEQ_TEST_ARCHS
 
-    message = unknown_model_message(model)
+    message = unknown_model_message(model, (*TORCHVISION_CLASSIFIERS, *SEQ_DATASET_ARCHS, *SEQ_TEST_ARCHS))
     if message is not None:
         _fail(message)
 
 
 @app.command()
 def recommend(
-    model: str = typer.Option(..., "--model", "-m", help="torchvision classification model name"),
-    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images per step"),
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images (or sequences) per step"),
     resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
     mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
     objective: str = typer.Option("energy", "--objective",
@@ -854,12 +890,12 @@ def recommend(
     models: Path = typer.Option(None, "--models", help=MODELS_HELP),
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
     precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP),
+    seq_len: int = typer.Option(None, "--seq-len", "-s", help=SEQ_LEN_HELP),
 ) -> None:
     """Rank GPUs for one step of a network by time, energy or energy-delay product."""
     fmt = _check_format(fmt, ("table", "json"))
-    shape = _check_shape(batch_size, resolution)
+    shape = _check_input(model, batch_size, resolution, seq_len)
     mode = _check_mode(mode)
-    _check_model_name(model)
     host = _check_host(host)
     from gpurec.recommend import check_objective
     from gpurec.recommend import recommend as run_recommend
@@ -970,7 +1006,7 @@ def _render_ranking(r: Any) -> None:
 def validate(
     model: str = typer.Option(None, "--model", "-m",
                               help="torchvision classification model name (required unless --complete)"),
-    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images per step"),
+    batch_size: int = typer.Option(32, "--batch-size", "-b", help="images (or sequences) per step"),
     resolution: int = typer.Option(224, "--resolution", "-r", help="image height and width in pixels"),
     mode: str = typer.Option("inference", "--mode", help="inference (forward) or training (forward + backward)"),
     gpu_index: int = typer.Option(0, "--gpu-index", help="CUDA index of the GPU to measure on"),
@@ -979,6 +1015,8 @@ def validate(
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
     complete: Path = typer.Option(None, "--complete", help="add predictions to a log measured without xgboost"),
     models: Path = typer.Option(None, "--models", help=MODELS_HELP + " (with --complete)"),
+    seq_len: int = typer.Option(None, "--seq-len", "-s", help=SEQ_LEN_HELP),
+    precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP),
 ) -> None:
     """Measure a whole network on this GPU and compare with the prediction and the op sum."""
     fmt = _check_format(fmt, ("table", "json"))
@@ -990,14 +1028,15 @@ def validate(
         return
     if not model:
         _fail("--model is required (or --complete LOG)")
-    _check_shape(batch_size, resolution)
+    shape = _check_input(model, batch_size, resolution, seq_len)
     mode = _check_mode(mode)
-    _check_model_name(model)
+    precision = _check_precision(precision)
     _require_gpu("validate", gpu_index)
     from gpurec.validate import render
     from gpurec.validate import validate as run_validate
 
-    record = _guard(run_validate, model, batch_size, resolution, mode, gpu_index, log)
+    record = _guard(run_validate, model, batch_size, resolution, mode, gpu_index, log,
+                    seq_len=shape[1] if len(shape) == 2 else None, precision=precision)
     if fmt == "json":
         _print_json(record)
     else:

@@ -45,6 +45,10 @@ def test_ops_table_and_csv() -> None:
     (("recommend", "--model", "resnet18", "--gpus", "H100,X999"), "Valid choices"),
     (("recommend", "--model", "not_a_net"), "Unknown model"),
     (("predict", "--model", "resnet18", "--gpu", "Z1"), "Valid choices"),
+    (("predict", "--model", "resnet18", "--seq-len", "128"), "takes images"),
+    (("predict", "--model", "bert_d384_pre", "--seq-len", "0"), "--seq-len must be at least 1"),
+    (("validate", "--model", "gpt_d768", "--precision", "bf17"), "--precision must be one of"),
+    (("profile", "--model", "gpt_d768"), "profile takes torchvision classifiers"),
 ])
 def test_bad_input_exits_2_with_one_line(args: tuple[str, ...], needle: str) -> None:
     res = run(*args)
@@ -128,6 +132,19 @@ def test_predict_json_has_bands_and_bound() -> None:
     assert data["time_low_ms"] <= data["time_ms"] <= data["time_high_ms"]
     text = run("predict", "--model", "resnet18", "--batch-size", "2").output
     assert "band" in text and "per step" in text
+
+
+def test_a_sequence_model_by_name_takes_token_ids_of_its_sequence_length() -> None:
+    """gpurec's sequence models are named like the classifiers: --seq-len sets the tokens per
+    sequence (default 128), the input is (batch, seq_len), and --precision reaches them."""
+    res = run("predict", "--model", "gpt_d768", "-b", "2", "--seq-len", "64", "--precision", "bf16-mixed",
+              "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["input_shape"] == [2, 64] and data["gpu_time_ms"] > 0
+    ops = json.loads(run("ops", "--model", "bert_d384_pre", "-b", "2", "--format", "json").stdout)
+    assert ops["input_shape"] == [2, 128]
+    assert "gpt_d768" in run("ops", "--list-models").output.split()
 
 
 @pytest.mark.parametrize("command", ["predict", "recommend"])

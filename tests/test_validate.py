@@ -110,3 +110,78 @@ def test_sum_of_measured_ops_uses_host_free_rows_and_needs_every_operation(monke
     monkeypatch.setattr(gpurec.dataset, "load_dataset", lambda gpu, root=None: missing)
     s = val.sum_of_measured_ops("resnet18", shape, "inference", "NVIDIA H100 80GB HBM3")
     assert "sum_gpu_time_ms" not in s and "sum_time_ms" in s
+
+
+class AskedPredictor(FakePredictor):
+    """The fake predictor, remembering the input and precision each prediction was asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list = []
+
+    def predict(self, model, input_shape, mode="inference", gpu="H100", host=None, **kwargs):
+        self.asked.append((model, tuple(input_shape), kwargs.get("precision")))
+        return super().predict(model, input_shape, mode, gpu, host)
+
+
+def test_validate_a_sequence_model_at_a_mixed_precision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sequence model takes (batch, seq_len) token ids: the record keeps the sequence length
+    and the precision, the prediction is asked for both, and a pending record is completed with
+    the same input; fp32 classifiers are asked as before, with no precision named."""
+    import gpurec.validate.run as val_run
+
+    p = AskedPredictor()
+    rec = val.validate("bert_d384_pre", 4, mode="training", log_path=None, predictor=p, measurement=MEAS,
+                       seq_len=64, precision="bf16-mixed")
+    assert p.asked[-1] == ("bert_d384_pre", (4, 64), "bf16-mixed")
+    assert rec["seq_len"] == 64 and "resolution" not in rec and rec["precision"] == "bf16-mixed"
+    assert val.record_input(rec) == ((4, 64), "bf16-mixed", "bert_d384_pre:b4:s64")
+    assert "sequence length 64" in val.render(rec) and "at bf16-mixed" in val.render(rec)
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setattr(val_run, "load_predictor_or_none", lambda: None)
+    val.validate("gpt_d768", 2, mode="inference", log_path=log, measurement=MEAS, seq_len=256, precision="bf16-mixed")
+    assert val.complete_log(log, predictor=p) == 1
+    assert p.asked[-1] == ("gpt_d768", (2, 256), "bf16-mixed")
+    rec = val.validate("resnet18", 2, 64, "inference", log_path=None, predictor=p, measurement=MEAS)
+    assert p.asked[-1] == ("resnet18", (2, 3, 64, 64), None) and rec["precision"] == "fp32"
+    with pytest.raises(ValueError, match="sequence length"):
+        val.input_of("bert_d384_pre", 4)
+
+
+def test_sum_of_measured_ops_takes_the_rows_of_its_precision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's identity is (gpu, precision, id): the same operation measured at another precision
+    (listed first here) never stands in for the precision asked for."""
+    import gpurec.dataset
+    from gpurec.ops import extract_operations
+
+    shape = (2, 3, 32, 32)
+    ops = extract_operations("resnet18", shape, mode="inference", keep_sources=False)
+    sigs = sorted({op.signature for op in ops})
+    other = pd.DataFrame({"op_signature": sigs, "mode": "inference", "precision": "bf16-mixed", "time_ms": 9.0,
+                          "gpu_time_ms": 5.0, "gpu_energy_mj": 5.0})
+    fp32 = other.assign(precision=None, gpu_time_ms=1.0, gpu_energy_mj=1.0, time_ms=2.0)
+    monkeypatch.setattr(gpurec.dataset, "load_dataset", lambda gpu, root=None: pd.concat([other, fp32]))
+    s = val.sum_of_measured_ops("resnet18", shape, "inference", "NVIDIA H100 80GB HBM3")
+    assert s["sum_gpu_time_ms"] == pytest.approx(1.0 * len(ops))
+
+
+def test_live_records_on_two_gpus_give_the_measured_and_predicted_ratio() -> None:
+    """The difference a ranking sells, checked live: per set, the median of each GPU's records
+    (every machine) over the base GPU's, against the ratio of the estimates, in points."""
+    from gpurec.reports.validation import _gpu_pairs
+
+    def rec(gpu: str, t: float, e: float, **kw) -> dict:
+        return {"model": "resnet50", "batch_size": 32, "resolution": 224, "mode": "inference", "gpu": gpu,
+                "measured_gpu_time_ms": t, "measured_gpu_energy_mj": e, "_file": "live_x.jsonl", **kw}
+
+    def est(t: float, e: float) -> SimpleNamespace:
+        return SimpleNamespace(gpu_time_ms=t, gpu_energy_mj=e)
+
+    recs = [rec("NVIDIA H100 80GB HBM3", 10.0, 100.0), rec("NVIDIA H100 80GB HBM3", 12.0, 120.0),
+            rec("NVIDIA H200", 9.9, 99.0), rec("NVIDIA H200", 9.0, 80.0, precision="bf16-mixed")]
+    ests = [est(10.0, 100.0), est(10.0, 100.0), est(8.0, 95.0), est(5.0, 50.0)]
+    text = "\n".join(_gpu_pairs(recs, ests))
+    # measured 9.9 / median(10, 12) = 0.900, predicted 0.800: -10.0 pp; energy 0.900 vs 0.950: +5.0 pp
+    assert "| resnet50:b32:r224 | inference | NVIDIA H200 | 0.900 | 0.800 | -10.0 | 0.900 | 0.950 | +5.0 |" in text
+    assert "bf16-mixed" not in text  # no H100 record at that precision: no pair
+    assert "time 10.0 pp" in text and "energy 5.0 pp" in text
+    assert _gpu_pairs(recs[:2], ests[:2]) == []

@@ -24,7 +24,7 @@ from typing import Any
 from gpurec.dataset import load_dataset
 from gpurec.dataset.store import atomic_write_text
 from gpurec.reports.markdown import table
-from gpurec.sets import TEST_ARCHS
+from gpurec.sets import SEQ_TEST_ARCHS, TEST_ARCHS
 
 FIELDS = (("gpu_time_ms", "GPU time (one CUDA graph)"), ("gpu_energy_mj", "GPU energy (one CUDA graph)"),
           ("time_ms", "eager time on the measuring host"), ("energy_mj", "eager energy on the measuring host"))
@@ -41,6 +41,15 @@ def _records(val_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _unseen(r: dict[str, Any]) -> bool:
+    """An architecture never trained on: a torchvision or a sequence test architecture."""
+    return r["model"] in TEST_ARCHS or r["model"] in SEQ_TEST_ARCHS
+
+
+def _architecture(r: dict[str, Any]) -> str:
+    return "unseen" if _unseen(r) else "training"
+
+
 def _err(pred: float, meas: float | None) -> float | None:
     return None if not meas else 100.0 * (pred / meas - 1.0)
 
@@ -54,9 +63,27 @@ def _machine(r: dict[str, Any]) -> str:
     return f"{Path(r['_file']).stem.removeprefix('live_')} ({hb['cores']} cores)" if hb else Path(r["_file"]).stem
 
 
+def _set(r: dict[str, Any]) -> tuple[str, str]:
+    """The record's set key and precision (gpurec.validate.compare.record_input)."""
+    from gpurec.validate.compare import record_input
+
+    _, precision, key = record_input(r)
+    return key, precision
+
+
+def _label(r: dict[str, Any]) -> str:
+    """The record's model as the tables name it: with its sequence length and any precision
+    other than fp32."""
+    key, precision = _set(r)
+    seq = f" s{r['seq_len']}" if r.get("seq_len") else ""
+    return f"{r['model']}{seq}" + ("" if precision == "fp32" else f" ({precision})")
+
+
 def _collected(nets: Any, r: dict[str, Any]) -> dict[str, float] | None:
-    """The whole-network row `gpurec collect` measured for the record's set and mode."""
-    row = nets[(nets["set_key"] == f"{r['model']}:b{r['batch_size']}:r{r['resolution']}") & (nets["mode"] == r["mode"])]
+    """The whole-network row `gpurec collect` measured for the record's set, mode and precision."""
+    key, precision = _set(r)
+    row_precision = nets["precision"].fillna("fp32") if "precision" in nets.columns else "fp32"
+    row = nets[(nets["set_key"] == key) & (nets["mode"] == r["mode"]) & (row_precision == precision)]
     if row.empty:
         return None
     last = row.iloc[-1]
@@ -70,17 +97,15 @@ def _predict(recs: list[dict[str, Any]], models_dir: Path, warn: Callable[[str],
     """The shipped models' estimate for each record, with the measuring host's profile (None
     where the models cannot cover it: the record stays in the tables)."""
     from gpurec.model import load_predictor
-    from gpurec.validate.compare import host_of
+    from gpurec.validate.compare import predict_record
 
     predictor = load_predictor(models_dir, data_root=models_dir.parent / "datasets")
     out = []
     for r in recs:
-        shape = (int(r["batch_size"]), 3, int(r["resolution"]), int(r["resolution"]))
         try:
-            out.append(predictor.predict(r["model"], input_shape=shape, mode=r["mode"], gpu=r["gpu"],
-                                         host=host_of(r)))
+            out.append(predict_record(predictor, r))
         except Exception as exc:  # shown as "—", never dropped
-            warn(f"{r['model']} b{r['batch_size']} {r['mode']}: {exc}")
+            warn(f"{_label(r)} b{r['batch_size']} {r['mode']}: {exc}")
             out.append(None)
     return out
 
@@ -88,7 +113,7 @@ def _predict(recs: list[dict[str, Any]], models_dir: Path, warn: Callable[[str],
 def _field_table(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
     rows = []
     for r, est in zip(recs, ests, strict=True):
-        cells = [_machine(r), r["model"], r["batch_size"], r["mode"], "unseen" if r["model"] in TEST_ARCHS else "training"]
+        cells = [_machine(r), _label(r), r["batch_size"], r["mode"], _architecture(r)]
         for f, _ in FIELDS:
             meas = r.get(f"measured_{f}")
             pred = None if est is None else getattr(est, f)
@@ -109,20 +134,20 @@ def _summary(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
     between machines measuring the same set (the noise floor)."""
     by_set: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in recs:
-        by_set[(r["gpu"], r["model"], r["batch_size"], r["resolution"], r["mode"])].append(r)
+        by_set[(r["gpu"], *_set(r), r["mode"])].append(r)
     rows = []
     for f, label in FIELDS:
         cells: list[Any] = [label]
         for unseen in (False, True):
             errs = [abs(e) for r, est in zip(recs, ests, strict=True)
-                    if est is not None and (r["model"] in TEST_ARCHS) == unseen
+                    if est is not None and _unseen(r) == unseen
                     and (e := _err(getattr(est, f), r.get(f"measured_{f}"))) is not None]
             cells.append(f"{statistics.mean(errs):.1f}% (max {max(errs):.1f}%, n={len(errs)})" if errs else "—")
         moves = [100 * abs(max(v) / min(v) - 1) for rs in by_set.values()
                  if len(v := [r[f"measured_{f}"] for r in rs if r.get(f"measured_{f}")]) >= 2]
         cells.append(f"{statistics.median(moves):.1f}% (max {max(moves):.1f}%, n={len(moves)})" if moves else "—")
         rows.append(cells)
-    right = [(r["model"] in TEST_ARCHS, est.bound == r["measured_bound"]) for r, est in zip(recs, ests, strict=True)
+    right = [(_unseen(r), est.bound == r["measured_bound"]) for r, est in zip(recs, ests, strict=True)
              if est is not None and r.get("measured_bound")]
     cells = ["bound verdict (right)"]
     for unseen in (False, True):
@@ -141,10 +166,10 @@ def _two_hosts(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
     by_set: dict[tuple[Any, ...], list[tuple[dict[str, Any], Any]]] = defaultdict(list)
     for r, est in zip(recs, ests, strict=True):
         if r.get("host_bench") and est is not None:
-            by_set[(r["gpu"], r["model"], r["batch_size"], r["mode"])].append((r, est))
+            by_set[(r["gpu"], *_set(r), r["mode"])].append((r, est))
     rows, agree = [], []
     hosts: dict[str, dict[str, Any]] = {}
-    for (_, model, batch, mode), pairs in by_set.items():
+    for (_, _, _, mode), pairs in by_set.items():
         if len(pairs) < 2:
             continue
         for r, _ in pairs:
@@ -154,7 +179,8 @@ def _two_hosts(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
             if abs(m_ratio - 1) > 0.05:
                 agree.append((m_ratio > 1) == (eb.time_ms > ea.time_ms))
         gpu = [r["measured_gpu_time_ms"] for r, _ in pairs]
-        rows.append([model, batch, mode, " / ".join(f"{r['measured_time_ms']:.2f}" for r, _ in pairs),
+        rows.append([_label(pairs[0][0]), pairs[0][0]["batch_size"], mode,
+                     " / ".join(f"{r['measured_time_ms']:.2f}" for r, _ in pairs),
                      " / ".join(f"{e.time_ms:.2f}" for _, e in pairs),
                      f"{100 * (max(gpu) / min(gpu) - 1):.1f}%", " / ".join(r["measured_bound"] for r, _ in pairs)])
     if not rows:
@@ -174,6 +200,47 @@ def _two_hosts(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
             ""]
 
 
+def _gpu_pairs(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
+    """Sets measured live on two GPU models: the measured ratio of their host-free time and
+    energy (each GPU's median over its machines) against the predicted ratio, in percentage
+    points: the difference a ranking sells, checked live."""
+    by_set: dict[tuple[Any, ...], dict[str, list[tuple[dict[str, Any], Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r, est in zip(recs, ests, strict=True):
+        if est is not None and r.get("measured_gpu_time_ms") and r.get("measured_gpu_energy_mj"):
+            by_set[(*_set(r), r["mode"])][r["gpu"]].append((r, est))
+    gpus = sorted({g for per_gpu in by_set.values() for g in per_gpu})
+    if len(gpus) < 2:
+        return []
+    base, other = gpus[0], gpus[1:]
+    rows, errs = [], defaultdict(list)
+    for (key, precision, mode), per_gpu in sorted(by_set.items()):
+        if base not in per_gpu:
+            continue
+        for g in other:
+            if g not in per_gpu:
+                continue
+            cells: list[Any] = [key + ("" if precision == "fp32" else f" ({precision})"), mode, g]
+            for f in ("gpu_time_ms", "gpu_energy_mj"):
+                meas = statistics.median(r[f"measured_{f}"] for r, _ in per_gpu[g]) / statistics.median(
+                    r[f"measured_{f}"] for r, _ in per_gpu[base])
+                pred = getattr(per_gpu[g][0][1], f) / getattr(per_gpu[base][0][1], f)
+                errs[f].append(100 * (pred - meas))
+                cells += [f"{meas:.3f}", f"{pred:.3f}", f"{100 * (pred - meas):+.1f}"]
+            rows.append(cells)
+    if not rows:
+        return []
+
+    def mean_abs(v: list[float]) -> str:
+        return f"{statistics.mean(abs(x) for x in v):.1f} pp (bias {statistics.mean(v):+.1f} pp, n={len(v)})"
+
+    return [f"Each GPU against the {base}: the measured ratio is the median of each GPU's live records of the set "
+            "(every machine), the predicted one the ratio of the two estimates.", "",
+            table(["set", "mode", "GPU", "time ratio measured", "time ratio predicted", "error (pp)",
+                   "energy ratio measured", "energy ratio predicted", "error (pp)"], rows), "",
+            f"Mean |error| of the ratio: time {mean_abs(errs['gpu_time_ms'])}, energy "
+            f"{mean_abs(errs['gpu_energy_mj'])}.", ""]
+
+
 def _per_op(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
     """Predicted per-operation GPU time against the in-network kernel time of the same position,
     summed by operation kind over every record (positions whose signature differs are counted apart)."""
@@ -186,7 +253,7 @@ def _per_op(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
             continue
         positions = per_op_errors(est, r["in_network"], top=None)
         total += len(positions)
-        unseen = r["model"] in TEST_ARCHS
+        unseen = _unseen(r)
         for pos in positions:
             if not pos["same_operation"]:
                 mismatched += 1
@@ -223,7 +290,7 @@ def _against_collection(recs: list[dict[str, Any]], root: Path) -> list[str]:
                 d = 100 * (r[f"measured_{f}"] / col[f] - 1)
                 moved[f].append(abs(d))
                 if f == "time_ms" and abs(d) > 10:
-                    far.append(f"{r['model']} b{r['batch_size']} {r['mode']} on {_machine(r)} ({d:+.0f}%)")
+                    far.append(f"{_label(r)} b{r['batch_size']} {r['mode']} on {_machine(r)} ({d:+.0f}%)")
 
     def summary(v: list[float]) -> str:
         return f"median {statistics.median(v):.1f}% (max {max(v):.1f}%, n={len(v)})" if v else "—"
@@ -237,24 +304,24 @@ def _against_collection(recs: list[dict[str, Any]], root: Path) -> list[str]:
 
 def _op_sums(recs: list[dict[str, Any]], root: Path) -> list[str]:
     """The sum of the isolated host-free operation rows against the network's graph time."""
-    from gpurec.validate.compare import sum_of_measured_ops
+    from gpurec.validate.compare import record_input, sum_of_measured_ops
 
     rows, seen = [], set()
     for r in recs:
-        key = (r["gpu"], r["model"], r["batch_size"], r["resolution"], r["mode"])
+        key = (r["gpu"], *_set(r), r["mode"])
         if key in seen or not r.get("measured_gpu_time_ms"):
             continue
         seen.add(key)
-        shape = (int(r["batch_size"]), 3, int(r["resolution"]), int(r["resolution"]))
-        s = sum_of_measured_ops(r["model"], shape, r["mode"], r["gpu"], root=root / "datasets")
+        shape, precision, _ = record_input(r)
+        s = sum_of_measured_ops(r["model"], shape, r["mode"], r["gpu"], root=root / "datasets", precision=precision)
         if "sum_gpu_time_ms" in s:
-            rows.append([r["model"], r["batch_size"], r["mode"], f"{r['measured_gpu_time_ms']:.2f}",
+            rows.append([_label(r), r["batch_size"], r["mode"], f"{r['measured_gpu_time_ms']:.2f}",
                          f"{s['sum_gpu_time_ms']:.2f} ({_pct(_err(s['sum_gpu_time_ms'], r['measured_gpu_time_ms']))})",
                          f"{r['measured_gpu_energy_mj']:.0f}",
                          f"{s['sum_gpu_energy_mj']:.0f} ({_pct(_err(s['sum_gpu_energy_mj'], r['measured_gpu_energy_mj']))})"
                          if "sum_gpu_energy_mj" in s else "—"])
         else:
-            rows.append([r["model"], r["batch_size"], r["mode"], f"{r['measured_gpu_time_ms']:.2f}",
+            rows.append([_label(r), r["batch_size"], r["mode"], f"{r['measured_gpu_time_ms']:.2f}",
                          f"{s['covered_ops']}/{s['ops']} operations measured", "—", "—"])
     return [table(["model", "batch", "mode", "graph ms (live)", "sum of operation rows, ms", "graph mJ (live)",
                    "sum of operation rows, mJ"], rows), ""]
@@ -263,8 +330,7 @@ def _op_sums(recs: list[dict[str, Any]], root: Path) -> list[str]:
 def _legacy(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
     rows = []
     for r, est in zip(recs, ests, strict=True):
-        rows.append([r["_file"], r["model"], r["batch_size"], r["mode"],
-                     "unseen" if r["model"] in TEST_ARCHS else "training",
+        rows.append([r["_file"], _label(r), r["batch_size"], r["mode"], _architecture(r),
                      f"{r['measured_time_ms']:.2f}", "—" if est is None else f"{est.time_ms:.2f} ({_pct(_err(est.time_ms, r['measured_time_ms']))})",
                      f"{r['measured_energy_mj']:.0f}",
                      "—" if est is None else f"{est.energy_mj:.0f} ({_pct(_err(est.energy_mj, r['measured_energy_mj']))})"])
@@ -289,7 +355,7 @@ def _plot(recs: list[dict[str, Any]], ests: list[Any], out: Path) -> None:
         for k, m in enumerate(machines):
             for unseen in (False, True):
                 pts = [(r[f"measured_{f}"], getattr(e, f)) for r, e in zip(recs, ests, strict=True)
-                       if e is not None and _machine(r) == m and (r["model"] in TEST_ARCHS) == unseen
+                       if e is not None and _machine(r) == m and _unseen(r) == unseen
                        and r.get(f"measured_{f}")]
                 if not pts:
                     continue
@@ -334,7 +400,8 @@ def generate(root: Path | str = ".", warn: Callable[[str], None] | None = None) 
         "(`datasets/validation/`), the shipped dataset and the shipped models; every number comes from those files._",
         "",
         f"GPUs: {', '.join(gpus)}; driver {prov.get('driver', '?')}, torch {prov.get('torch', '?')}.  "
-        "Each record was measured by `gpurec validate --model M --batch-size B --mode MODE` "
+        "Each record was measured by `gpurec validate --model M --batch-size B --mode MODE [--seq-len S] "
+        "[--precision P]` "
         "(`scripts/device_validate.sh`) the three ways collection measures a network: eager (Timer median, "
         "tick-aligned NVML energy window), host-free (the step captured as one CUDA graph, replays timed by CUDA "
         "events inside an energy window) and in-network (kernel time per operation position under the profiler), "
@@ -345,16 +412,24 @@ def generate(root: Path | str = ".", warn: Callable[[str], None] | None = None) 
         "records), made with each record's own host profile; the logs also keep the prediction stored when "
         "`gpurec validate --complete` filled them in.  Errors are (predicted − measured) / measured.  *Unseen* "
         "architectures are never trained on; for training architectures the GPU's own operation rows are "
-        "looked up, so their error is mostly that of the whole-network composition and of the host.",
+        "looked up, so their error is mostly that of the whole-network composition and of the host.  On every "
+        "GPU but the H100 the GPU time `predict` gives is the H100's times the cross-GPU model's ratio, so a "
+        "record of another GPU checks that transfer live.",
         "",
     ]
     if new:
-        lines += ["## Field by field", "", *_summary(new_r, new_e),
+        lines += ["## Field by field", ""]
+        for gpu in sorted({r["gpu"] for r in new_r}):
+            mine = [(r, e) for r, e in zip(new_r, new_e, strict=True) if r["gpu"] == gpu]
+            lines += [f"### {gpu}", "", *_summary([r for r, _ in mine], [e for _, e in mine])]
+        lines += [
                   "The last column is the noise floor: the same set measured by the same code on several "
                   "machines with the same GPU model.  The bound is `host` when the eager step is at least 20% "
                   "longer than the graph.", "",
                   *_field_table(new_r, new_e),
                   "## The same sets on several hosts", "", *_two_hosts(new_r, new_e),
+                  "## The same sets on two GPUs: the difference, live", "",
+                  *(_gpu_pairs(new_r, new_e) or ["No set was measured live on two GPU models yet.", ""]),
                   "## Which operations carry the GPU-time error", "", *_per_op(new_r, new_e),
                   "## Live measurements against the collected rows", "", *_against_collection(new_r, root),
                   "## The network as the sum of its isolated operations", "",

@@ -12,8 +12,9 @@ from importlib import import_module
 from typing import Any
 
 _RUN = {"measure_network", "validate"}
-_COMPARE = {"DEFAULT_LOG", "complete_log", "host_of", "load_log", "measured_fields", "per_op_errors", "plot_log",
-            "prediction_fields", "render", "sum_of_measured_ops", "sum_operations"}
+_COMPARE = {"DEFAULT_LOG", "complete_log", "host_of", "input_of", "load_log", "measured_fields", "per_op_errors",
+            "plot_log", "predict_record", "prediction_fields", "record_input", "render", "sum_of_measured_ops",
+            "sum_operations"}
 
 __all__ = sorted(_RUN | _COMPARE)
 

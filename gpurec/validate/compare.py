@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from gpurec.results import StepCost
 
 DEFAULT_LOG = Path("datasets") / "validation" / "validation_log.jsonl"
+DEFAULT_PRECISION = "fp32"  # rows and records without a precision
 
 
 def sum_operations(ops: Iterable[tuple[str, float]], measured: Mapping[str, Sequence[float]],
@@ -46,7 +47,7 @@ def sum_operations(ops: Iterable[tuple[str, float]], measured: Mapping[str, Sequ
 
 
 def sum_of_measured_ops(model: str, input_shape: tuple[int, ...], mode: str, gpu: str,
-                        root: Path | None = None) -> dict[str, Any]:
+                        root: Path | None = None, precision: str = DEFAULT_PRECISION) -> dict[str, Any]:
     """Sum of per-operation measurements (with multiplicity) for one network on one GPU.
 
     Host-free rows give ``sum_gpu_time_ms`` and ``sum_gpu_energy_mj`` (compare with the step as
@@ -56,12 +57,14 @@ def sum_of_measured_ops(model: str, input_shape: tuple[int, ...], mode: str, gpu
     from gpurec.dataset import load_dataset
     from gpurec.ops import extract_operations
 
-    ops = extract_operations(model, input_shape, mode=mode, keep_sources=False)
+    ops = extract_operations(model, input_shape, mode=mode, keep_sources=False, precision=precision)
     try:
         df = load_dataset(gpu=gpu, root=root)
     except FileNotFoundError:
         return {"ops": len(ops), "covered_ops": 0, "coverage": 0.0}
-    df = df[df["mode"] == mode].drop_duplicates("op_signature")
+    # a row's identity is (gpu, precision, id): rows without a precision are fp32
+    row_precision = df["precision"].fillna(DEFAULT_PRECISION) if "precision" in df.columns else DEFAULT_PRECISION
+    df = df[(df["mode"] == mode) & (row_precision == precision)].drop_duplicates("op_signature")
     out: dict[str, Any] = {}
     columns = {"time": ("time_ms", "energy_mj"), "gpu_time": ("gpu_time_ms", "gpu_energy_mj")}
     for name, (t_col, e_col) in columns.items():
@@ -78,6 +81,26 @@ def sum_of_measured_ops(model: str, input_shape: tuple[int, ...], mode: str, gpu
             if sums["sum_energy_mj"] == sums["sum_energy_mj"]:  # not NaN: every row had this energy
                 out[f"sum_{e_col}"] = sums["sum_energy_mj"]
     return out or {"ops": len(ops), "covered_ops": 0, "coverage": 0.0}
+
+
+def input_of(model: str, batch_size: int, resolution: int = 224, seq_len: int | None = None) -> tuple[int, ...]:
+    """The input a named model takes: (batch, seq_len) token ids for one of gpurec's sequence
+    models (gpurec.sets), else a (batch, 3, resolution, resolution) image batch."""
+    from gpurec.sets import is_sequence_arch
+
+    if is_sequence_arch(model):
+        if not seq_len:
+            raise ValueError(f"{model} is a sequence model: give its sequence length (seq_len)")
+        return (int(batch_size), int(seq_len))
+    return (int(batch_size), 3, int(resolution), int(resolution))
+
+
+def record_input(record: Mapping[str, Any]) -> tuple[tuple[int, ...], str, str]:
+    """A log record's (input shape, precision, set key).  Records of older code carry neither a
+    sequence length nor a precision: fp32 image batches."""
+    shape = input_of(record["model"], record["batch_size"], record.get("resolution") or 224, record.get("seq_len"))
+    last = f"s{shape[1]}" if len(shape) == 2 else f"r{shape[-1]}"
+    return shape, str(record.get("precision") or DEFAULT_PRECISION), f"{record['model']}:b{shape[0]}:{last}"
 
 
 def measured_fields(meas: dict[str, Any]) -> dict[str, Any]:
@@ -156,6 +179,15 @@ def per_op_errors(est: Any, in_network: dict[str, list[Any]], top: int | None = 
     return rows if top is None else rows[:top]
 
 
+def predict_record(predictor: Any, record: Mapping[str, Any]) -> Any:
+    """The predictor's estimate for a log record's network, input, precision, GPU and measuring
+    host (fp32 is predicted as it always was, without naming a precision)."""
+    shape, precision, _ = record_input(record)
+    extra = {} if precision == DEFAULT_PRECISION else {"precision": precision}
+    return predictor.predict(record["model"], input_shape=shape, mode=record["mode"], gpu=record["gpu"],
+                             host=host_of(record), **extra)
+
+
 def load_predictor_or_none() -> Any:
     """The shipped predictor, or None where xgboost is missing (GPU machines without it still
     measure; ``complete_log`` adds the predictions later on any machine)."""
@@ -181,8 +213,7 @@ def complete_log(path: Path | str, predictor: Any = None) -> int:
 
         predictor = load_predictor()
     for r in pending:
-        shape = (int(r["batch_size"]), 3, int(r["resolution"]), int(r["resolution"]))
-        est = predictor.predict(r["model"], input_shape=shape, mode=r["mode"], gpu=r["gpu"], host=host_of(r))
+        est = predict_record(predictor, r)
         r.pop("prediction")
         r.update(prediction_fields(est, r["measured_time_ms"], r["measured_energy_mj"], r))
     atomic_write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in recs))
@@ -190,7 +221,10 @@ def complete_log(path: Path | str, predictor: Any = None) -> int:
 
 
 def render(record: dict[str, Any]) -> str:
-    lines = [f"{record['model']} batch {record['batch_size']} {record['mode']} on {record['gpu']}",
+    shape, precision, _ = record_input(record)
+    what = f"sequence length {shape[1]}, " if len(shape) == 2 else ""
+    at = "" if precision == DEFAULT_PRECISION else f" at {precision}"
+    lines = [f"{record['model']} batch {record['batch_size']}, {what}{record['mode']}{at} on {record['gpu']}",
              f"  measured : {record['measured_time_ms']:.3f} ms  {record['measured_energy_mj']:.1f} mJ  "
              f"{record['measured_power_w']:.0f} W"]
     if "predicted_time_ms" in record:

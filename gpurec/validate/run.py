@@ -10,19 +10,23 @@ from typing import Any
 
 from gpurec.validate.compare import (
     DEFAULT_LOG,
-    host_of,
+    DEFAULT_PRECISION,
+    input_of,
     load_predictor_or_none,
     measured_fields,
+    predict_record,
     prediction_fields,
     sum_of_measured_ops,
 )
 
 
 def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_index: int = 0,
-                    min_window_s: float = 1.0, in_network: bool = True) -> dict[str, Any]:
+                    min_window_s: float = 1.0, in_network: bool = True,
+                    precision: str = DEFAULT_PRECISION) -> dict[str, Any]:
     """Whole-network figures on local GPU ``gpu_index``, measured the three ways collection
-    measures them (eager, host-free as one CUDA graph, in-network attribution), plus this
-    host's ``host-bench`` profile."""
+    measures them (eager, host-free as one CUDA graph, in-network attribution) at ``precision``
+    (a mixed one inside its autocast scope, as collection runs it), plus this host's
+    ``host-bench`` profile."""
     import torch
 
     from gpurec.collect.measure import WindowConfig, measure_idle
@@ -42,14 +46,16 @@ def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_ind
     gpu = open_gpu(match_nvml_index(gpu_index))
     info = gpu.info()
     host = run_host_bench(use_gpu=True)
-    unit = NetworkUnit(model, input_shape, mode, device)
+    unit = NetworkUnit(model, input_shape, mode, device, precision=precision)
     inference = mode == "inference"
-    with Sampler(gpu) as sampler:
+    last = f"s{input_shape[1]}" if len(input_shape) == 2 else f"r{input_shape[-1]}"
+    with Sampler(gpu) as sampler, unit.scope():
         idle = measure_idle(sampler, 1.0)
         row = measure_three_ways(unit.step, EnergyMonitor(sampler), WindowConfig(min_window_s=min_window_s),
                                  CudaBackend(), inference, idle["idle_power_w"], info.power_limit_w)
-    if in_network:
-        row.update(in_network_fields(unit, OperationSource(), f"{model}:b{input_shape[0]}:r{input_shape[-1]}", mode))
+        if in_network:
+            row.update(in_network_fields(unit, OperationSource(), f"{model}:b{input_shape[0]}:{last}", mode,
+                                         precision))
     row.update({"gpu": info.name, "driver": info.driver_version, "torch": torch.__version__,
                 "host_cpu": host_cpu(), "host_bench": host.to_dict()})
     return row
@@ -57,17 +63,22 @@ def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_ind
 
 def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "inference", gpu_index: int = 0,
              log_path: Path | str | None = DEFAULT_LOG, predictor: Any = None,
-             measurement: dict[str, Any] | None = None) -> dict[str, Any]:
+             measurement: dict[str, Any] | None = None, seq_len: int | None = None,
+             precision: str = DEFAULT_PRECISION) -> dict[str, Any]:
     """Measure (eager, host-free, in-network), predict with this host's profile, compare field
-    by field; append the record to ``log_path`` (JSON lines)."""
+    by field; append the record to ``log_path`` (JSON lines).  A sequence model takes
+    ``batch_size`` sequences of ``seq_len`` token ids; a classifier images of ``resolution``."""
     from gpurec.dataset.store import JsonlShard
 
-    shape = (int(batch_size), 3, int(resolution), int(resolution))
-    meas = measurement if measurement is not None else measure_network(model, shape, mode, gpu_index)
+    shape = input_of(model, batch_size, resolution, seq_len)
+    meas = measurement if measurement is not None else measure_network(model, shape, mode, gpu_index,
+                                                                        precision=precision)
     if predictor is None:
         predictor = load_predictor_or_none()
+    size = {"seq_len": shape[1]} if len(shape) == 2 else {"resolution": resolution}
     record: dict[str, Any] = {
-        "t_unix": time.time(), "model": model, "batch_size": batch_size, "resolution": resolution, "mode": mode,
+        "t_unix": time.time(), "model": model, "batch_size": batch_size, **size, "mode": mode,
+        "precision": precision,
         "gpu": meas["gpu"], "measured_time_ms": meas["time_ms"], "measured_energy_mj": meas["energy_mj"],
         "measured_power_w": meas["power_w"], "sm_clock_mhz": meas.get("sm_clock_mhz"),
         "provenance": {k: meas.get(k) for k in ("driver", "torch", "host_cpu")},
@@ -78,11 +89,11 @@ def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "in
     if meas.get("in_network"):
         record["in_network"] = meas["in_network"]
     if predictor is not None:
-        est = predictor.predict(model, input_shape=shape, mode=mode, gpu=meas["gpu"], host=host_of(record))
+        est = predict_record(predictor, record)
         record.update(prediction_fields(est, meas["time_ms"], meas["energy_mj"], record))
     else:
         record["prediction"] = "pending: the predictors need xgboost, which is not installed here"
-    sums = sum_of_measured_ops(model, shape, mode, meas["gpu"])
+    sums = sum_of_measured_ops(model, shape, mode, meas["gpu"], precision=precision)
     record.update({f"opsum_{k}": v for k, v in sums.items()})
     for f in ("time_ms", "energy_mj", "gpu_time_ms", "gpu_energy_mj"):
         if f"sum_{f}" in sums and meas.get(f):
