@@ -583,6 +583,30 @@ def test_shared_records_are_the_records_of_the_long_way(make, shape, mode: str) 
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name, shapes", [
+    ("mobilenet_v2", [(2, 3, 64, 64), (3, 3, 64, 64), (3, 3, 96, 80)]),
+    ("bert_d256_post", [(2, 64), (5, 32)]),
+])
+def test_a_named_model_at_new_input_shapes_records_what_the_long_way_does(name: str, shapes, mode: str) -> None:
+    """A model by name is traced once and interpreted again at every new input shape, its leaves'
+    settings kept from the first interpretation: each shape's operations equal, field by field
+    and in signature and feature row, those of the long way (no shared records) at that shape."""
+    import dataclasses
+
+    from gpurec.model.features import OpBlock
+
+    def fields(op):  # noqa: ANN001, ANN202
+        return {f.name: getattr(op, f.name) for f in dataclasses.fields(op)} | {"signature": op.signature}
+
+    for shape in shapes:
+        fast = extract_operations(name, shape, mode=mode, keep_sources=False, shared_records=True)
+        slow = extract_operations(name, shape, mode=mode, keep_sources=False)
+        assert [fields(op) for op in fast] == [fields(op) for op in slow]
+        a, b = OpBlock.from_operations(fast, mode), OpBlock.from_operations(slow, mode)
+        assert np.array_equal(a.values, b.values) and a.signatures == b.signatures
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_predictions_with_shared_records_are_those_of_the_long_way(small_predictor, mode: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """predict_many extracts with shared records; every estimate and per-operation row equals

@@ -586,6 +586,17 @@ class _Traced:
     graph: torch.fx.Graph
     # (device_type, dtype, enabled) of every torch.autocast its forward enters (marker nodes)
     autocast: tuple[tuple[str, torch.dtype, bool], ...] = ()
+    # the root is gpurec's own (a model built by name), which nothing changes once traced
+    owned: bool = False
+
+    def modules(self) -> dict[str, nn.Module]:
+        """``dict(root.named_modules())``, listed once per trace: a named model's trace is
+        interpreted again at every new input shape, and listing its modules each time was a few
+        per cent of that (nothing changes the module tree of a trace)."""
+        listed = self.__dict__.get("_modules")
+        if listed is None:
+            listed = self.__dict__["_modules"] = dict(self.root.named_modules())
+        return listed
 
 
 @functools.lru_cache(maxsize=64)
@@ -595,11 +606,10 @@ def _trace_torchvision(name: str, training: bool) -> _Traced:
 
         with _building_on_meta():
             root = seqmodels.build(name)
-        root.train(training)
-        return _trace(root)
-    root = _fresh_meta(name)
+    else:
+        root = _fresh_meta(name)
     root.train(training)
-    return _trace(root)
+    return dataclasses.replace(_trace(root), owned=True)
 
 
 class _Wrap1(nn.Module):
@@ -1364,7 +1374,10 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
     grad: dict[str, bool] = {}  # does the node's value require grad in training?
     ops: list[Operation] = []
     counter = _NodeFlops() if precise is None else _NodeTrace()
-    modules = dict(traced.root.named_modules())
+    modules = traced.modules()
+    # a named model's leaves (gpurec's own modules, never changed) keep their settings between
+    # interpretations at other input shapes; a caller's module may change between calls
+    node_settings = traced.__dict__.setdefault("_node_settings", {}) if traced.owned and precise is None else None
     metas: dict[int, torch.Tensor] = {}  # parameters and buffers read by get_attr, as meta tensors
     placeholders_seen = 0
     elem_size = torch.empty((), dtype=dtype).element_size()
@@ -1427,9 +1440,15 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             grad[node.name] = in_grad(node)
             continue
         # Settings of a leaf module: computed once, used by the memo key and the record.
-        named_params = _named_params(modules[node.target]) if node.op == "call_module" else []
-        settings, settings_text = (_settings_of(modules[node.target], named_params) if node.op == "call_module"
-                                   else ({}, ""))
+        if node.op != "call_module":
+            named_params, settings, settings_text = [], {}, ""
+        elif (listed := node_settings.get(node.target) if node_settings is not None else None) is not None:
+            named_params, settings, settings_text = listed
+        else:
+            named_params = _named_params(modules[node.target])
+            settings, settings_text = _settings_of(modules[node.target], named_params)
+            if node_settings is not None:
+                node_settings[node.target] = (named_params, settings, settings_text)
         leaf_key = (_leaf_key(modules[node.target], args, kwargs, training, settings, settings_text)
                     if node.op == "call_module" and precise is None else None)
         record_key = None
@@ -1498,8 +1517,9 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         else:
             param_numel = sum(int(torch.Size(p.shape).numel()) for p in _leaves((arg_template, kwarg_template))
                               if isinstance(p, ParamRef))
-        # a fresh dict for the record (_settings_of's are shared between calls)
-        settings = _module_settings(mod, named_params) if node.op == "call_module" else {}
+        # a fresh top-level dict for the record (_settings_of's are shared between calls; the
+        # values inside are read, never changed, so they may be shared)
+        settings = dict(settings) if node.op == "call_module" else {}
         settings["args"] = _strip_acts(arg_template)
         settings["kwargs"] = _strip_acts(kwarg_template)
         elementwise = _flops_elementwise(kind, in_numel, out_numel, settings, training)
@@ -1595,15 +1615,18 @@ def _record_key(leaf_key: Any, node: torch.fx.Node, env: dict[str, Any], grad: d
 def _remember_record(key: Any, op: Operation, grad_out: bool, leaf: Any) -> None:
     """Keep a copy of ``op`` (its signature and feature row computed) for later calls of ``key``,
     with whether its output requires grad and its _LEAF_MEMO entry (None: the call's output is
-    not remembered, so a later call runs it again)."""
+    not remembered, so a later call runs it again).  Both are computed on ``op`` itself, which
+    keeps them too (neither reads where the call sits), so predicting it does not compute them
+    again."""
     from gpurec.ops.features import operation_feature_row
 
-    template = copy.copy(op)
+    _ = op.signature  # cached on the instance, so every copy carries it
+    op.__dict__["_feature_row"] = tuple(operation_feature_row(op))
+    template = Operation.__new__(Operation)  # copy.copy of the dataclass, without its reduce protocol
+    template.__dict__.update(op.__dict__)
     template.name = template.node = ""
     template.input_nodes = []
     template.model = ""
-    _ = template.signature  # cached on the instance, so every copy carries it
-    template.__dict__["_feature_row"] = tuple(operation_feature_row(template))
     _RECORD_MEMO[key] = (template, grad_out, leaf)
     if len(_RECORD_MEMO) > _RECORD_MEMO_SIZE:
         _RECORD_MEMO.popitem(last=False)
