@@ -212,3 +212,27 @@ def test_modules_differing_only_in_a_function_attribute_get_their_own_operations
     assert structure_key(relu) != structure_key(tanh)
     kinds = [[op.kind for op in extract_operations(m, (4, 16), keep_sources=False)] for m in (relu, tanh)]
     assert kinds == [["Linear", "relu"], ["Linear", "tanh"]]
+
+
+class _BufferMath(nn.Module):
+    """timm's Swin: forward computes from a buffer (torch.fx does not proxy buffers, so
+    ``self.mask.unsqueeze(0)`` runs at trace time and enters the graph as a constant)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("mask", torch.zeros(8, 4), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).transpose(1, 2) + self.mask.unsqueeze(0)  # not contiguous: runs on meta
+
+
+@pytest.mark.parametrize("keep_sources", [True, False])
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_a_tensor_fx_computed_from_a_buffer_is_read_as_a_shape(mode: str, keep_sources: bool) -> None:
+    """The constant fx makes of it lives on the buffer's device (the caller's, on the prediction
+    path, which traces the module in place); extraction reads its shape on meta (it failed with
+    'Tensor on device cpu is not on the expected device meta')."""
+    ops = extract_operations(_BufferMath(), (2, 4, 8), mode=mode, keep_sources=keep_sources)
+    assert [op.kind for op in ops if not op.kernel_free] == ["Linear", "add"]
+    assert ops[-1].output_shapes == [[2, 8, 4]]

@@ -797,6 +797,30 @@ def _shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(int(s) for s in t.shape)
 
 
+# Functional calls that launch the kernel of a torch.nn module, named as that module: timm's norm-act
+# layers call F.batch_norm, squeeze-excite gates x.sigmoid(), so a user's network of them is predicted
+# from the measured rows of those modules' kinds instead of as an unknown kind.  Only names that no
+# measured row or plan holds in functional form (their module twins are in the data); kinds whose
+# features read module settings (a convolution's kernel, a pool's window) keep their own name.
+_MODULE_TWINS: dict[str, str] = {"sigmoid": "Sigmoid", "silu": "SiLU", "hardsigmoid": "Hardsigmoid",
+                                 "hardswish": "Hardswish", "relu6": "ReLU6", "dropout": "Dropout"}
+_BATCH_NORM_BY_RANK: dict[int, str] = {2: "BatchNorm1d", 3: "BatchNorm1d", 4: "BatchNorm2d", 5: "BatchNorm3d"}
+
+
+def _module_twin(kind: str, args: Any) -> str:
+    """The torch.nn module kind a functional call runs as (its own name where none)."""
+    if kind == "batch_norm" and args and _is_tensor(args[0]):
+        return _BATCH_NORM_BY_RANK.get(args[0].dim(), kind)
+    return _MODULE_TWINS.get(kind, kind)
+
+
+def _running_stats_numel(args: Any, kwargs: Any) -> int:
+    """Elements of the running statistics F.batch_norm reads (its buffers, not parameters)."""
+    stats = [*(args[1:3] if isinstance(args, (tuple, list)) else ()),
+             *(kwargs.get(k) for k in ("running_mean", "running_var") if isinstance(kwargs, dict))]
+    return sum(int(torch.Size(p.shape).numel()) for p in stats if isinstance(p, ParamRef))
+
+
 def _function_kind(node: torch.fx.Node) -> str:
     target = node.target
     if node.op == "call_method":
@@ -1423,7 +1447,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             if precise is not None:
                 if _is_tensor(value) and not precise.is_placeholder(value):  # a plain tensor attribute
                     value = metas.get(id(value)) or metas.setdefault(id(value), precise.like(value))
-            elif _is_tensor(value) and value.device.type != "meta" and _is_param_or_buffer(modules, node.target):
+            elif _is_tensor(value) and value.device.type != "meta" and (_is_param_or_buffer(modules, node.target)
+                                                                      or _is_fx_constant(node.target)):
                 value = metas.get(id(value)) or metas.setdefault(id(value), _meta_like(value))
             env[node.name] = value
             grad[node.name] = training and isinstance(value, nn.Parameter) and value.requires_grad
@@ -1488,7 +1513,7 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             if node.op == "call_function" and _is_disabled_dropout(node.target, args, kwargs):
                 grad[node.name] = in_grad(node)  # returns its input: no kernel
                 continue
-            kind = _function_kind(node)
+            kind = _module_twin(_function_kind(node), args)
         # Split the arguments into activation inputs, parameters and constants.
         split = _ArgSplitter(env, training)
         backend = _sdpa_backend_of(args, kwargs, training) if kind == "scaled_dot_product_attention" else ""
@@ -1517,6 +1542,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         else:
             param_numel = sum(int(torch.Size(p.shape).numel()) for p in _leaves((arg_template, kwarg_template))
                               if isinstance(p, ParamRef))
+            if kind in _BATCH_NORM_BY_RANK.values():  # a module twin counts weight and bias, as the module does
+                param_numel -= _running_stats_numel(arg_template, kwarg_template)
         # a fresh top-level dict for the record (_settings_of's are shared between calls; the
         # values inside are read, never changed, so they may be shared)
         settings = dict(settings) if node.op == "call_module" else {}
@@ -2122,6 +2149,14 @@ def _is_param_or_buffer(modules: dict[str, nn.Module], target: str) -> bool:
     owner, _, attr = target.rpartition(".")
     mod = modules.get(owner)
     return mod is not None and (attr in mod._parameters or attr in mod._buffers)
+
+
+def _is_fx_constant(target: str) -> bool:
+    """Is the get_attr ``target`` a tensor torch.fx made while tracing?  fx does not proxy buffers,
+    so what forward computes from one (timm's Swin: ``mask.unsqueeze(1)`` of its attention-mask
+    buffer) runs eagerly at trace time, on the buffer's device, and enters the graph as a constant:
+    only its shape matters here."""
+    return target.rpartition(".")[2].startswith("_tensor_constant")
 
 
 # Element-wise functions of two tensors (a residual ``x + y``) that _analytic_binary may answer.
