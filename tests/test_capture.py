@@ -236,3 +236,37 @@ def test_a_tensor_fx_computed_from_a_buffer_is_read_as_a_shape(mode: str, keep_s
     ops = extract_operations(_BufferMath(), (2, 4, 8), mode=mode, keep_sources=keep_sources)
     assert [op.kind for op in ops if not op.kernel_free] == ["Linear", "add"]
     assert ops[-1].output_shapes == [[2, 8, 4]]
+
+
+class _EncoderDecoder(nn.Module):
+    """An encoder-decoder called by keyword, as Hugging Face's are (``decoder_input_ids`` is not the
+    second positional argument)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(100, 16)
+        self.enc, self.dec = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.frozen = nn.BatchNorm1d(16)  # never called; put in eval by the test
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                decoder_input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        memory = self.enc(self.emb(input_ids)).mean(1, keepdim=True)
+        return self.dec(self.emb(decoder_input_ids) + memory)
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_example_inputs_by_keyword(mode: str) -> None:
+    """A dict of example inputs passes them by keyword, through extraction, predict_many's items
+    and recommend alike; the caller's module keeps its own flags; bad keys are an ExtractionError."""
+    model = _EncoderDecoder().train()
+    model.frozen.eval()
+    inputs = {"input_ids": torch.zeros(2, 12, dtype=torch.long), "decoder_input_ids": torch.zeros(2, 5, dtype=torch.long)}
+    ops = extract_operations(model, example_inputs=inputs, mode=mode, keep_sources=False)
+    linears = [op for op in ops if op.kind == "Linear"]
+    assert [op.input_shapes for op in linears] == [[[2, 12, 16]], [[2, 5, 16]]]
+    assert ops[-1].output_shapes == [[2, 5, 16]]
+    assert model.training and not model.frozen.training
+    with pytest.raises(ExtractionError, match="argument names"):
+        extract_operations(model, example_inputs={"not a name": torch.zeros(2, 3, dtype=torch.long)})
+    with pytest.raises(ExtractionError, match="nn.Module"):
+        extract_operations("resnet18", example_inputs=inputs)

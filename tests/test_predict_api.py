@@ -74,6 +74,34 @@ def test_transformer_with_example_inputs_in_predict_many_and_recommend(p) -> Non
     assert ranking.estimates["NVIDIA H100 80GB HBM3"].gpu_time_ms == pytest.approx(est.gpu_time_ms, rel=1e-9)
 
 
+class _CalledByKeyword(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.lin = nn.Embedding(100, 64), nn.Linear(64, 64)
+
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None,
+                decoder_input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.lin(self.emb(decoder_input_ids)) + self.emb(input_ids).mean(1, keepdim=True)
+
+
+def test_example_inputs_by_keyword_in_predict_many_and_recommend(p) -> None:  # noqa: ANN001
+    """A dict of example inputs reaches forward by keyword; the names and shapes are the cache key
+    (the same tensors by another name are another call)."""
+    m = _CalledByKeyword()
+    ids = {"input_ids": torch.zeros(8, 20, dtype=torch.long), "decoder_input_ids": torch.zeros(8, 12, dtype=torch.long)}
+    with _quiet():
+        est = p.predict(m, example_inputs=ids, gpu="H100")
+        assert isinstance(est, Estimate) and est.input_shape == (8, 20) and est.gpu_time_ms > 0
+        longer = p.predict(m, example_inputs={**ids, "decoder_input_ids": torch.zeros(8, 40, dtype=torch.long)})
+        assert longer.gpu_time_ms != est.gpu_time_ms
+        many = p.predict_many([(m, ids), (m, {"decoder_input_ids": ids["input_ids"], "input_ids": ids["input_ids"]})],
+                              gpu="H100")
+        assert many[0].gpu_time_ms == pytest.approx(est.gpu_time_ms, rel=1e-9)
+        assert many[1].gpu_time_ms != pytest.approx(est.gpu_time_ms, rel=1e-9)
+        ranking = gpurec.recommend(m, example_inputs=ids, gpus=["H100", "H200"], predictor=p)
+    assert ranking.input_shape == (8, 20) and len(ranking.rows) == 2
+
+
 class _ValueBranch(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.sum() > 0:  # control flow on a tensor's value: not traceable

@@ -25,7 +25,7 @@ import gc
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -514,12 +514,13 @@ class Predictor:
     def _entry(self, model: str | nn.Module | Sequence[Any], input_shape: Sequence[int] | None, mode: str,
                dtype: Any = None, example_inputs: Any = None, precision: str | None = None
                ) -> tuple[_OpsEntry, tuple[int, ...]]:
-        inputs: tuple[Any, ...] = ()
+        inputs: tuple[Any, ...] | Mapping[str, Any] = ()
         precision = resolve_precision(model, precision)  # a bf16 module is bf16; a contradiction raises
         if example_inputs is not None:
             inputs = example_input_tuple(example_inputs)
-            shape = tuple(int(s) for s in inputs[0].shape)
-            described: Any = tuple((tuple(t.shape), str(t.dtype)) for t in inputs)
+            named = inputs.items() if isinstance(inputs, Mapping) else ((None, t) for t in inputs)
+            described: Any = tuple((k, tuple(t.shape), str(t.dtype)) for k, t in named)
+            shape = first_input_shape(inputs)
         else:
             from gpurec.ops.extract import normalise_input_shape
 
@@ -606,8 +607,9 @@ class Predictor:
         collection hosts), ``"local"`` = this machine (``run_host_bench(use_gpu=False)``, once per
         process), a ``gpurec host-bench`` JSON path, or a HostProfile.  ``dtype`` is the input's
         dtype (e.g. torch.long for token ids; default float32).  ``example_inputs`` (a tensor or a
-        tuple of tensors, e.g. ``(src, tgt)`` for nn.Transformer; only shapes and dtypes are used)
-        replaces ``input_shape`` and ``dtype``.  Raises what made the model unpredictable (e.g.
+        tuple of tensors, e.g. ``(src, tgt)`` for nn.Transformer, or a dict of tensors passed by
+        keyword, e.g. ``{"input_ids": ..., "decoder_input_ids": ...}``; only shapes and dtypes are
+        used) replaces ``input_shape`` and ``dtype``.  Raises what made the model unpredictable (e.g.
         ExtractionError).  Warns (gpurec.LowCoverageWarning) when under 90% of the FLOPs are in
         known operations.
 
@@ -624,7 +626,7 @@ class Predictor:
                      host: HostProfile | str | Path | None = None, dtype: Any = None,
                      example_inputs: Any = None, precision: str | None = None) -> list[Estimate | CandidateError]:
         """Estimate many networks at once (NAS loops): items are a model, (model, input_shape) or
-        (model, example inputs: a tensor or a tuple of tensors); ``example_inputs`` applies to
+        (model, example inputs: a tensor, a tuple of tensors or a dict of them by keyword); ``example_inputs`` applies to
         every item that gives neither.
 
         One result per candidate, in order: an Estimate, or a CandidateError (its index and the
@@ -900,7 +902,8 @@ def _memoised(boosters: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def _is_tensor_input(x: Any) -> bool:
-    """A tensor, or a non-empty tuple/list of tensors (example inputs, not a shape)."""
+    """A tensor, a non-empty tuple/list of tensors or a non-empty dict of them by argument name
+    (example inputs, not a shape)."""
     import sys
 
     torch = sys.modules.get("torch")
@@ -908,13 +911,25 @@ def _is_tensor_input(x: Any) -> bool:
         return False  # torch never imported: nothing can be a tensor
     if isinstance(x, torch.Tensor):
         return True
+    if isinstance(x, Mapping):
+        return bool(x) and all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in x.items())
     return isinstance(x, (tuple, list)) and bool(x) and all(isinstance(t, torch.Tensor) for t in x)
 
 
-def example_input_tuple(example_inputs: Any) -> tuple[Any, ...]:
+def example_input_tuple(example_inputs: Any) -> tuple[Any, ...] | Mapping[str, Any]:
+    """Example inputs as a tuple of tensors, or as the dict of tensors by keyword they were given as."""
     if not _is_tensor_input(example_inputs):
-        raise ValueError("example_inputs must be a tensor or a tuple of tensors")
+        raise ValueError("example_inputs must be a tensor, a tuple of tensors or a dict of tensors by argument name")
+    if isinstance(example_inputs, Mapping):
+        return dict(example_inputs)
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def first_input_shape(inputs: tuple[Any, ...] | Mapping[str, Any]) -> tuple[int, ...]:
+    """The shape of the first of example inputs (as example_input_tuple returns them): the batch
+    the step processes leads it."""
+    first = next(iter(inputs.values())) if isinstance(inputs, Mapping) else inputs[0]
+    return tuple(int(s) for s in first.shape)
 
 
 def _split_candidate(c: Any, example_inputs: Any) -> tuple[Any, Sequence[int] | None, Any]:

@@ -15,12 +15,13 @@ import copy
 import dataclasses
 import functools
 import gc
+import keyword
 import math
 import numbers
 import operator
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -1185,7 +1186,8 @@ def extract_operations(
     token ids, whose activations are then float32. ``example_inputs`` (a tensor or a tuple
     of tensors, on any device; only shapes and dtypes are used) replaces ``input_shape`` and
     ``dtype`` for models with several or non-float inputs, e.g. ``(src, tgt)`` for
-    nn.Transformer.  ``mode='training'`` keeps train-only work (dropout, auxiliary
+    nn.Transformer; a dict of tensors passes them by keyword (``{"input_ids": ...,
+    "decoder_input_ids": ...}`` for an encoder-decoder).  ``mode='training'`` keeps train-only work (dropout, auxiliary
     classifiers, BatchNorm in train mode) and marks which inputs require grad.  With
     ``keep_sources`` each operation holds the module / function it came from so it can be
     materialised and benchmarked.
@@ -1229,9 +1231,39 @@ def extract_at_resolved_precision(model: str | nn.Module, input_shape: Sequence[
     the module a second time per fresh candidate.  Anything else: use extract_operations."""
     if mode not in MODES:
         raise ExtractionError(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
+    if isinstance(example_inputs, Mapping):
+        model, example_inputs = _called_by_keyword(model, example_inputs)
     with _EXTRACTION_LOCK:
         return _extract_operations(model, input_shape, mode, dtype, keep_sources, example_inputs, precision,
                                    shared_records and not keep_sources)
+
+
+def _called_by_keyword(model: str | nn.Module, example_inputs: Mapping[str, Any]) -> tuple[nn.Module, tuple[Any, ...]]:
+    """``model`` wrapped so that keyword inputs (an encoder-decoder's ``input_ids`` and
+    ``decoder_input_ids``, in the dict's order) are the wrapper's positional ones: tracing and
+    capture take positional inputs.  The wrapper's submodule is ``inner``."""
+    if isinstance(model, str):
+        raise ExtractionError("keyword example_inputs (a dict) are for an nn.Module; a model by name takes "
+                              "input_shape")
+    keys = tuple(example_inputs)
+    if not keys or not all(isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) for k in keys):
+        raise ExtractionError(f"keyword example_inputs need the forward's argument names as keys, got {list(keys)}")
+    wrapper = _keyword_wrapper_type(keys)()
+    wrapper.inner = model
+    wrapper.training = model.training  # the wrapper's own flag only: train() would set every submodule's
+    return wrapper, tuple(example_inputs.values())
+
+
+@functools.lru_cache(maxsize=64)
+def _keyword_wrapper_type(keys: tuple[str, ...]) -> type[nn.Module]:
+    """An nn.Module class whose forward takes ``keys`` positionally and calls ``self.inner`` with
+    them as keywords.  Written out (not ``**kwargs``), because torch.fx makes one placeholder per
+    named argument of the forward it traces."""
+    names = ", ".join(keys)
+    namespace: dict[str, Any] = {}
+    exec(f"def forward(self, {names}):\n    return self.inner({', '.join(f'{k}={k}' for k in keys)})\n",  # noqa: S102
+         namespace)
+    return type("KeywordInputs", (nn.Module,), {"forward": namespace["forward"], "__module__": __name__})
 
 
 # torch.fx tracing patches module-level state (its CURRENT_PATCHER), and the fast path swaps the

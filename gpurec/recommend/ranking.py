@@ -320,7 +320,7 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
     (gpurec.recommend.ties; ``spreads`` default: the models' manifest or the validation log).
     When the best GPUs are host-bound (eager only) and ``batch_search`` is on, the predictor is
     asked for larger batches to find where the step becomes GPU-bound. ``progress`` receives
-    one line per slow stage.  ``example_inputs`` (a tensor or a tuple of tensors, e.g.
+    one line per slow stage.  ``example_inputs`` (a tensor, a tuple of tensors or a dict of them by keyword, e.g.
     ``(src, tgt)`` for nn.Transformer) replaces ``input_shape`` and ``dtype``; with it there is
     no batch search (which dimension is the batch of each input is the model's business).
     ``precision`` (gpurec.ops.precision): None = fp32, or the cast precision of a module whose
@@ -339,10 +339,10 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
         say("loading the predictors")
         predictor = load_predictor()
     if example_inputs is not None:
-        from gpurec.model.predictor import example_input_tuple
+        from gpurec.model.predictor import example_input_tuple, first_input_shape
 
         example_inputs = example_input_tuple(example_inputs)
-        shape = tuple(int(s) for s in example_inputs[0].shape)
+        shape = first_input_shape(example_inputs)
         batch_search = False
     else:
         shape = tuple(int(s) for s in input_shape) if input_shape is not None else default_input_shape()
