@@ -11,7 +11,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["LowCoverageWarning", "extract_operations", "load_dataset", "load_predictor", "recommend", "__version__"]
+__all__ = ["CompiledModuleWarning", "LowCoverageWarning", "extract_operations", "load_dataset", "load_predictor", "recommend", "__version__"]
 
 
 def extract_operations(model: Any, input_shape: Any = None, mode: str = "inference", dtype: Any = None,
@@ -19,7 +19,8 @@ def extract_operations(model: Any, input_shape: Any = None, mode: str = "inferen
     """Operations a forward (and, in training, backward) of ``model`` executes; see gpurec.ops.
 
     ``dtype`` is the input's dtype (``torch.long`` for token ids); ``example_inputs`` (a
-    tensor or a tuple of tensors) replaces ``input_shape`` for several or non-float inputs.
+    tensor, a tuple of tensors or a dict of them by keyword) replaces ``input_shape`` for
+    several or non-float inputs.
     """
     from gpurec.ops import extract_operations as _extract
 
@@ -33,6 +34,10 @@ def __getattr__(name: str) -> Any:
         from gpurec.ops.coverage import LowCoverageWarning
 
         return LowCoverageWarning
+    if name == "CompiledModuleWarning":
+        from gpurec.ops.extract import CompiledModuleWarning
+
+        return CompiledModuleWarning
     raise AttributeError(f"module 'gpurec' has no attribute {name!r}")
 
 

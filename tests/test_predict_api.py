@@ -219,3 +219,14 @@ def test_set_extractor_keeps_the_kernel_free_flags_in_its_disk_cache(tmp_path) -
     again = warm.get("vit_b_32:b2:r224", "training")
     assert warm.sets.extractions == 0  # read from disk, not extracted
     assert again.kernel_free.tolist() == first.kernel_free.tolist()
+
+
+def test_a_compiled_module_is_estimated_as_its_eager_module(p) -> None:  # noqa: ANN001
+    """torch.compile's wrapper goes through neither torch.fx nor a run on meta tensors: the module
+    it wraps is estimated, with a warning that says so."""
+    eager = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    compiled = torch.compile(eager)
+    with _quiet(), pytest.warns(gpurec.CompiledModuleWarning, match="eager step"):
+        est = p.predict(compiled, (32, 64), gpu="H100")
+    with _quiet():
+        assert est.gpu_time_ms == pytest.approx(p.predict(eager, (32, 64), gpu="H100").gpu_time_ms, rel=1e-9)

@@ -21,6 +21,7 @@ import numbers
 import operator
 import re
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -1231,11 +1232,28 @@ def extract_at_resolved_precision(model: str | nn.Module, input_shape: Sequence[
     the module a second time per fresh candidate.  Anything else: use extract_operations."""
     if mode not in MODES:
         raise ExtractionError(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
+    model = _uncompiled(model)
     if isinstance(example_inputs, Mapping):
         model, example_inputs = _called_by_keyword(model, example_inputs)
     with _EXTRACTION_LOCK:
         return _extract_operations(model, input_shape, mode, dtype, keep_sources, example_inputs, precision,
                                    shared_records and not keep_sources)
+
+
+def _uncompiled(model: str | nn.Module) -> str | nn.Module:
+    """The module ``torch.compile`` wrapped, with a warning: neither torch.fx nor a run on meta
+    tensors goes through the compiled wrapper, and the estimate is of the eager step (the fusions
+    a compiler makes are not modelled)."""
+    inner = getattr(model, "_orig_mod", None)
+    if isinstance(model, nn.Module) and type(model).__name__ == "OptimizedModule" and isinstance(inner, nn.Module):
+        warnings.warn(f"{type(inner).__name__} is a torch.compile'd module: estimated as its eager step (the "
+                      "kernels compilation fuses are not modelled)", CompiledModuleWarning, stacklevel=3)
+        return inner
+    return model
+
+
+class CompiledModuleWarning(UserWarning):
+    """A torch.compile'd module was estimated as the eager module it wraps."""
 
 
 def _called_by_keyword(model: str | nn.Module, example_inputs: Mapping[str, Any]) -> tuple[nn.Module, tuple[Any, ...]]:
