@@ -708,3 +708,36 @@ def test_functional_calls_of_a_module_kernel_are_that_module(mode: str) -> None:
     assert [op.kind for op in functional] == [op.kind for op in modules] == [
         "Conv2d", "BatchNorm2d", "SiLU", "mean", "Sigmoid", "mul"]
     assert [operation_feature_row(op) for op in functional] == [operation_feature_row(op) for op in modules]
+
+
+class _Conv1D(nn.Module):
+    """Hugging Face GPT-2's Conv1D: a linear layer as torch.addmm, its weight stored input-major."""
+
+    def __init__(self, nf: int, nx: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(nx, nf))
+        self.bias = nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return out.view(*x.shape[:-1], -1)
+
+
+class _TwoActivationsAddmm(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(x[:, 0], x, x.t())
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_addmm_of_a_bias_and_a_weight_is_a_linear_layer(mode: str) -> None:
+    """GPT-2's Conv1D runs the GEMM nn.Linear runs: it takes Linear's kind and in/out features, with
+    the FLOPs, bytes and parameters of nn.Linear on the same rows; an addmm of activations keeps its
+    own kind."""
+    conv1d = extract_operations(_Conv1D(96, 32), (6, 32), mode=mode)
+    linear = extract_operations(nn.Linear(32, 96), (6, 32), mode=mode)
+    gemm = next(op for op in conv1d if not op.kernel_free)
+    assert gemm.kind == "Linear" and gemm.settings["in_features"] == 32 and gemm.settings["out_features"] == 96
+    assert (gemm.flops, gemm.flops_bwd, gemm.bytes_read, gemm.bytes_written, gemm.params) == (
+        linear[0].flops, linear[0].flops_bwd, linear[0].bytes_read, linear[0].bytes_written, linear[0].params)
+    assert [op.kind for op in extract_operations(_TwoActivationsAddmm(), (8, 8), mode=mode)
+            if op.kind in ("addmm", "Linear")] == ["addmm"]

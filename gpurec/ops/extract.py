@@ -816,6 +816,20 @@ def _module_twin(kind: str, args: Any) -> str:
     return _MODULE_TWINS.get(kind, kind)
 
 
+def _linear_settings(args: Any, kwargs: Any) -> dict[str, int] | None:
+    """A Linear layer's settings when ``torch.addmm(bias, x, weight)`` is one (a bias and a weight
+    parameter around one activation: Hugging Face's GPT-2 ``Conv1D``, weight stored input-major), so it
+    is predicted from Linear's rows; None for any other addmm."""
+    if kwargs or not isinstance(args, (tuple, list)) or len(args) != 3:
+        return None
+    bias, x, weight = args
+    if not (isinstance(bias, ParamRef) and isinstance(x, ActRef) and isinstance(weight, ParamRef)):
+        return None
+    if len(weight.shape) != 2 or tuple(bias.shape) != (weight.shape[1],):
+        return None
+    return {"in_features": int(weight.shape[0]), "out_features": int(weight.shape[1])}
+
+
 def _running_stats_numel(args: Any, kwargs: Any) -> int:
     """Elements of the running statistics F.batch_norm reads (its buffers, not parameters)."""
     stats = [*(args[1:3] if isinstance(args, (tuple, list)) else ()),
@@ -1574,6 +1588,9 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             split.cast_to = {id(src): to for src, to in counter.casts}
         arg_template = _map_nodes(node.args, split)
         kwarg_template = _map_nodes(dict(node.kwargs), split)
+        twin_settings = _linear_settings(arg_template, kwarg_template) if kind == "addmm" else None
+        if twin_settings is not None:
+            kind = "Linear"
         act_nodes, act_values = split.act_nodes, split.act_values
         has_params = has_params or split.has_params
         out_tensors = [t for t in _leaves(out) if _is_tensor(t)]
@@ -1596,7 +1613,7 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
                 param_numel -= _running_stats_numel(arg_template, kwarg_template)
         # a fresh top-level dict for the record (_settings_of's are shared between calls; the
         # values inside are read, never changed, so they may be shared)
-        settings = dict(settings) if node.op == "call_module" else {}
+        settings = dict(settings) if node.op == "call_module" else dict(twin_settings or {})
         settings["args"] = _strip_acts(arg_template)
         settings["kwargs"] = _strip_acts(kwarg_template)
         elementwise = _flops_elementwise(kind, in_numel, out_numel, settings, training)
