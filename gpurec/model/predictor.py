@@ -517,7 +517,7 @@ class Predictor:
         inputs: tuple[Any, ...] | Mapping[str, Any] = ()
         precision = resolve_precision(model, precision)  # a bf16 module is bf16; a contradiction raises
         if example_inputs is not None:
-            inputs = example_input_tuple(example_inputs)
+            inputs = checked_example_inputs(example_inputs)
             named = inputs.items() if isinstance(inputs, Mapping) else ((None, t) for t in inputs)
             described: Any = tuple((k, tuple(t.shape), str(t.dtype)) for k, t in named)
             shape = first_input_shape(inputs)
@@ -616,7 +616,7 @@ class Predictor:
         ``precision`` (gpurec.ops.precision.PRECISIONS): None = fp32, or bf16/fp16 for a module
         whose parameters are; a precision contradicting them raises PrecisionMismatch.  Warns
         (UnmeasuredPrecisionWarning) when the training data held no rows at that precision."""
-        item = (model, input_shape) if example_inputs is None else (model, example_input_tuple(example_inputs))
+        item = (model, input_shape) if example_inputs is None else (model, checked_example_inputs(example_inputs))
         out = self.predict_many([item], mode=mode, gpu=gpu, host=host, dtype=dtype, precision=precision)[0]
         if isinstance(out, CandidateError):
             raise out.exception
@@ -916,7 +916,7 @@ def _is_tensor_input(x: Any) -> bool:
     return isinstance(x, (tuple, list)) and bool(x) and all(isinstance(t, torch.Tensor) for t in x)
 
 
-def example_input_tuple(example_inputs: Any) -> tuple[Any, ...] | Mapping[str, Any]:
+def checked_example_inputs(example_inputs: Any) -> tuple[Any, ...] | Mapping[str, Any]:
     """Example inputs as a tuple of tensors, or as the dict of tensors by keyword they were given as."""
     if not _is_tensor_input(example_inputs):
         raise ValueError("example_inputs must be a tensor, a tuple of tensors or a dict of tensors by argument name")
@@ -926,7 +926,7 @@ def example_input_tuple(example_inputs: Any) -> tuple[Any, ...] | Mapping[str, A
 
 
 def first_input_shape(inputs: tuple[Any, ...] | Mapping[str, Any]) -> tuple[int, ...]:
-    """The shape of the first of example inputs (as example_input_tuple returns them): the batch
+    """The shape of the first of example inputs (as checked_example_inputs returns them): the batch
     the step processes leads it."""
     first = next(iter(inputs.values())) if isinstance(inputs, Mapping) else inputs[0]
     return tuple(int(s) for s in first.shape)

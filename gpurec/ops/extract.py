@@ -1202,8 +1202,9 @@ def extract_operations(
     of tensors, on any device; only shapes and dtypes are used) replaces ``input_shape`` and
     ``dtype`` for models with several or non-float inputs, e.g. ``(src, tgt)`` for
     nn.Transformer; a dict of tensors passes them by keyword (``{"input_ids": ...,
-    "decoder_input_ids": ...}`` for an encoder-decoder).  ``mode='training'`` keeps train-only work (dropout, auxiliary
-    classifiers, BatchNorm in train mode) and marks which inputs require grad.  With
+    "decoder_input_ids": ...}`` for an encoder-decoder).  ``mode='training'`` keeps train-only
+    work (dropout, auxiliary classifiers, BatchNorm in train mode) and marks which inputs
+    require grad.  With
     ``keep_sources`` each operation holds the module / function it came from so it can be
     materialised and benchmarked.
 
@@ -1293,7 +1294,7 @@ def _keyword_wrapper_type(keys: tuple[str, ...]) -> type[nn.Module]:
     named argument of the forward it traces."""
     names = ", ".join(keys)
     namespace: dict[str, Any] = {}
-    exec(f"def forward(self, {names}):\n    return self.inner({', '.join(f'{k}={k}' for k in keys)})\n",  # noqa: S102
+    exec(f"def forward(self, {names}):\n    return self.inner({', '.join(f'{k}={k}' for k in keys)})\n",
          namespace)
     return type("KeywordInputs", (nn.Module,), {"forward": namespace["forward"], "__module__": __name__})
 

@@ -339,9 +339,9 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
         say("loading the predictors")
         predictor = load_predictor()
     if example_inputs is not None:
-        from gpurec.model.predictor import example_input_tuple, first_input_shape
+        from gpurec.model.predictor import checked_example_inputs, first_input_shape
 
-        example_inputs = example_input_tuple(example_inputs)
+        example_inputs = checked_example_inputs(example_inputs)
         shape = first_input_shape(example_inputs)
         batch_search = False
     else:
