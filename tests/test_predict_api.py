@@ -230,3 +230,12 @@ def test_a_compiled_module_is_estimated_as_its_eager_module(p) -> None:  # noqa:
         est = p.predict(compiled, (32, 64), gpu="H100")
     with _quiet():
         assert est.gpu_time_ms == pytest.approx(p.predict(eager, (32, 64), gpu="H100").gpu_time_ms, rel=1e-9)
+
+
+def test_recommend_searches_the_gpu_bound_batch_at_the_precision_asked(p) -> None:  # noqa: ANN001
+    """A host-bound bf16-mixed step sends recommend looking for the batch where it turns GPU-bound;
+    that search predicted with the precision passed as example inputs and raised."""
+    ranking = gpurec.recommend("gpt_d768", (4, 512), mode="training", precision="bf16-mixed", gpus="H100,H200",
+                               predictor=p)
+    assert ranking.precision == "bf16-mixed" and len(ranking.rows) == 2
+    assert ranking.advice is not None and ranking.advice.searched_up_to > 4

@@ -548,7 +548,7 @@ def smallest_gpu_bound_batch(predictor: Any, model: Any, shape: tuple[int, ...],
 
     def gpu_bound(batch: int) -> bool:
         say(f"batch size {batch}")
-        est = predict_step(predictor, model, (batch, *shape[1:]), mode, gpu, host, dtype, precision)
+        est = predict_step(predictor, model, (batch, *shape[1:]), mode, gpu, host, dtype, precision=precision)
         return estimate_fields(est)["bound"] == "gpu"
 
     lo, hi = shape[0], shape[0] * 2
