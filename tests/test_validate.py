@@ -183,5 +183,5 @@ def test_live_records_on_two_gpus_give_the_measured_and_predicted_ratio() -> Non
     # measured 9.9 / median(10, 12) = 0.900, predicted 0.800: -10.0 pp; energy 0.900 vs 0.950: +5.0 pp
     assert "| resnet50:b32:r224 | inference | NVIDIA H200 | 0.900 | 0.800 | -10.0 | 0.900 | 0.950 | +5.0 |" in text
     assert "bf16-mixed" not in text  # no H100 record at that precision: no pair
-    assert "time 10.0 pp" in text and "energy 5.0 pp" in text
+    assert "time 10.0 pp (bias -10.0 pp, n=1)" in text and "energy 5.0 pp (bias +5.0 pp, n=1)" in text
     assert _gpu_pairs(recs[:2], ests[:2]) == []

@@ -74,16 +74,18 @@ def _set(r: dict[str, Any]) -> tuple[str, str]:
 def _label(r: dict[str, Any]) -> str:
     """The record's model as the tables name it: with its sequence length and any precision
     other than fp32."""
-    key, precision = _set(r)
+    _, precision = _set(r)
     seq = f" s{r['seq_len']}" if r.get("seq_len") else ""
     return f"{r['model']}{seq}" + ("" if precision == "fp32" else f" ({precision})")
 
 
 def _collected(nets: Any, r: dict[str, Any]) -> dict[str, float] | None:
     """The whole-network row `gpurec collect` measured for the record's set, mode and precision."""
+    from gpurec.ops.precision import rows_at_precision
+
     key, precision = _set(r)
-    row_precision = nets["precision"].fillna("fp32") if "precision" in nets.columns else "fp32"
-    row = nets[(nets["set_key"] == key) & (nets["mode"] == r["mode"]) & (row_precision == precision)]
+    nets = rows_at_precision(nets, precision)
+    row = nets[(nets["set_key"] == key) & (nets["mode"] == r["mode"])]
     if row.empty:
         return None
     last = row.iloc[-1]
@@ -224,8 +226,9 @@ def _gpu_pairs(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
                 meas = statistics.median(r[f"measured_{f}"] for r, _ in per_gpu[g]) / statistics.median(
                     r[f"measured_{f}"] for r, _ in per_gpu[base])
                 pred = getattr(per_gpu[g][0][1], f) / getattr(per_gpu[base][0][1], f)
-                errs[f].append(100 * (pred - meas))
-                cells += [f"{meas:.3f}", f"{pred:.3f}", f"{100 * (pred - meas):+.1f}"]
+                err = 100 * (pred - meas)
+                errs[f].append(err)
+                cells += [f"{meas:.3f}", f"{pred:.3f}", f"{err:+.1f}"]
             rows.append(cells)
     if not rows:
         return []

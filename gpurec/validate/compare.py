@@ -9,11 +9,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpurec.ops.precision import DEFAULT_PRECISION
+
 if TYPE_CHECKING:
     from gpurec.results import StepCost
 
 DEFAULT_LOG = Path("datasets") / "validation" / "validation_log.jsonl"
-DEFAULT_PRECISION = "fp32"  # rows and records without a precision
 
 
 def sum_operations(ops: Iterable[tuple[str, float]], measured: Mapping[str, Sequence[float]],
@@ -56,15 +57,15 @@ def sum_of_measured_ops(model: str, input_shape: tuple[int, ...], mode: str, gpu
     set is measured."""
     from gpurec.dataset import load_dataset
     from gpurec.ops import extract_operations
+    from gpurec.ops.precision import rows_at_precision
 
     ops = extract_operations(model, input_shape, mode=mode, keep_sources=False, precision=precision)
     try:
         df = load_dataset(gpu=gpu, root=root)
     except FileNotFoundError:
         return {"ops": len(ops), "covered_ops": 0, "coverage": 0.0}
-    # a row's identity is (gpu, precision, id): rows without a precision are fp32
-    row_precision = df["precision"].fillna(DEFAULT_PRECISION) if "precision" in df.columns else DEFAULT_PRECISION
-    df = df[(df["mode"] == mode) & (row_precision == precision)].drop_duplicates("op_signature")
+    df = rows_at_precision(df, precision)  # a row's identity is (gpu, precision, id)
+    df = df[df["mode"] == mode].drop_duplicates("op_signature")
     out: dict[str, Any] = {}
     columns = {"time": ("time_ms", "energy_mj"), "gpu_time": ("gpu_time_ms", "gpu_energy_mj")}
     for name, (t_col, e_col) in columns.items():
@@ -83,6 +84,16 @@ def sum_of_measured_ops(model: str, input_shape: tuple[int, ...], mode: str, gpu
     return out or {"ops": len(ops), "covered_ops": 0, "coverage": 0.0}
 
 
+def set_key_of(model: str, input_shape: Sequence[int]) -> str:
+    """The model-input set key (gpurec.sets) of a named model on an input: ``arch:bB:sS`` for token
+    ids (batch, seq_len), ``arch:bB:rR`` for an image batch."""
+    from gpurec.sets import ModelInputSet, SequenceInputSet
+
+    if len(input_shape) == 2:
+        return SequenceInputSet(model, int(input_shape[0]), int(input_shape[1])).key
+    return ModelInputSet(model, int(input_shape[0]), int(input_shape[-1])).key
+
+
 def input_of(model: str, batch_size: int, resolution: int = 224, seq_len: int | None = None) -> tuple[int, ...]:
     """The input a named model takes: (batch, seq_len) token ids for one of gpurec's sequence
     models (gpurec.sets), else a (batch, 3, resolution, resolution) image batch."""
@@ -98,9 +109,10 @@ def input_of(model: str, batch_size: int, resolution: int = 224, seq_len: int | 
 def record_input(record: Mapping[str, Any]) -> tuple[tuple[int, ...], str, str]:
     """A log record's (input shape, precision, set key).  Records of older code carry neither a
     sequence length nor a precision: fp32 image batches."""
+    from gpurec.ops.precision import precision_or_default
+
     shape = input_of(record["model"], record["batch_size"], record.get("resolution") or 224, record.get("seq_len"))
-    last = f"s{shape[1]}" if len(shape) == 2 else f"r{shape[-1]}"
-    return shape, str(record.get("precision") or DEFAULT_PRECISION), f"{record['model']}:b{shape[0]}:{last}"
+    return shape, precision_or_default(record.get("precision")), set_key_of(record["model"], shape)
 
 
 def measured_fields(meas: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from gpurec.validate.compare import (
     measured_fields,
     predict_record,
     prediction_fields,
+    set_key_of,
     sum_of_measured_ops,
 )
 
@@ -48,14 +49,12 @@ def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_ind
     host = run_host_bench(use_gpu=True)
     unit = NetworkUnit(model, input_shape, mode, device, precision=precision)
     inference = mode == "inference"
-    last = f"s{input_shape[1]}" if len(input_shape) == 2 else f"r{input_shape[-1]}"
     with Sampler(gpu) as sampler, unit.scope():
         idle = measure_idle(sampler, 1.0)
         row = measure_three_ways(unit.step, EnergyMonitor(sampler), WindowConfig(min_window_s=min_window_s),
                                  CudaBackend(), inference, idle["idle_power_w"], info.power_limit_w)
         if in_network:
-            row.update(in_network_fields(unit, OperationSource(), f"{model}:b{input_shape[0]}:{last}", mode,
-                                         precision))
+            row.update(in_network_fields(unit, OperationSource(), set_key_of(model, input_shape), mode, precision))
     row.update({"gpu": info.name, "driver": info.driver_version, "torch": torch.__version__,
                 "host_cpu": host_cpu(), "host_bench": host.to_dict()})
     return row
