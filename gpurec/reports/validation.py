@@ -23,8 +23,8 @@ from typing import Any
 
 from gpurec.dataset import load_dataset
 from gpurec.dataset.store import atomic_write_text
+from gpurec.model._sets import test_arch_names
 from gpurec.reports.markdown import table
-from gpurec.sets import SEQ_TEST_ARCHS, TEST_ARCHS
 
 FIELDS = (("gpu_time_ms", "GPU time (one CUDA graph)"), ("gpu_energy_mj", "GPU energy (one CUDA graph)"),
           ("time_ms", "eager time on the measuring host"), ("energy_mj", "eager energy on the measuring host"))
@@ -43,7 +43,7 @@ def _records(val_dir: Path) -> list[dict[str, Any]]:
 
 def _unseen(r: dict[str, Any]) -> bool:
     """An architecture never trained on: a torchvision or a sequence test architecture."""
-    return r["model"] in TEST_ARCHS or r["model"] in SEQ_TEST_ARCHS
+    return r["model"] in test_arch_names()
 
 
 def _architecture(r: dict[str, Any]) -> str:
