@@ -58,14 +58,6 @@ def _check_format(fmt: str, allowed: tuple[str, ...] = FORMATS) -> str:
     return fmt.lower()
 
 
-def _check_shape(batch_size: int, resolution: int) -> tuple[int, int, int, int]:
-    if batch_size < 1:
-        _fail(f"--batch-size must be at least 1, got {batch_size}")
-    if resolution < 1:
-        _fail(f"--resolution must be positive, got {resolution}")
-    return (batch_size, 3, resolution, resolution)
-
-
 MODEL_HELP = "a torchvision classifier or one of gpurec's sequence models (`gpurec ops --list-models`)"
 SEQ_LEN_HELP = ("tokens per sequence, for gpurec's sequence models (BERT-, GPT-, LSTM- and GRU-like; "
                 "`gpurec ops --list-models`); default 128")
@@ -76,14 +68,16 @@ def _check_input(model: str, batch_size: int, resolution: int, seq_len: int | No
     """The model's name checked, then the input it takes: (batch, seq_len) token ids for one of
     gpurec's sequence models, else a (batch, 3, resolution, resolution) image batch."""
     _check_model_name(model)
+    if batch_size < 1:
+        _fail(f"--batch-size must be at least 1, got {batch_size}")
     from gpurec.sets import is_sequence_arch
 
     if not is_sequence_arch(model):
         if seq_len is not None:
             _fail(f"--seq-len is for sequence models; {model} takes images (--resolution)")
-        return _check_shape(batch_size, resolution)
-    if batch_size < 1:
-        _fail(f"--batch-size must be at least 1, got {batch_size}")
+        if resolution < 1:
+            _fail(f"--resolution must be positive, got {resolution}")
+        return (batch_size, 3, resolution, resolution)
     seq_len = DEFAULT_SEQ_LEN if seq_len is None else seq_len
     if seq_len < 1:
         _fail(f"--seq-len must be at least 1, got {seq_len}")
