@@ -11,7 +11,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["CompiledModuleWarning", "LowCoverageWarning", "extract_operations", "load_dataset", "load_predictor", "recommend", "__version__"]
+__all__ = ["CompiledModuleWarning", "LowCoverageWarning", "PackedSequenceWarning", "extract_operations", "load_dataset", "load_predictor", "recommend", "__version__"]
 
 
 def extract_operations(model: Any, input_shape: Any = None, mode: str = "inference", dtype: Any = None,
@@ -38,6 +38,10 @@ def __getattr__(name: str) -> Any:
         from gpurec.ops.extract import CompiledModuleWarning
 
         return CompiledModuleWarning
+    if name == "PackedSequenceWarning":
+        from gpurec.ops.extract import PackedSequenceWarning
+
+        return PackedSequenceWarning
     raise AttributeError(f"module 'gpurec' has no attribute {name!r}")
 
 

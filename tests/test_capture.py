@@ -270,3 +270,92 @@ def test_example_inputs_by_keyword(mode: str) -> None:
         extract_operations(model, example_inputs={"not a name": torch.zeros(2, 3, dtype=torch.long)})
     with pytest.raises(ExtractionError, match="nn.Module"):
         extract_operations("resnet18", example_inputs=inputs)
+
+
+class _PackedClassifier(nn.Module):
+    """An LSTM or GRU classifier over variable-length token sequences, as text classifiers are
+    written: lengths copied to the host, packed unsorted, unpacked to a longer padded length."""
+
+    def __init__(self, rnn: nn.Module, packed: bool = True, layout_first: bool = True) -> None:
+        super().__init__()
+        self.emb, self.rnn, self.packed, self.layout_first = nn.Embedding(50, 24), rnn, packed, layout_first
+        self.fc = nn.Linear(rnn.hidden_size * (2 if rnn.bidirectional else 1), 3)
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)  # (batch, steps, features)
+        if not self.layout_first:
+            x = x.transpose(0, 1)
+        if not self.packed:
+            out, hidden = self.rnn(x if self.rnn.batch_first or not self.layout_first else x.transpose(0, 1))
+            return self.fc(out.mean(1 if self.rnn.batch_first else 0))
+        seq = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=self.layout_first,
+                                                enforce_sorted=False)
+        out, hidden = self.rnn(seq)
+        padded, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=ids.shape[1] + 4)
+        return self.fc(padded.mean(1))
+
+
+@pytest.mark.parametrize(("rnn", "layout_first"), [
+    (lambda: nn.LSTM(24, 32, num_layers=2, batch_first=True), True),
+    (lambda: nn.GRU(24, 32, bidirectional=True), False),  # time-major layer, packed from a time-major tensor
+    (lambda: nn.GRU(24, 32, bidirectional=True), True),   # time-major layer, packed from a batch-first tensor
+])
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_a_recurrent_layer_fed_a_packed_sequence_is_the_padded_layer(rnn, layout_first: bool, mode: str) -> None:
+    """Packing needs the lengths' values, which extraction never sees: the layer is the same
+    operation (signature, shapes, FLOPs) as on the padded batch, every sequence at full length,
+    with a PackedSequenceWarning; the unpacked output has the padded shape."""
+    import gpurec
+
+    layer = rnn()
+    ids, lengths = torch.zeros(6, 10, dtype=torch.long), torch.tensor([10, 3, 7, 1, 9, 10])
+    with pytest.warns(gpurec.PackedSequenceWarning, match="padded length 10"):
+        ops = extract_operations(_PackedClassifier(layer, True, layout_first), example_inputs=(ids, lengths),
+                                 mode=mode, keep_sources=False)
+    padded = extract_operations(_PackedClassifier(layer, False, layout_first), example_inputs=(ids, lengths),
+                                mode=mode, keep_sources=False)
+    kind = type(layer).__name__
+    (packed_op,), (padded_op,) = ([op for op in o if op.kind == kind] for o in (ops, padded))
+    assert packed_op.signature == padded_op.signature
+    assert packed_op.flops == padded_op.flops > 0
+    unpacked = next(op for op in ops if op.kind == "pad_packed_sequence")
+    assert unpacked.output_shapes[0] == [6, 14, layer.hidden_size * (2 if layer.bidirectional else 1)]
+    assert ops[-1].kind == "Linear" and ops[-1].output_shapes == [[6, 3]]
+
+
+def test_a_packed_sequence_at_mixed_precision() -> None:
+    """At a mixed precision the graph is interpreted on a CUDA device, not meta: the calls that
+    named the recording's meta device (``torch.arange(..., device=x.device)`` inside
+    torch's packing) follow the inputs there instead."""
+    import warnings
+
+    import gpurec
+
+    model = _PackedClassifier(nn.LSTM(24, 32, batch_first=True))
+    ids, lengths = torch.zeros(4, 12, dtype=torch.long), torch.tensor([12, 5, 8, 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gpurec.PackedSequenceWarning)
+        ops = extract_operations(model, example_inputs=(ids, lengths), mode="training", precision="bf16-mixed",
+                                 keep_sources=False)
+        fp32 = extract_operations(model, example_inputs=(ids, lengths), mode="training", keep_sources=False)
+    (lstm,), (lstm32,) = ([op for op in o if op.kind == "LSTM"] for o in (ops, fp32))
+    assert lstm.precision == "bf16-mixed" and lstm.flops == lstm32.flops
+    assert lstm.input_shapes == lstm32.input_shapes == [[4, 12, 24]]
+
+
+def test_packed_data_reshaped_before_the_layer_is_a_clear_error() -> None:
+    """Packed data is kept padded while extracting; a forward that flattens it before the layer
+    gets an ExtractionError that says so, not a wrong operation."""
+
+    class Reshaped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = nn.LSTM(8, 16)
+
+        def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+            seq = nn.utils.rnn.pack_padded_sequence(x, lengths)
+            seq = nn.utils.rnn.PackedSequence(seq.data.reshape(-1, 8), seq.batch_sizes)
+            return self.rnn(seq)[1][0]
+
+    with pytest.raises(ExtractionError, match="reshaped after packing"):
+        extract_operations(Reshaped(), example_inputs=(torch.zeros(5, 4, 8), torch.full((4,), 5)), keep_sources=False)

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import builtins
 import operator
+import warnings
 from typing import Any
 
 import torch
 import torch.fx
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
@@ -29,6 +31,7 @@ from gpurec.ops.extract import (
     _DECOMPOSITIONS,
     _RECURRENT,
     ExtractionError,
+    PackedSequenceWarning,
     _analytic_recurrent,
     _recording_autocast,
     _swapped_to_meta,
@@ -84,6 +87,7 @@ class _Recorder(TorchFunctionMode):
             for name, t in store:
                 self.attr_name.setdefault(id(t), prefix + name)
         self.paths = {id(m): name for name, m in root.named_modules(remove_duplicate=False)}
+        self._device_node: torch.fx.Node | None = None
 
     # -- arguments ------------------------------------------------------------------------------
     def arg(self, a: Any) -> Any:
@@ -101,6 +105,8 @@ class _Recorder(TorchFunctionMode):
             node = self.node_of[id(a)] = self.graph.get_attr(name)
             self.alive.append(a)
             return node
+        if isinstance(a, torch.device) and a.type == "meta":
+            return self.device_node()
         if type(a) is slice:
             return slice(self.arg(a.start), self.arg(a.stop), self.arg(a.step))
         if isinstance(a, torch.Size):
@@ -113,6 +119,16 @@ class _Recorder(TorchFunctionMode):
         if isinstance(a, dict):
             return {k: self.arg(v) for k, v in a.items()}
         return a
+
+    def device_node(self) -> torch.fx.Node:
+        """The inputs' device as a node (``getattr(input_0, "device")``, as torch.fx records
+        ``x.device``), for a device argument that reads meta here: the graph is interpreted on
+        meta in fp32 but on a CUDA device at other precisions, and a literal meta would put that
+        call's tensor apart from the others."""
+        if self._device_node is None:
+            first = next(n for n in self.graph.nodes if n.op == "placeholder")
+            self._device_node = self.graph.call_function(builtins.getattr, (first, "device"))
+        return self._device_node
 
     def check_known(self, args: Any) -> None:
         """Before a call runs: a tensor not on meta that no call made is a parameter or buffer
@@ -142,6 +158,11 @@ class _Recorder(TorchFunctionMode):
                 f"forward branches with if/while on a tensor's values ({name}() of a tensor of shape "
                 f"{list(args[0].shape)}, e.g. `if x.sum() > 0:`); extraction sees shapes, never values: move the "
                 "branch out of forward or make it depend on shapes or constant attributes")
+        if name in _HOST_COPIES and args and _is_tensor(args[0]) and args[0].device.type == "meta":
+            args, kwargs = _without_local_devices(args, kwargs)
+            if len(args) == 1 and not kwargs:
+                return args[0]  # a copy to where the tensor is: nothing to record
+        func = _PACKING_ON_META.get(name, func)
         self.check_known((args, kwargs))
         # the call's own insides (a decomposition's operators, a Python function's tensor
         # arithmetic) are part of this one node, not nodes of their own
@@ -161,6 +182,55 @@ class _Recorder(TorchFunctionMode):
             node = self.graph.call_function(func, tuple(self.arg(x) for x in args), self.arg(kwargs))
         self.bind(node, out)
         return out
+
+
+_HOST_COPIES = frozenset({"cpu", "to"})
+
+
+def _without_local_devices(args: Any, kwargs: Any) -> tuple[Any, Any]:
+    """``x.cpu()`` / ``x.to(...)`` of a meta tensor without the host or meta devices it names.
+
+    Forward code copies sequence lengths to the host before packing (``pack_padded_sequence``
+    wants them there), and moves tensors to ``other.device``, which is meta while recording: on
+    meta tensors those copies have nothing to copy (the real host copy is a small transfer, not a
+    kernel), and a graph that named the meta device would put its tensors there when it is
+    interpreted at a precision on a CUDA device (gpurec.ops.extract._Precise).  A dtype is kept."""
+    def local(a: Any) -> bool:
+        if isinstance(a, torch.device):
+            return a.type in ("cpu", "meta")
+        return isinstance(a, str) and a.split(":")[0] in ("cpu", "meta")
+
+    rest = tuple(a for a in args[1:] if not local(a))
+    return (args[0], *rest), {k: v for k, v in kwargs.items() if not (k == "device" and local(v))}
+
+
+def pack_padded_sequence(input: torch.Tensor, lengths: torch.Tensor, batch_first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's packing kernel (``_VF._pack_padded_sequence``) while recording on meta tensors.
+
+    Lengths are values, which extraction never sees, so every sequence is taken at the padded
+    length: the most work the packed call can do (gpurec.PackedSequenceWarning says so).  The
+    data is kept time-major, ``(steps, batch, features)``, not flattened, so that a recurrent
+    layer fed it is recorded as the same layer on the padded tensor (_packed_recurrent)."""
+    x = input.transpose(0, 1) if batch_first else input
+    steps, batch = int(x.shape[0]), int(x.shape[1])
+    return x.contiguous(), torch.full((steps,), batch, dtype=torch.int64)  # on the host, as torch keeps it
+
+
+def pad_packed_sequence(data: torch.Tensor, batch_sizes: torch.Tensor, batch_first: bool, padding_value: float,
+                        total_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's unpacking kernel (``_VF._pad_packed_sequence``) on pack_padded_sequence's data:
+    padded to ``total_length`` steps, every sequence at the padded length."""
+    if data.dim() != 3:
+        raise ExtractionError("pad_packed_sequence of a PackedSequence not packed in forward: pack the padded "
+                              "batch with pack_padded_sequence inside forward so extraction sees its shape")
+    steps, batch = int(data.shape[0]), int(data.shape[1])
+    if total_length > steps:
+        data = torch.nn.functional.pad(data, (0, 0, 0, 0, 0, total_length - steps), value=padding_value)
+    out = data.transpose(0, 1) if batch_first else data
+    return out.contiguous(), torch.full((batch,), steps, dtype=torch.int64)  # on the host, as torch returns them
+
+
+_PACKING_ON_META = {"_pack_padded_sequence": pack_padded_sequence, "_pad_packed_sequence": pad_packed_sequence}
 
 
 def _is_tensor_method(func: Any) -> bool:
@@ -199,6 +269,8 @@ def record(root: nn.Module, inputs: list[torch.Tensor]) -> _Traced:
             path = rec.paths.get(id(mod))
             if path is None or not leaf_rule.is_leaf_module(mod, path):
                 return original_call(mod, *args, **kwargs)
+            if isinstance(mod, _RECURRENT) and args and isinstance(args[0], PackedSequence):
+                return _packed_recurrent(rec, mod, path, args, kwargs, original_call)
             node = rec.graph.call_module(path, rec.arg(args), rec.arg(kwargs))
             rec.in_leaf += 1
             try:
@@ -236,6 +308,34 @@ def record(root: nn.Module, inputs: list[torch.Tensor]) -> _Traced:
                     delattr(torch.Tensor, attr)
         rec.graph.output(_map_out(rec, out))
     return _Traced(root, rec.graph, tuple(requests))
+
+
+def _packed_recurrent(rec: _Recorder, mod: nn.Module, path: str, args: Any, kwargs: Any,
+                      original_call: Any) -> Any:
+    """An LSTM, GRU or RNN fed a PackedSequence, recorded as the same layer called on the padded
+    tensor that pack_padded_sequence's stand-in holds (made batch-first by a view where the layer
+    is), so it has the operation, features and measured rows of a padded call; its output is
+    packed again the same way for the code after it."""
+    packed = args[0]
+    data = packed.data
+    if data.dim() != 3:
+        raise ExtractionError(f"{type(mod).__name__} fed a PackedSequence whose data was reshaped after packing: "
+                              "extraction keeps packed data as the padded (steps, batch, features) tensor, so pass "
+                              "the layer what pack_padded_sequence inside forward returned")
+    warnings.warn(f"{type(mod).__name__} ({path}) runs on a packed sequence: lengths are values, which extraction "
+                  f"never sees, so it is estimated as if every sequence had the padded length {int(data.shape[0])} "
+                  "(an upper bound)", PackedSequenceWarning, stacklevel=4)
+    x = data.transpose(0, 1) if mod.batch_first else data  # a view, recorded as the forward's own calls are
+    node = rec.graph.call_module(path, rec.arg((x, *args[1:])), rec.arg(kwargs))
+    rec.in_leaf += 1
+    try:
+        known = _analytic_recurrent(mod, (x, *args[1:]), kwargs)
+        out = known[0] if known is not None else original_call(mod, x, *args[1:], **kwargs)
+    finally:
+        rec.in_leaf -= 1
+    rec.bind(node, out)
+    y, hidden = out
+    return packed._replace(data=y.transpose(0, 1) if mod.batch_first else y), hidden
 
 
 def _patch_operators(rec: _Recorder) -> dict[str, Any]:

@@ -1271,6 +1271,10 @@ class CompiledModuleWarning(UserWarning):
     """A torch.compile'd module was estimated as the eager module it wraps."""
 
 
+class PackedSequenceWarning(UserWarning):
+    """A recurrent layer ran on a PackedSequence: estimated with every sequence at the padded length."""
+
+
 def _called_by_keyword(model: str | nn.Module, example_inputs: Mapping[str, Any]) -> tuple[nn.Module, tuple[Any, ...]]:
     """``model`` wrapped so that keyword inputs (an encoder-decoder's ``input_ids`` and
     ``decoder_input_ids``, in the dict's order) are the wrapper's positional ones: tracing and
