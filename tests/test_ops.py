@@ -741,3 +741,41 @@ def test_addmm_of_a_bias_and_a_weight_is_a_linear_layer(mode: str) -> None:
         linear[0].flops, linear[0].flops_bwd, linear[0].bytes_read, linear[0].bytes_written, linear[0].params)
     assert [op.kind for op in extract_operations(_TwoActivationsAddmm(), (8, 8), mode=mode)
             if op.kind in ("addmm", "Linear")] == ["addmm"]
+
+
+class _OneD(nn.Module):
+    """A 1-D CNN as text and audio models write one."""
+
+    def __init__(self, two_d: bool = False) -> None:
+        super().__init__()
+        if two_d:  # the same network as the 2-D kernels of height 1 that ATen runs it as
+            self.conv = nn.Conv2d(16, 32, (1, 5), stride=(1, 2), padding=(0, 2), groups=2)
+            self.pools = nn.Sequential(nn.MaxPool2d((1, 3), (1, 2), (0, 1)), nn.AvgPool2d((1, 2)),
+                                       nn.AdaptiveMaxPool2d((1, 8)), nn.AdaptiveAvgPool2d((1, 1)))
+        else:
+            self.conv = nn.Conv1d(16, 32, 5, stride=2, padding=2, groups=2)
+            self.pools = nn.Sequential(nn.MaxPool1d(3, 2, 1), nn.AvgPool1d(2), nn.AdaptiveMaxPool1d(8),
+                                       nn.AdaptiveAvgPool1d(1))
+        self.two_d = two_d
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pools(self.conv(x.unsqueeze(2) if self.two_d else x)).flatten(1)
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_one_d_convolutions_and_pools_are_their_height_one_2d_kernels(mode: str) -> None:
+    """Conv1d and the 1-D pools are the 2-D operations of height 1 the GPU runs (same kind,
+    features and shapes as the hand-written 2-D network), so the 2-D rows predict them;
+    an unbatched input keeps its own kind."""
+    one = [op for op in extract_operations(_OneD(), (4, 16, 100), mode=mode) if op.kind != "flatten"]
+    two = [op for op in extract_operations(_OneD(two_d=True), (4, 16, 100), mode=mode)
+           if op.kind not in ("flatten", "unsqueeze")]
+    assert [op.kind for op in one] == ["Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveMaxPool2d", "AdaptiveAvgPool2d"]
+    from gpurec.ops.features import operation_feature_row
+
+    assert [(operation_feature_row(op), op.output_shapes, op.params) for op in one] == \
+        [(operation_feature_row(op), op.output_shapes, op.params) for op in two]
+    assert one[0].signature == two[0].signature  # the convolution: the same settings, written alike
+    (unbatched,) = extract_operations(nn.Sequential(nn.Conv1d(16, 32, 5)), example_inputs=(torch.zeros(16, 100),),
+                                      mode=mode)
+    assert unbatched.kind == "Conv1d" and unbatched.input_shapes == [[16, 100]]

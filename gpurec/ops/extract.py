@@ -809,6 +809,39 @@ _MODULE_TWINS: dict[str, str] = {"sigmoid": "Sigmoid", "silu": "SiLU", "hardsigm
 _BATCH_NORM_BY_RANK: dict[int, str] = {2: "BatchNorm1d", 3: "BatchNorm1d", 4: "BatchNorm2d", 5: "BatchNorm3d"}
 
 
+# 1-D convolutions and pools run as their 2-D kernels over a height-1 image: ATen views a 3-D
+# convolution input and weight as 4-D before cuDNN sees them (at::_convolution, view1d_as_2d), and
+# on CUDA max_pool1d, avg_pool1d and the adaptive ones are the 2-D pools of x.unsqueeze(-2).  So
+# they are predicted from the 2-D kinds' rows, as the operation the GPU runs.
+_HEIGHT_ONE_TWINS: dict[str, str] = {"Conv1d": "Conv2d", "MaxPool1d": "MaxPool2d", "AvgPool1d": "AvgPool2d",
+                                     "AdaptiveAvgPool1d": "AdaptiveAvgPool2d",
+                                     "AdaptiveMaxPool1d": "AdaptiveMaxPool2d"}
+# each 1-D setting's value along the added height dimension (a kernel, stride or output of 1, no padding)
+_HEIGHT_ONE_SETTINGS = {"kernel_size": 1, "stride": 1, "dilation": 1, "padding": 0, "output_padding": 0,
+                        "output_size": 1}
+
+
+def _as_height_one(op: Operation) -> None:
+    """``op``, a batched 1-D convolution or pool, made the 2-D operation of height 1 it runs as
+    (_HEIGHT_ONE_TWINS): kind, settings, parameter and activation shapes; FLOPs and bytes are the same."""
+    if len(op.input_shapes[0]) != 3:
+        return  # unbatched input: left as it is
+    settings = dict(op.settings)
+    for key, height in _HEIGHT_ONE_SETTINGS.items():
+        value = settings.get(key)
+        if isinstance(value, (list, tuple)) and len(value) == 1:
+            value = value[0]
+        if isinstance(value, int) and not isinstance(value, bool):
+            settings[key] = [height, value]
+    weight = settings.get("param_shapes", {}).get("weight")
+    if weight is not None and len(weight) == 3:
+        settings["param_shapes"] = {**settings["param_shapes"], "weight": [weight[0], weight[1], 1, weight[2]]}
+    op.kind = _HEIGHT_ONE_TWINS[op.kind]
+    op.settings = settings
+    op.input_shapes = [[*s[:2], 1, *s[2:]] if len(s) == 3 else s for s in op.input_shapes]
+    op.output_shapes = [[*s[:2], 1, *s[2:]] if len(s) == 3 else s for s in op.output_shapes]
+
+
 def _module_twin(kind: str, args: Any) -> str:
     """The torch.nn module kind a functional call runs as (its own name where none)."""
     if kind == "batch_norm" and args and _is_tensor(args[0]):
@@ -1649,6 +1682,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             input_nodes=list(act_nodes),
             in_place=_is_in_place(node, settings),
         )
+        if kind in _HEIGHT_ONE_TWINS and op.input_shapes:
+            _as_height_one(op)
         if any(d != dtype_name for d in in_dtypes):
             op.input_dtypes = in_dtypes
         # A view launches no kernel, but in training the backward of one that splits its input
