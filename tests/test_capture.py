@@ -359,3 +359,42 @@ def test_packed_data_reshaped_before_the_layer_is_a_clear_error() -> None:
 
     with pytest.raises(ExtractionError, match="reshaped after packing"):
         extract_operations(Reshaped(), example_inputs=(torch.zeros(5, 4, 8), torch.full((4,), 5)), keep_sources=False)
+
+
+class _CellLoop(nn.Module):
+    """A decoder that steps a recurrent cell in Python, as seq2seq models do."""
+
+    def __init__(self, cell: nn.Module, steps: int = 3, give_state: bool = False) -> None:
+        super().__init__()
+        self.cell, self.steps, self.give_state = cell, steps, give_state
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        state = None
+        if self.give_state:
+            h = x.new_zeros(x.shape[0], self.cell.hidden_size)
+            state = (h, h) if isinstance(self.cell, nn.LSTMCell) else h
+        for t in range(self.steps):
+            state = self.cell(x[:, t], state)
+        return state[0] if isinstance(state, tuple) else state
+
+
+@pytest.mark.parametrize(("cell", "gates", "fused"), [(nn.LSTMCell, 4, "fused_lstm_cell"),
+                                                      (nn.GRUCell, 3, "fused_gru_cell"), (nn.RNNCell, 1, "tanh")])
+@pytest.mark.parametrize("give_state", [False, True])
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_a_recurrent_cell_is_its_two_gemms_and_one_pointwise_kernel(monkeypatch: pytest.MonkeyPatch, cell, gates: int,
+                                                                     fused: str, give_state: bool, mode: str) -> None:
+    """An LSTMCell, GRUCell or RNNCell step is what ATen runs on CUDA: the input and hidden
+    products, Linear operations with Linear's settings (so Linear's rows predict them) and the
+    cell's FLOPs, then one pointwise kernel; torch.fx and the capture fallback agree."""
+    batch, inputs, hidden, steps = 4, 24, 32, 3
+    model = _CellLoop(cell(inputs, hidden), steps, give_state)
+    ops = extract_operations(model, (batch, steps, inputs), mode=mode, keep_sources=False)
+    gemms = [op for op in ops if op.kind == "Linear"]
+    assert len(gemms) == 2 * steps and len([op for op in ops if op.kind == fused]) == steps
+    assert [(op.settings["in_features"], op.settings["out_features"]) for op in gemms[:2]] == \
+        [(inputs, gates * hidden), (hidden, gates * hidden)]
+    assert sum(op.flops for op in gemms[:2]) == 2 * batch * gates * hidden * (inputs + hidden)
+    assert ops[-1].output_shapes[0] == [batch, hidden]
+    _fx_refused(monkeypatch)
+    assert _identity(extract_operations(model, (batch, steps, inputs), mode=mode, keep_sources=False)) == _identity(ops)

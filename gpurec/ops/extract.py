@@ -380,7 +380,78 @@ def _transformer(m: nn.Transformer, src: Any, tgt: Any, src_mask: Any = None, tg
                      tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal)
 
 
+# -- recurrent cells as ATen runs them on CUDA (aten/src/ATen/native/RNN.cpp, LSTMCell/GRUCell):
+# the input and hidden products (matmuls without bias) and one fused pointwise kernel that adds
+# the biases and applies the gates; a step loop of cells is that many GEMM pairs and kernels.
+def fused_lstm_cell(igates: torch.Tensor, hgates: torch.Tensor, cx: torch.Tensor, b_ih: torch.Tensor | None = None,
+                    b_hh: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten::_thnn_fused_lstm_cell``'s (hy, cy): one kernel, one operation (a torch function,
+    so torch.fx and capture record it as one node)."""
+    args = (igates, hgates, cx, b_ih, b_hh)
+    if torch.overrides.has_torch_function(tuple(a for a in args if a is not None)):
+        return torch.overrides.handle_torch_function(fused_lstm_cell, tuple(a for a in args if a is not None), *args)
+    gates = igates + hgates
+    for b in (b_ih, b_hh):
+        gates = gates if b is None else gates + b
+    i, f, g, o = gates.chunk(4, -1)
+    cy = f.sigmoid() * cx + i.sigmoid() * g.tanh()
+    return o.sigmoid() * cy.tanh(), cy
+
+
+def fused_gru_cell(igates: torch.Tensor, hgates: torch.Tensor, hx: torch.Tensor, b_ih: torch.Tensor | None = None,
+                   b_hh: torch.Tensor | None = None) -> torch.Tensor:
+    """``aten::_thnn_fused_gru_cell``'s hy: one kernel, one operation (see fused_lstm_cell)."""
+    args = (igates, hgates, hx, b_ih, b_hh)
+    if torch.overrides.has_torch_function(tuple(a for a in args if a is not None)):
+        return torch.overrides.handle_torch_function(fused_gru_cell, tuple(a for a in args if a is not None), *args)
+    ig = igates if b_ih is None else igates + b_ih
+    hg = hgates if b_hh is None else hgates + b_hh
+    i_r, i_z, i_n = ig.chunk(3, -1)
+    h_r, h_z, h_n = hg.chunk(3, -1)
+    z = (i_z + h_z).sigmoid()
+    n = (i_n + (i_r + h_r).sigmoid() * h_n).tanh()
+    return (1 - z) * n + z * hx
+
+
+def cell_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A cell's input or hidden product (ATen's matmul_ih / matmul_hh): a Linear layer's GEMM,
+    recorded as one node and predicted from Linear's rows (_cell_linear_settings).  The bias,
+    which ATen adds in the fused pointwise kernel, is added here, in the GEMM's epilogue as
+    nn.Linear adds it: the same reads and additions, and the pointwise kernel then holds no
+    parameters, as the elementwise rows the models learnt from hold none."""
+    relevant = (input, weight) if bias is None else (input, weight, bias)
+    if torch.overrides.has_torch_function(relevant):
+        return torch.overrides.handle_torch_function(cell_linear, relevant, input, weight, bias)
+    return nn.functional.linear(input, weight, bias)
+
+
+def _zero_state(m: nn.Module, input: Any) -> Any:
+    return input.new_zeros(input.shape[:-1] + (m.hidden_size,))
+
+
+def _lstm_cell(m: nn.LSTMCell, input: Any, hx: Any = None) -> Any:
+    h, c = (_zero_state(m, input),) * 2 if hx is None else hx
+    igates, hgates = cell_linear(input, m.weight_ih, m.bias_ih), cell_linear(h, m.weight_hh, m.bias_hh)
+    return fused_lstm_cell(igates, hgates, c)
+
+
+def _gru_cell(m: nn.GRUCell, input: Any, hx: Any = None) -> Any:
+    h = _zero_state(m, input) if hx is None else hx
+    igates, hgates = cell_linear(input, m.weight_ih, m.bias_ih), cell_linear(h, m.weight_hh, m.bias_hh)
+    return fused_gru_cell(igates, hgates, h)
+
+
+def _rnn_cell(m: nn.RNNCell, input: Any, hx: Any = None) -> Any:
+    """ATen's rnn_tanh_cell / rnn_relu_cell: two biased linears, their sum and the activation."""
+    h = _zero_state(m, input) if hx is None else hx
+    pre = cell_linear(input, m.weight_ih, m.bias_ih) + cell_linear(h, m.weight_hh, m.bias_hh)
+    return pre.tanh() if m.nonlinearity == "tanh" else pre.relu()
+
+
 _DECOMPOSITIONS: dict[type, Any] = {
+    nn.LSTMCell: _lstm_cell,
+    nn.GRUCell: _gru_cell,
+    nn.RNNCell: _rnn_cell,
     nn.TransformerEncoderLayer: _encoder_layer,
     nn.TransformerDecoderLayer: _decoder_layer,
     nn.TransformerEncoder: _encoder,
@@ -861,6 +932,14 @@ def _linear_settings(args: Any, kwargs: Any) -> dict[str, int] | None:
     if len(weight.shape) != 2 or tuple(bias.shape) != (weight.shape[1],):
         return None
     return {"in_features": int(weight.shape[0]), "out_features": int(weight.shape[1])}
+
+
+def _cell_linear_settings(args: Any) -> dict[str, int] | None:
+    """A Linear layer's settings for cell_linear(x, weight, bias) of a weight parameter (out, in)."""
+    weight = args[1] if isinstance(args, (tuple, list)) and len(args) == 3 else None
+    if not isinstance(weight, ParamRef) or len(weight.shape) != 2:
+        return None
+    return {"in_features": int(weight.shape[1]), "out_features": int(weight.shape[0])}
 
 
 def _running_stats_numel(args: Any, kwargs: Any) -> int:
@@ -1626,7 +1705,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             split.cast_to = {id(src): to for src, to in counter.casts}
         arg_template = _map_nodes(node.args, split)
         kwarg_template = _map_nodes(dict(node.kwargs), split)
-        twin_settings = _linear_settings(arg_template, kwarg_template) if kind == "addmm" else None
+        twin_settings = (_linear_settings(arg_template, kwarg_template) if kind == "addmm"
+                         else _cell_linear_settings(arg_template) if kind == "cell_linear" else None)
         if twin_settings is not None:
             kind = "Linear"
         act_nodes, act_values = split.act_nodes, split.act_values
