@@ -221,8 +221,9 @@ def pad_packed_sequence(data: torch.Tensor, batch_sizes: torch.Tensor, batch_fir
     """torch's unpacking kernel (``_VF._pad_packed_sequence``) on pack_padded_sequence's data:
     padded to ``total_length`` steps, every sequence at the padded length."""
     if data.dim() != 3:
-        raise ExtractionError("pad_packed_sequence of a PackedSequence not packed in forward: pack the padded "
-                              "batch with pack_padded_sequence inside forward so extraction sees its shape")
+        raise ExtractionError("pad_packed_sequence of a PackedSequence whose data was reshaped after packing: "
+                              "extraction keeps packed data as the padded (steps, batch, features) tensor, so "
+                              "unpack what pack_padded_sequence or the recurrent layer returned")
     steps, batch = int(data.shape[0]), int(data.shape[1])
     if total_length > steps:
         data = torch.nn.functional.pad(data, (0, 0, 0, 0, 0, total_length - steps), value=padding_value)
