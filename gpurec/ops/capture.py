@@ -208,7 +208,8 @@ def pack_padded_sequence(input: torch.Tensor, lengths: torch.Tensor, batch_first
     """torch's packing kernel (``_VF._pack_padded_sequence``) while recording on meta tensors.
 
     Lengths are values, which extraction never sees, so every sequence is taken at the padded
-    length: the most work the packed call can do (gpurec.PackedSequenceWarning says so).  The
+    length (gpurec.PackedSequenceWarning says so; not a bound: cuDNN's packed path with shorter
+    sequences measured slower in training than at full length, DEVELOPERS session 37).  The
     data is kept time-major, ``(steps, batch, features)``, not flattened, so that a recurrent
     layer fed it is recorded as the same layer on the padded tensor (_packed_recurrent)."""
     x = input.transpose(0, 1) if batch_first else input
@@ -325,7 +326,8 @@ def _packed_recurrent(rec: _Recorder, mod: nn.Module, path: str, args: Any, kwar
                               "the layer what pack_padded_sequence inside forward returned")
     warnings.warn(f"{type(mod).__name__} ({path}) runs on a packed sequence: lengths are values, which extraction "
                   f"never sees, so it is estimated as if every sequence had the padded length {int(data.shape[0])} "
-                  "(an upper bound)", PackedSequenceWarning, stacklevel=4)
+                  "(cuDNN's packed path can take longer than that with shorter sequences)", PackedSequenceWarning,
+                  stacklevel=4)
     x = data.transpose(0, 1) if mod.batch_first else data  # a view, recorded as the forward's own calls are
     node = rec.graph.call_module(path, rec.arg((x, *args[1:])), rec.arg(kwargs))
     rec.in_leaf += 1

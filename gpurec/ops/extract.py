@@ -1384,7 +1384,8 @@ class CompiledModuleWarning(UserWarning):
 
 
 class PackedSequenceWarning(UserWarning):
-    """A recurrent layer ran on a PackedSequence: estimated with every sequence at the padded length."""
+    """A recurrent layer ran on a PackedSequence: estimated with every sequence at the padded length
+    (lengths are values; cuDNN's packed path is not always faster with shorter ones)."""
 
 
 def _called_by_keyword(model: str | nn.Module, example_inputs: Mapping[str, Any]) -> tuple[nn.Module, tuple[Any, ...]]:
