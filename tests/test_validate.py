@@ -185,3 +185,85 @@ def test_live_records_on_two_gpus_give_the_measured_and_predicted_ratio() -> Non
     assert "bf16-mixed" not in text  # no H100 record at that precision: no pair
     assert "time 10.0 pp (bias -10.0 pp, n=1)" in text and "energy 5.0 pp (bias +5.0 pp, n=1)" in text
     assert _gpu_pairs(recs[:2], ests[:2]) == []
+
+
+class _Packed(__import__("torch").nn.Module):
+    """A classifier whose forward needs its inputs' values (lengths to pack)."""
+
+    def __init__(self) -> None:
+        from torch import nn
+
+        super().__init__()
+        self.emb, self.rnn, self.head = nn.Embedding(20, 8), nn.LSTM(8, 8, batch_first=True), nn.Linear(8, 2)
+
+    def forward(self, ids, lengths):
+        from torch import nn
+
+        seq = nn.utils.rnn.pack_padded_sequence(self.emb(ids), lengths.cpu(), batch_first=True, enforce_sorted=False)
+        return self.head(self.rnn(seq)[1][0][-1])
+
+
+def test_a_module_unit_steps_a_copy_with_the_inputs_values() -> None:
+    """validate_module's step: a copy of the caller's module (not moved, not trained), the example
+    inputs' values kept (lengths to pack), keyword inputs passed by keyword, a backward in training."""
+    import torch
+
+    from gpurec.collect.runner import ModuleUnit
+
+    model = _Packed()
+    ids, lengths = torch.randint(0, 20, (3, 6)), torch.tensor([6, 2, 4])
+    unit = ModuleUnit(model, (ids, lengths), "training", "cpu")
+    assert unit.model is not model and torch.equal(unit.args[1], lengths)
+    unit.step()
+    assert all(p.grad is None for p in model.parameters()) and model.training
+    assert unit.model.training
+    kw = ModuleUnit(model, {"ids": ids, "lengths": lengths}, "inference", "cpu")
+    assert kw.args == () and set(kw.kwargs) == {"ids", "lengths"} and not kw.model.training
+    kw.step()
+    cast = ModuleUnit(torch.nn.Linear(4, 2), torch.zeros(3, 4), "inference", "cpu", precision="bf16")
+    assert cast.args[0].dtype == torch.bfloat16 and cast.model.weight.dtype == torch.bfloat16
+
+
+class _ModulePredictor:
+    """Answers predict(module, example_inputs=...) and keeps what it was asked."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def predict(self, model, input_shape=None, mode="inference", gpu="H100", host=None, example_inputs=None,
+                **kwargs):
+        self.calls.append({"model": model, "example_inputs": example_inputs, "mode": mode, "gpu": gpu, "host": host,
+                           **kwargs})
+        return SimpleNamespace(time_ms=12.0, energy_mj=2400.0, power_w=200.0, measured_gpu=True, gpu_time_ms=3.0,
+                               gpu_energy_mj=600.0, host_time_ms=12.0, bound="host", host="this host",
+                               per_op=pd.DataFrame(), uncovered=None)
+
+
+def test_validate_module_compares_your_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller's module is predicted with its own example inputs for the measuring GPU and host
+    and compared field by field; without xgboost the record says the prediction is pending;
+    without a GPU, measuring is a typed error."""
+    import torch
+
+    import gpurec.validate.run as val_run
+    from gpurec.device import NVMLUnavailable
+    from gpurec.host import run_host_bench
+
+    model = _Packed()
+    inputs = (torch.randint(0, 20, (3, 6)), torch.tensor([6, 2, 4]))
+    host = run_host_bench(use_gpu=False, blocks=2, calls_per_block=4)
+    meas = {**MEAS, "gpu_time_ms": 2.5, "gpu_energy_mj": 500.0, "host_bench": host.to_dict()}
+    predictor = _ModulePredictor()
+    rec = val.validate_module(model, inputs, "training", predictor=predictor, measurement=meas, precision="bf16-mixed")
+    (call,) = predictor.calls
+    assert call["model"] is model and call["example_inputs"] is inputs and call["gpu"] == "NVIDIA H200"
+    assert call["mode"] == "training" and call["precision"] == "bf16-mixed"
+    assert call["host"].to_dict() == host.to_dict()
+    assert rec["module"] and rec["model"] == "_Packed" and rec["input_shapes"] == [[3, 6], [3]]
+    assert rec["time_error_pct"] == pytest.approx(20.0) and rec["gpu_time_error_pct"] == pytest.approx(20.0)
+    assert rec["gpu_energy_error_pct"] == pytest.approx(20.0)
+    monkeypatch.setattr(val_run, "load_predictor_or_none", lambda: None)
+    assert val.validate_module(model, inputs, measurement=MEAS)["prediction"].startswith("pending")
+    if not torch.cuda.is_available():
+        with pytest.raises(NVMLUnavailable, match="No CUDA GPU"):
+            val.validate_module(model, inputs, predictor=predictor)

@@ -161,9 +161,7 @@ class NetworkUnit:
     def __init__(self, arch: str, input_shape: tuple[int, ...], mode: str, device: Any, seed: int = 0,
                  precision: str = DEFAULT_PRECISION):
         import torch
-        from torch.utils._pytree import tree_flatten
 
-        from gpurec.ops.precision import low_dtype
         from gpurec.sets import is_sequence_arch
 
         gen = torch.Generator(device=device)
@@ -187,20 +185,34 @@ class NetworkUnit:
                 model = (build_synthetic(arch) if arch in SYNTH_BUILDERS
                          else tvm.get_model(arch, weights=None, **kwargs))
             self.x = torch.randn(input_shape, device=device, generator=gen)
+        self._set_up(model, (self.x,), {}, mode, device, gen, precision)
+
+    def _set_up(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mode: str, device: Any, gen: Any,
+                precision: str) -> None:
+        """The step's module and inputs (cast at a cast precision) and, in training, its output gradients."""
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        from gpurec.ops.precision import low_dtype
+
         self.training = mode == "training"
         self.precision = check_precision(precision)
         self.device = device
         model.train(self.training)
         if precision in CAST:
             model = model.to(low_dtype(precision))
-            if self.x.is_floating_point():
-                self.x = self.x.to(low_dtype(precision))
+            cast = [t.to(low_dtype(precision)) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                    for t in (*args, *kwargs.values())]
+            args, kwargs = tuple(cast[:len(args)]), dict(zip(kwargs, cast[len(args):], strict=True))
+        self.args, self.kwargs = args, kwargs
+        self.x = args[0] if args else None
         self.model = model
         self.backward = self.training
         self._flatten = tree_flatten
         if self.training:
             with self.scope():
-                outs = [t for t in tree_flatten(model(self.x))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+                outs = [t for t in tree_flatten(model(*args, **kwargs))[0]
+                        if isinstance(t, torch.Tensor) and t.requires_grad]
             # output gradients in each output's dtype (bf16 under autocast or a cast model)
             self._grads = [torch.randn(t.shape, device=device, generator=gen).to(t.dtype) for t in outs]
             model.zero_grad(set_to_none=True)
@@ -215,7 +227,7 @@ class NetworkUnit:
     def step(self) -> None:
         import torch
 
-        out = self.model(self.x)
+        out = self.model(*self.args, **self.kwargs)
         if self.training:
             outs = [t for t in self._flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
             torch.autograd.backward(outs, self._grads)
@@ -223,6 +235,35 @@ class NetworkUnit:
 
     def param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+
+class ModuleUnit(NetworkUnit):
+    """A caller's nn.Module as one step (gpurec.validate.validate_module): a copy of the module
+    and of its example inputs (a tensor, a tuple of them, or a dict passed by keyword) on
+    ``device``, the inputs' values kept (lengths for packing, token ids); the caller's module is
+    not moved."""
+
+    def __init__(self, model: Any, example_inputs: Any, mode: str, device: Any, seed: int = 0,
+                 precision: str = DEFAULT_PRECISION):
+        import copy
+        from collections.abc import Mapping
+
+        import torch
+
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed)
+        torch.manual_seed(seed)
+        model = copy.deepcopy(model).to(device)
+
+        def moved(t: Any) -> Any:
+            return t.to(device) if isinstance(t, torch.Tensor) else t
+
+        if isinstance(example_inputs, Mapping):
+            args, kwargs = (), {k: moved(v) for k, v in example_inputs.items()}
+        else:
+            items = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+            args, kwargs = tuple(moved(t) for t in items), {}
+        self._set_up(model, args, kwargs, mode, device, gen, precision)
 
 
 def done_ids(out_dir: Path, retry_failed: bool = False, min_schema: int = 1) -> set[str]:

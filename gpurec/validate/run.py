@@ -28,11 +28,35 @@ def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_ind
     measures them (eager, host-free as one CUDA graph, in-network attribution) at ``precision``
     (a mixed one inside its autocast scope, as collection runs it), plus this host's
     ``host-bench`` profile."""
+    from gpurec.collect.runner import NetworkUnit
+
+    def unit(device: Any) -> Any:
+        return NetworkUnit(model, input_shape, mode, device, precision=precision)
+
+    return _measure(unit, mode, gpu_index, min_window_s,
+                    set_key_of(model, input_shape) if in_network else None, precision)
+
+
+def measure_module(model: Any, example_inputs: Any, mode: str, gpu_index: int = 0, min_window_s: float = 1.0,
+                   precision: str = DEFAULT_PRECISION) -> dict[str, Any]:
+    """measure_network for a caller's nn.Module and its example inputs (a copy of both on the
+    GPU; the inputs' values are kept): eager and host-free, without the in-network pass, which
+    looks operations up by a named set's key."""
+    from gpurec.collect.runner import ModuleUnit
+
+    def unit(device: Any) -> Any:
+        return ModuleUnit(model, example_inputs, mode, device, precision=precision)
+
+    return _measure(unit, mode, gpu_index, min_window_s, None, precision)
+
+
+def _measure(make_unit: Any, mode: str, gpu_index: int, min_window_s: float, in_network_key: str | None,
+             precision: str) -> dict[str, Any]:
     import torch
 
     from gpurec.collect.measure import WindowConfig, measure_idle
     from gpurec.collect.measure import measure_network as measure_three_ways
-    from gpurec.collect.runner import NetworkUnit, OperationSource, in_network_fields, match_nvml_index
+    from gpurec.collect.runner import OperationSource, in_network_fields, match_nvml_index
     from gpurec.device import NVMLUnavailable, open_gpu
     from gpurec.device.graphs import CudaBackend
     from gpurec.device.sampler import Sampler
@@ -47,14 +71,14 @@ def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_ind
     gpu = open_gpu(match_nvml_index(gpu_index))
     info = gpu.info()
     host = run_host_bench(use_gpu=True)
-    unit = NetworkUnit(model, input_shape, mode, device, precision=precision)
+    unit = make_unit(device)
     inference = mode == "inference"
     with Sampler(gpu) as sampler, unit.scope():
         idle = measure_idle(sampler, 1.0)
         row = measure_three_ways(unit.step, EnergyMonitor(sampler), WindowConfig(min_window_s=min_window_s),
                                  CudaBackend(), inference, idle["idle_power_w"], info.power_limit_w)
-        if in_network:
-            row.update(in_network_fields(unit, OperationSource(), set_key_of(model, input_shape), mode, precision))
+        if in_network_key is not None:
+            row.update(in_network_fields(unit, OperationSource(), in_network_key, mode, precision))
     row.update({"gpu": info.name, "driver": info.driver_version, "torch": torch.__version__,
                 "host_cpu": host_cpu(), "host_bench": host.to_dict()})
     return row
@@ -100,4 +124,47 @@ def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "in
     if log_path is not None:
         with JsonlShard(log_path) as log:
             log.append(record)
+    return record
+
+
+def validate_module(model: Any, example_inputs: Any, mode: str = "inference", gpu_index: int = 0,
+                    predictor: Any = None, measurement: dict[str, Any] | None = None,
+                    precision: str = DEFAULT_PRECISION, label: str | None = None) -> dict[str, Any]:
+    """``validate`` for your own nn.Module: measure it on this GPU (eager and host-free, as
+    ``gpurec validate`` measures a named network; ``measure_module``), predict it for this
+    GPU and this host's ``host-bench`` profile, and compare field by field.
+
+    ``example_inputs`` as ``predict`` takes them (their values are used for the measurement:
+    lengths to pack, token ids).  Returns the record (``time_error_pct``, ``gpu_time_error_pct``,
+    ``gpu_energy_error_pct``, ``bound_right``, ...); it is not written to the named-network log,
+    whose records are re-created by name.  Without xgboost the record says the prediction is
+    pending: predict it where xgboost is, with the record's ``gpu`` and ``host_bench``."""
+    import torch
+
+    from gpurec.host import HostProfile
+
+    meas = measurement if measurement is not None else measure_module(model, example_inputs, mode, gpu_index,
+                                                                        precision=precision)
+    inputs = example_inputs if isinstance(example_inputs, (tuple, list, dict)) else (example_inputs,)
+    shapes = {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)} if isinstance(inputs, dict) \
+        else [list(t.shape) for t in inputs if isinstance(t, torch.Tensor)]
+    record: dict[str, Any] = {
+        "t_unix": time.time(), "model": label or type(model).__name__, "module": True, "input_shapes": shapes,
+        "mode": mode, "precision": precision, "gpu": meas["gpu"], "measured_time_ms": meas["time_ms"],
+        "measured_energy_mj": meas["energy_mj"], "measured_power_w": meas["power_w"],
+        "sm_clock_mhz": meas.get("sm_clock_mhz"),
+        "provenance": {k: meas.get(k) for k in ("driver", "torch", "host_cpu")}, **measured_fields(meas),
+    }
+    if meas.get("host_bench"):
+        record["host_bench"] = meas["host_bench"]
+    if predictor is None:
+        predictor = load_predictor_or_none()
+    if predictor is None:
+        record["prediction"] = ("pending: the predictors need xgboost, which is not installed here; predict the "
+                                "module with the record's gpu and host_bench where it is")
+        return record
+    host = HostProfile.from_dict(meas["host_bench"]) if meas.get("host_bench") else None
+    extra = {} if precision == DEFAULT_PRECISION else {"precision": precision}
+    est = predictor.predict(model, example_inputs=example_inputs, mode=mode, gpu=meas["gpu"], host=host, **extra)
+    record.update(prediction_fields(est, meas["time_ms"], meas["energy_mj"], record))
     return record
