@@ -14,6 +14,9 @@ On the GPU machine (no xgboost there), measure each the way ``gpurec validate`` 
 Here, add gpurec's prediction (reference host) beside each measurement:
 
     PYTHONPATH=. python3 scripts/user_rnn_probe.py compare OUT.jsonl
+
+Or through ``gpurec.validate.validate_module`` (which also records the machine's host-bench
+profile): ``... validate OUT.jsonl`` there, ``... complete OUT.jsonl`` here.
 """
 
 from __future__ import annotations
@@ -122,6 +125,50 @@ def measure(out_path: str, only: str = "") -> None:
                       row.get("error", ""), flush=True)
 
 
+def validate(out_path: str) -> None:
+    """gpurec.validate.validate_module on each network and mode (its records, prediction pending
+    where xgboost is missing; ``complete`` fills it in with the record's own host profile)."""
+    from gpurec.validate import validate_module
+
+    with open(out_path, "a") as out:
+        for name, build in NETWORKS.items():
+            for mode in ("inference", "training"):
+                try:
+                    rec = validate_module(build(), example_inputs("cpu", name), mode, label=name)
+                except Exception as exc:  # one network's failure is recorded, not lost
+                    rec = {"model": name, "mode": mode, "status": "failed", "error": f"{type(exc).__name__}: {exc}"[:500]}
+                out.write(json.dumps(rec, default=str) + "\n")
+                out.flush()
+                print(name, mode, rec.get("measured_time_ms"), rec.get("measured_gpu_time_ms"), rec.get("error", ""),
+                      flush=True)
+
+
+def complete(path: str) -> None:
+    """Predict validate's records with the shipped models, for the measuring GPU and that
+    machine's host-bench profile, and print measured against predicted."""
+    import warnings
+
+    import gpurec
+    from gpurec.host import HostProfile
+    from gpurec.validate.compare import prediction_fields
+
+    predictor = gpurec.load_predictor()
+    for line in open(path):
+        rec = json.loads(line)
+        if "measured_time_ms" not in rec:
+            print(rec["model"], rec["mode"], rec.get("status"), rec.get("error"))
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", gpurec.PackedSequenceWarning)
+            est = predictor.predict(NETWORKS[rec["model"]](), example_inputs=example_inputs("cpu", rec["model"]),
+                                    mode=rec["mode"], gpu=rec["gpu"], host=HostProfile.from_dict(rec["host_bench"]))
+        got = prediction_fields(est, rec["measured_time_ms"], rec["measured_energy_mj"], rec)
+        host_free = (f"host-free {rec['measured_gpu_time_ms']:.3f} ms, predicted {got['gpu_time_error_pct']:+.0f}%; "
+                     f"energy {got['gpu_energy_error_pct']:+.0f}%" if rec.get("measured_captured") else "not captured")
+        print(f"{rec['model']:22s} {rec['mode']:9s} eager {rec['measured_time_ms']:.3f} ms, predicted "
+              f"{got['time_error_pct']:+.0f}% (bound {rec.get('measured_bound')} / {got['predicted_bound']}); {host_free}")
+
+
 def compare(path: str) -> None:
     import warnings
 
@@ -151,4 +198,4 @@ def compare(path: str) -> None:
 
 
 if __name__ == "__main__":
-    {"measure": measure, "compare": compare}[sys.argv[1]](*sys.argv[2:])
+    {"measure": measure, "compare": compare, "validate": validate, "complete": complete}[sys.argv[1]](*sys.argv[2:])
