@@ -779,3 +779,24 @@ def test_one_d_convolutions_and_pools_are_their_height_one_2d_kernels(mode: str)
     (unbatched,) = extract_operations(nn.Sequential(nn.Conv1d(16, 32, 5)), example_inputs=(torch.zeros(16, 100),),
                                       mode=mode)
     assert unbatched.kind == "Conv1d" and unbatched.input_shapes == [[16, 100]]
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_rms_norm_runs_as_layer_norm_kernels(mode: str) -> None:
+    """nn.RMSNorm and F.rms_norm are LayerNorm operations (torch runs LayerNorm's kernels for
+    them on CUDA), with RMSNorm's own parameters; a hand-written RMSNorm stays its elementwise calls."""
+
+    class Norms(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rms, self.weight = nn.RMSNorm(64), nn.Parameter(torch.ones(64))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.rms(x) + F.rms_norm(x, (64,), self.weight)
+            return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    ops = extract_operations(Norms(), (4, 16, 64), mode=mode)
+    layer_norms = [op for op in ops if op.kind == "LayerNorm"]
+    assert len(layer_norms) == 2 and [op.params for op in layer_norms] == [64, 64]
+    assert all(op.output_shapes == [[4, 16, 64]] for op in layer_norms)
+    assert {"pow", "mean", "rsqrt"} <= {op.kind for op in ops}
