@@ -381,33 +381,24 @@ def _transformer(m: nn.Transformer, src: Any, tgt: Any, src_mask: Any = None, tg
 
 
 # -- recurrent cells as ATen runs them on CUDA (aten/src/ATen/native/RNN.cpp, LSTMCell/GRUCell):
-# the input and hidden products (matmuls without bias) and one fused pointwise kernel that adds
-# the biases and applies the gates; a step loop of cells is that many GEMM pairs and kernels.
-def fused_lstm_cell(igates: torch.Tensor, hgates: torch.Tensor, cx: torch.Tensor, b_ih: torch.Tensor | None = None,
-                    b_hh: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``aten::_thnn_fused_lstm_cell``'s (hy, cy): one kernel, one operation (a torch function,
-    so torch.fx and capture record it as one node)."""
-    args = (igates, hgates, cx, b_ih, b_hh)
-    if torch.overrides.has_torch_function(tuple(a for a in args if a is not None)):
-        return torch.overrides.handle_torch_function(fused_lstm_cell, tuple(a for a in args if a is not None), *args)
-    gates = igates + hgates
-    for b in (b_ih, b_hh):
-        gates = gates if b is None else gates + b
-    i, f, g, o = gates.chunk(4, -1)
+# the input and hidden products (matmuls) and one fused pointwise kernel that applies the gates; a
+# step loop of cells is that many GEMM pairs and kernels.
+def fused_lstm_cell(igates: torch.Tensor, hgates: torch.Tensor, cx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten::_thnn_fused_lstm_cell``'s (hy, cy), the biases added by cell_linear already: one
+    kernel, one operation (a torch function, so torch.fx and capture record it as one node)."""
+    if torch.overrides.has_torch_function((igates, hgates, cx)):
+        return torch.overrides.handle_torch_function(fused_lstm_cell, (igates, hgates, cx), igates, hgates, cx)
+    i, f, g, o = (igates + hgates).chunk(4, -1)
     cy = f.sigmoid() * cx + i.sigmoid() * g.tanh()
     return o.sigmoid() * cy.tanh(), cy
 
 
-def fused_gru_cell(igates: torch.Tensor, hgates: torch.Tensor, hx: torch.Tensor, b_ih: torch.Tensor | None = None,
-                   b_hh: torch.Tensor | None = None) -> torch.Tensor:
-    """``aten::_thnn_fused_gru_cell``'s hy: one kernel, one operation (see fused_lstm_cell)."""
-    args = (igates, hgates, hx, b_ih, b_hh)
-    if torch.overrides.has_torch_function(tuple(a for a in args if a is not None)):
-        return torch.overrides.handle_torch_function(fused_gru_cell, tuple(a for a in args if a is not None), *args)
-    ig = igates if b_ih is None else igates + b_ih
-    hg = hgates if b_hh is None else hgates + b_hh
-    i_r, i_z, i_n = ig.chunk(3, -1)
-    h_r, h_z, h_n = hg.chunk(3, -1)
+def fused_gru_cell(igates: torch.Tensor, hgates: torch.Tensor, hx: torch.Tensor) -> torch.Tensor:
+    """``aten::_thnn_fused_gru_cell``'s hy (see fused_lstm_cell)."""
+    if torch.overrides.has_torch_function((igates, hgates, hx)):
+        return torch.overrides.handle_torch_function(fused_gru_cell, (igates, hgates, hx), igates, hgates, hx)
+    i_r, i_z, i_n = igates.chunk(3, -1)
+    h_r, h_z, h_n = hgates.chunk(3, -1)
     z = (i_z + h_z).sigmoid()
     n = (i_n + (i_r + h_r).sigmoid() * h_n).tanh()
     return (1 - z) * n + z * hx
