@@ -1394,6 +1394,53 @@ def tools_validation_log(root: Path = typer.Option(Path("."), "--root", help="re
     typer.echo(f"wrote {_guard(write_log, root)}")
 
 
+@tools_app.command("probe-rnn")
+def tools_probe_rnn(
+    action: str = typer.Argument(..., help="measure or validate (on a GPU machine), compare or complete (here)"),
+    path: Path = typer.Argument(..., help="JSON-lines file: appended to by measure/validate, read by compare/complete"),
+    only: str = typer.Option("", "--only", help="comma-separated networks (default: all of gpurec.tools.probes)"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+) -> None:
+    """Recurrent networks as users write them (packed batches, LSTMCell/GRUCell loops) measured live
+    and compared with the shipped models (datasets/probes/; not training data)."""
+    fmt = _check_format(fmt, ("table", "json"))
+    from gpurec.tools import probes
+
+    names = [n for n in only.split(",") if n] or None
+    if action in ("measure", "validate"):
+        run = probes.measure_rnn if action == "measure" else probes.validate_rnn
+        rows = _guard(run, path, names, log=_progress)
+        typer.echo(f"appended {len(rows)} rows to {path}")
+        return
+    if action not in ("compare", "complete"):
+        _fail("use measure, validate, compare or complete")
+    rows = _guard(probes.compare_rnn if action == "compare" else probes.complete_rnn, path)
+    if fmt == "json":
+        _print_json(rows)
+        return
+    # the host-free figures only where the step was captured as one CUDA graph
+    shown = []
+    for r in rows:
+        captured = r.get("captured", r.get("measured_captured"))
+        shown.append({**r, "network": r.get("network", r.get("model")),
+                      "gpu_time_error_pct": r.get("gpu_time_error_pct") if captured else None,
+                      "gpu_energy_error_pct": r.get("gpu_energy_error_pct") if captured else None})
+    _table(shown, [("network", "network"), ("mode", "mode"), ("measured_time_ms", "eager ms"),
+                   ("time_error_pct", "eager error %"), ("gpu_time_error_pct", "host-free error %"),
+                   ("gpu_energy_error_pct", "host-free energy error %"), ("error", "failure")],
+           title=f"{path}: predicted against measured" + (" (this machine's host profile)" if action == "complete"
+                                                          else " (reference host)"))
+
+
+@tools_app.command("probe-norms")
+def tools_probe_norms(out: Path = typer.Argument(..., help="JSON file to write")) -> None:
+    """nn.RMSNorm's CUDA kernels and time beside nn.LayerNorm's (GPU machine)."""
+    from gpurec.tools import probes
+
+    result = _guard(probes.probe_norms, out)
+    typer.echo(f"wrote {out}: {len(result['rows'])} rows on {result['meta']['gpu']}")
+
+
 _FLAG_VALUES = {"true": True, "yes": True, "1": True, "on": True, "false": False, "no": False, "0": False,
                 "off": False}
 

@@ -1,0 +1,67 @@
+"""gpurec.tools.probes on the CPU: the probe networks, and the comparison of measured rows with a
+fake predictor (no GPU, no xgboost)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gpurec.tools import probes
+
+
+class _Fixed:
+    """Predicts 2 ms eager, 1 ms and 300 mJ host-free for everything; keeps the hosts asked for."""
+
+    def __init__(self) -> None:
+        self.hosts: list = []
+
+    def predict(self, model, example_inputs=None, mode="inference", gpu="H100", host=None):
+        self.hosts.append(host)
+        return SimpleNamespace(time_ms=2.0, energy_mj=400.0, power_w=200.0, gpu_time_ms=1.0, gpu_energy_mj=300.0,
+                               measured_gpu=True, host_time_ms=2.0, bound="host", host="h", per_op=None)
+
+
+def test_the_probe_networks_run_on_their_inputs() -> None:
+    for name in probes.RNN_NETWORKS:
+        ids, lengths = probes.rnn_example_inputs(name)
+        assert probes.rnn_network(name)(ids[:2, :9], lengths[:2].clamp(max=9)).shape[0] == 2
+    short = probes.rnn_example_inputs("lstm_cls_packed_varlen")[1]
+    assert short.min() >= 8 and short.max() <= probes.STEPS and len(set(short.tolist())) > 1
+    with pytest.raises(KeyError, match="unknown probe network"):
+        probes.rnn_network("resnet50")
+
+
+def test_compare_keeps_failures_and_uses_host_free_only_where_captured(tmp_path: Path) -> None:
+    rows = [{"network": "lstm_cls_padded", "mode": "inference", "status": "ok", "gpu": "NVIDIA H200",
+             "time_ms": 4.0, "captured": True, "gpu_time_ms": 0.5, "gpu_energy_mj": 200.0},
+            {"network": "lstm_cls_packed", "mode": "training", "status": "ok", "gpu": "NVIDIA H200",
+             "time_ms": 1.0, "captured": False, "gpu_time_ms": 0.9, "gpu_energy_mj": 250.0},
+            {"network": "grucell_lm", "mode": "training", "status": "failed", "error": "RuntimeError: x"}]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    padded, packed, failed = probes.compare_rnn(path, predictor=_Fixed())
+    assert padded["time_error_pct"] == pytest.approx(-50.0) and padded["gpu_time_error_pct"] == pytest.approx(100.0)
+    assert padded["gpu_energy_error_pct"] == pytest.approx(50.0)
+    assert packed["time_error_pct"] == pytest.approx(100.0) and "gpu_time_error_pct" not in packed
+    assert failed["status"] == "failed" and failed["error"] == "RuntimeError: x"
+
+
+def test_complete_predicts_with_the_measuring_hosts_profile(tmp_path: Path) -> None:
+    from gpurec.host import run_host_bench
+
+    host = run_host_bench(use_gpu=False, blocks=2, calls_per_block=4)
+    rec = {"model": "grucell_lm", "mode": "inference", "gpu": "NVIDIA H200", "measured_time_ms": 4.0,
+           "measured_energy_mj": 800.0, "measured_gpu_time_ms": 0.8, "measured_gpu_energy_mj": 240.0,
+           "host_bench": host.to_dict(), "prediction": "pending"}
+    path = tmp_path / "log.jsonl"
+    path.write_text(json.dumps(rec) + "\n" + json.dumps({"model": "lstmcell_lm", "mode": "training",
+                                                         "status": "failed", "error": "E"}) + "\n")
+    predictor = _Fixed()
+    done, failed = probes.complete_rnn(path, predictor=predictor)
+    assert predictor.hosts[0].to_dict() == host.to_dict() and "prediction" not in done
+    assert done["time_error_pct"] == pytest.approx(-50.0) and done["gpu_time_error_pct"] == pytest.approx(25.0)
+    assert failed == {"model": "lstmcell_lm", "mode": "training", "status": "failed", "error": "E"}
+    assert json.loads(path.read_text().splitlines()[0])["prediction"] == "pending"  # the file is not rewritten
