@@ -1418,13 +1418,7 @@ def tools_probe_rnn(
     if fmt == "json":
         _print_json(rows)
         return
-    # the host-free figures only where the step was captured as one CUDA graph
-    shown = []
-    for r in rows:
-        captured = r.get("captured", r.get("measured_captured"))
-        shown.append({**r, "network": r.get("network", r.get("model")),
-                      "gpu_time_error_pct": r.get("gpu_time_error_pct") if captured else None,
-                      "gpu_energy_error_pct": r.get("gpu_energy_error_pct") if captured else None})
+    shown = [{**r, "network": r.get("network", r.get("model"))} for r in rows]
     _table(shown, [("network", "network"), ("mode", "mode"), ("measured_time_ms", "eager ms"),
                    ("time_error_pct", "eager error %"), ("gpu_time_error_pct", "host-free error %"),
                    ("gpu_energy_error_pct", "host-free energy error %"), ("error", "failure")],

@@ -94,15 +94,18 @@ class StepCost:
     def measured(cls, row: dict[str, Any]) -> StepCost:
         """The cost of a measured network, from a collected row (``gpurec.collect``'s fields:
         ``time_ms``, ``energy_mj``, ``power_w``, host-free ``gpu_time_ms``/``gpu_energy_mj`` and
-        ``host_ms``, the host's time to enqueue one step); the bound by the one rule."""
+        ``host_ms``, the host's time to enqueue one step); the bound by the one rule.  A step that
+        could not be captured as a graph (``captured`` False) has no host-free figures: its
+        ``gpu_time_ms`` is the eager step's GPU time (collect.measure's fallback), host gaps included."""
         t, e = _num(row.get("time_ms")), _num(row.get("energy_mj"))
         if t is None or e is None:
             raise ValueError("a measured step needs finite time_ms and energy_mj")
-        g = _num(row.get("gpu_time_ms"))
+        host_free = row.get("captured") is not False
+        g = _num(row.get("gpu_time_ms")) if host_free else None
         power = _num(row.get("power_w"))
         return cls(time_ms=t, energy_mj=e, power_w=power if power is not None else (e / t if t else math.nan),
-                   gpu_time_ms=g, gpu_energy_mj=_num(row.get("gpu_energy_mj")), host_time_ms=_num(row.get("host_ms")),
-                   bound=bound_of(t, g) if g else None)
+                   gpu_time_ms=g, gpu_energy_mj=_num(row.get("gpu_energy_mj")) if host_free else None,
+                   host_time_ms=_num(row.get("host_ms")), bound=bound_of(t, g) if g else None)
 
 
 def compare(predicted: StepCost, measured: StepCost) -> dict[str, Any]:

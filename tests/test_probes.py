@@ -36,9 +36,9 @@ def test_the_probe_networks_run_on_their_inputs() -> None:
 
 def test_compare_keeps_failures_and_uses_host_free_only_where_captured(tmp_path: Path) -> None:
     rows = [{"network": "lstm_cls_padded", "mode": "inference", "status": "ok", "gpu": "NVIDIA H200",
-             "time_ms": 4.0, "captured": True, "gpu_time_ms": 0.5, "gpu_energy_mj": 200.0},
+             "time_ms": 4.0, "energy_mj": 900.0, "captured": True, "gpu_time_ms": 0.5, "gpu_energy_mj": 200.0},
             {"network": "lstm_cls_packed", "mode": "training", "status": "ok", "gpu": "NVIDIA H200",
-             "time_ms": 1.0, "captured": False, "gpu_time_ms": 0.9, "gpu_energy_mj": 250.0},
+             "time_ms": 1.0, "energy_mj": 300.0, "captured": False, "gpu_time_ms": 0.9, "gpu_energy_mj": 250.0},
             {"network": "grucell_lm", "mode": "training", "status": "failed", "error": "RuntimeError: x"}]
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -65,3 +65,8 @@ def test_complete_predicts_with_the_measuring_hosts_profile(tmp_path: Path) -> N
     assert done["time_error_pct"] == pytest.approx(-50.0) and done["gpu_time_error_pct"] == pytest.approx(25.0)
     assert failed == {"model": "lstmcell_lm", "mode": "training", "status": "failed", "error": "E"}
     assert json.loads(path.read_text().splitlines()[0])["prediction"] == "pending"  # the file is not rewritten
+    # a record of older code that stated a bound and host-free figures for an uncaptured step
+    path.write_text(json.dumps({**rec, "measured_captured": False, "measured_bound": "gpu"}) + "\n")
+    (uncaptured,) = probes.complete_rnn(path, predictor=predictor)
+    assert "gpu_time_error_pct" not in uncaptured and "bound_right" not in uncaptured
+    assert uncaptured["time_error_pct"] == pytest.approx(-50.0)

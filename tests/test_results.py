@@ -34,6 +34,10 @@ def test_measured_cost_from_a_collected_row() -> None:
     assert eager_only.power_w == pytest.approx(50.0) and eager_only.bound is None and eager_only.gpu_time_ms is None
     with pytest.raises(ValueError, match="time_ms and energy_mj"):
         StepCost.measured({"time_ms": float("nan"), "energy_mj": 1.0})
+    # a step that could not be captured: its gpu_time_ms is the eager fallback, not host-free
+    eager_fallback = StepCost.measured({**row, "captured": False})
+    assert eager_fallback.gpu_time_ms is None and eager_fallback.gpu_energy_mj is None
+    assert eager_fallback.bound is None and eager_fallback.host_time_ms == 2.5
 
 
 def test_compare_is_field_by_field() -> None:

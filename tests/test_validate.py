@@ -262,6 +262,12 @@ def test_validate_module_compares_your_module(monkeypatch: pytest.MonkeyPatch) -
     assert rec["module"] and rec["model"] == "_Packed" and rec["input_shapes"] == [[3, 6], [3]]
     assert rec["time_error_pct"] == pytest.approx(20.0) and rec["gpu_time_error_pct"] == pytest.approx(20.0)
     assert rec["gpu_energy_error_pct"] == pytest.approx(20.0)
+    # packing copies the host's lengths: the step is not captured, its GPU time is the eager one's
+    eager = val.validate_module(model, inputs, "training", predictor=predictor,
+                                measurement={**meas, "captured": False, "gpu_time_ms": 10.0})
+    assert eager["measured_captured"] is False and "measured_bound" not in eager
+    assert "gpu_time_error_pct" not in eager and "gpu_energy_error_pct" not in eager and "bound_right" not in eager
+    assert eager["time_error_pct"] == pytest.approx(20.0)
     monkeypatch.setattr(val_run, "load_predictor_or_none", lambda: None)
     assert val.validate_module(model, inputs, measurement=MEAS)["prediction"].startswith("pending")
     if not torch.cuda.is_available():

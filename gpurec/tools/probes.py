@@ -185,9 +185,11 @@ def _predict(predictor: Any, name: str, mode: str, gpu: str, host: Any = None) -
 
 
 def compare_rnn(path: Path | str, predictor: Any = None) -> list[dict[str, Any]]:
-    """measure_rnn's rows against the shipped models' estimate for their GPU (reference host):
-    eager and, where the step was captured as a graph, host-free time and energy errors (%)."""
+    """measure_rnn's rows against the shipped models' estimate for their GPU (reference host),
+    field by field as a validation record compares them (gpurec.validate.compare.prediction_fields:
+    host-free errors only where the step was captured as a graph)."""
     from gpurec.model import load_predictor
+    from gpurec.validate.compare import measured_fields, prediction_fields
 
     predictor = predictor or load_predictor()
     out = []
@@ -196,12 +198,9 @@ def compare_rnn(path: Path | str, predictor: Any = None) -> list[dict[str, Any]]
         res: dict[str, Any] = {"network": row["network"], "mode": row["mode"], "status": row.get("status")}
         if row.get("status") == "ok":
             est = _predict(predictor, row["network"], row["mode"], row["gpu"])
-            res.update({"measured_time_ms": row["time_ms"], "predicted_time_ms": est.time_ms,
-                        "time_error_pct": (est.time_ms / row["time_ms"] - 1) * 100, "captured": row.get("captured")})
-            if row.get("captured"):
-                res.update({"measured_gpu_time_ms": row["gpu_time_ms"], "predicted_gpu_time_ms": est.gpu_time_ms,
-                            "gpu_time_error_pct": (est.gpu_time_ms / row["gpu_time_ms"] - 1) * 100,
-                            "gpu_energy_error_pct": (est.gpu_energy_mj / row["gpu_energy_mj"] - 1) * 100})
+            measured = measured_fields(row)
+            res.update({"measured_time_ms": row["time_ms"], "measured_energy_mj": row["energy_mj"], **measured,
+                        **prediction_fields(est, row["time_ms"], row["energy_mj"], measured)})
         else:
             res["error"] = row.get("error")
         out.append(res)

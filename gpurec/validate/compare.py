@@ -124,8 +124,9 @@ def measured_fields(meas: dict[str, Any]) -> dict[str, Any]:
     for k in ("gpu_time_ms", "gpu_energy_mj", "gpu_power_w", "host_ms", "captured"):
         if meas.get(k) is not None:
             out[f"measured_{k}"] = meas[k]
-    if meas.get("gpu_time_ms"):
-        out["measured_bound"] = StepCost.measured(meas).bound
+    bound = StepCost.measured(meas).bound if meas.get("gpu_time_ms") else None
+    if bound is not None:
+        out["measured_bound"] = bound
     if meas.get("in_network_kernel_sum_ms") is not None:
         out["measured_kernel_sum_ms"] = meas["in_network_kernel_sum_ms"]
     return out
@@ -139,7 +140,8 @@ def measured_cost(record: dict[str, Any]) -> StepCost:
                               "power_w": record.get("measured_power_w"),
                               "gpu_time_ms": record.get("measured_gpu_time_ms"),
                               "gpu_energy_mj": record.get("measured_gpu_energy_mj"),
-                              "host_ms": record.get("measured_host_ms")})
+                              "host_ms": record.get("measured_host_ms"),
+                              "captured": record.get("measured_captured")})
 
 
 def host_of(record: dict[str, Any]) -> Any:
@@ -164,8 +166,10 @@ def prediction_fields(est: Any, measured_time_ms: float, measured_energy_mj: flo
            "predicted_host_time_ms": est.host_time_ms, "predicted_bound": est.bound, "predicted_host": est.host}
     m = measured or {}
     meas = measured_cost({**m, "measured_time_ms": measured_time_ms, "measured_energy_mj": measured_energy_mj})
-    # the bound as the record states it (records of older code may lack the host-free figures)
-    meas = StepCost(**{**meas.to_dict(), "bound": m.get("measured_bound") or None})
+    # the bound as the record states it (records of older code may lack the host-free figures),
+    # none for a step that was not captured (older code stated one from its eager fallback)
+    stated = m.get("measured_bound") if m.get("measured_captured") is not False else None
+    meas = StepCost(**{**meas.to_dict(), "bound": stated or None})
     errors = compare(StepCost.of(est), meas)
     # the log keeps the errors it always kept: eager time and energy, host-free time and energy
     out.update({k: errors[k] for k in ("time_error_pct", "energy_error_pct", "gpu_time_error_pct",
