@@ -383,20 +383,31 @@ def _transformer(m: nn.Transformer, src: Any, tgt: Any, src_mask: Any = None, tg
 # -- recurrent cells as ATen runs them on CUDA (aten/src/ATen/native/RNN.cpp, LSTMCell/GRUCell):
 # the input and hidden products (matmuls) and one fused pointwise kernel that applies the gates; a
 # step loop of cells is that many GEMM pairs and kernels.
+def _one_kernel(fn: Any) -> Any:
+    """``fn`` as a torch function of its own (positional tensor arguments, None for an absent one),
+    so torch.fx and capture record each call as one node, one operation, not the calls inside it."""
+
+    @functools.wraps(fn)
+    def node(*args: Any) -> Any:
+        relevant = tuple(a for a in args if a is not None)
+        if torch.overrides.has_torch_function(relevant):
+            return torch.overrides.handle_torch_function(node, relevant, *args)
+        return fn(*args)
+
+    return node
+
+
+@_one_kernel
 def fused_lstm_cell(igates: torch.Tensor, hgates: torch.Tensor, cx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``aten::_thnn_fused_lstm_cell``'s (hy, cy), the biases added by cell_linear already: one
-    kernel, one operation (a torch function, so torch.fx and capture record it as one node)."""
-    if torch.overrides.has_torch_function((igates, hgates, cx)):
-        return torch.overrides.handle_torch_function(fused_lstm_cell, (igates, hgates, cx), igates, hgates, cx)
+    """``aten::_thnn_fused_lstm_cell``'s (hy, cy), the biases added by cell_linear already: one kernel."""
     i, f, g, o = (igates + hgates).chunk(4, -1)
     cy = f.sigmoid() * cx + i.sigmoid() * g.tanh()
     return o.sigmoid() * cy.tanh(), cy
 
 
+@_one_kernel
 def fused_gru_cell(igates: torch.Tensor, hgates: torch.Tensor, hx: torch.Tensor) -> torch.Tensor:
     """``aten::_thnn_fused_gru_cell``'s hy (see fused_lstm_cell)."""
-    if torch.overrides.has_torch_function((igates, hgates, hx)):
-        return torch.overrides.handle_torch_function(fused_gru_cell, (igates, hgates, hx), igates, hgates, hx)
     i_r, i_z, i_n = igates.chunk(3, -1)
     h_r, h_z, h_n = hgates.chunk(3, -1)
     z = (i_z + h_z).sigmoid()
@@ -404,15 +415,13 @@ def fused_gru_cell(igates: torch.Tensor, hgates: torch.Tensor, hx: torch.Tensor)
     return (1 - z) * n + z * hx
 
 
+@_one_kernel
 def cell_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """A cell's input or hidden product (ATen's matmul_ih / matmul_hh): a Linear layer's GEMM,
-    recorded as one node and predicted from Linear's rows (_cell_linear_settings).  The bias,
-    which ATen adds in the fused pointwise kernel, is added here, in the GEMM's epilogue as
-    nn.Linear adds it: the same reads and additions, and the pointwise kernel then holds no
-    parameters, as the elementwise rows the models learnt from hold none."""
-    relevant = (input, weight) if bias is None else (input, weight, bias)
-    if torch.overrides.has_torch_function(relevant):
-        return torch.overrides.handle_torch_function(cell_linear, relevant, input, weight, bias)
+    predicted from Linear's rows (_cell_linear_settings).  The bias, which ATen adds in the fused
+    pointwise kernel, is added here, in the GEMM's epilogue as nn.Linear adds it: the same reads
+    and additions, and the pointwise kernel then holds no parameters, as the elementwise rows the
+    models learnt from hold none."""
     return nn.functional.linear(input, weight, bias)
 
 
