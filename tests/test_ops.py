@@ -781,6 +781,53 @@ def test_one_d_convolutions_and_pools_are_their_height_one_2d_kernels(mode: str)
     assert unbatched.kind == "Conv1d" and unbatched.input_shapes == [[16, 100]]
 
 
+class _EinsumAttention(nn.Module):
+    """Attention scores and mix as einsum users write them, or as the bmm ATen runs them as."""
+
+    def __init__(self, as_bmm: bool = False) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(64, 192)
+        self.as_bmm = as_bmm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 16).unbind(2)  # (batch, tokens, heads, head width)
+        if not self.as_bmm:
+            att = torch.einsum("bqhd,bkhd->bhqk", q, k).softmax(-1)
+            return torch.einsum("bhqk,bkhd->bqhd", att, v).sum()
+        q, k, v = (z.transpose(1, 2).reshape(b * 4, t, 16) for z in (q, k, v))
+        att = torch.bmm(q, k.transpose(1, 2)).softmax(-1)
+        return torch.bmm(att, v).sum()
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_a_two_operand_einsum_is_the_bmm_aten_runs(mode: str) -> None:
+    """A contracting two-operand einsum is the bmm of (batch, rows, contracted) by (batch,
+    contracted, columns) that at::einsum runs, with the hand-written bmm's features, so bmm's rows
+    predict it; an einsum that contracts nothing or sums within one operand keeps its kind."""
+    from gpurec.ops.features import operation_feature_row
+
+    ein = [op for op in extract_operations(_EinsumAttention(), (2, 10, 64), mode=mode) if op.kind == "bmm"]
+    mm = [op for op in extract_operations(_EinsumAttention(as_bmm=True), (2, 10, 64), mode=mode)
+          if op.kind == "bmm"]
+    assert [op.input_shapes for op in ein] == [[[8, 10, 16], [8, 16, 10]], [[8, 10, 10], [8, 10, 16]]]
+    assert [(operation_feature_row(op), op.output_shapes, op.flops, op.flops_bwd) for op in ein] == \
+        [(operation_feature_row(op), op.output_shapes, op.flops, op.flops_bwd) for op in mm]
+    assert ein[1].signature == mm[1].signature
+    for eq, shapes in (("bi,bj->bij", [(2, 3), (2, 5)]), ("ij,j->j", [(3, 5), (5,)]), ("ii,ij->j", [(4, 4), (4, 5)])):
+        (op,) = extract_operations(_Einsum(eq), example_inputs=tuple(torch.zeros(s) for s in shapes), mode=mode)
+        assert op.kind == "einsum", eq
+
+
+class _Einsum(nn.Module):
+    def __init__(self, equation: str) -> None:
+        super().__init__()
+        self.equation = equation
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.einsum(self.equation, a, b)
+
+
 @pytest.mark.parametrize("mode", ["inference", "training"])
 def test_rms_norm_runs_as_layer_norm_kernels(mode: str) -> None:
     """nn.RMSNorm and F.rms_norm are LayerNorm operations (torch runs LayerNorm's kernels for

@@ -20,6 +20,7 @@ import math
 import numbers
 import operator
 import re
+import string
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -920,6 +921,68 @@ def _as_height_one(op: Operation) -> None:
     op.output_shapes = [[*s[:2], 1, *s[2:]] if len(s) == 3 else s for s in op.output_shapes]
 
 
+# A two-operand torch.einsum that contracts at least one index is, in ATen (at::einsum's
+# sumproduct_pair), a bmm of its operands permuted and reshaped to (batch, rows, contracted) and
+# (batch, contracted, columns), so it is predicted from bmm's rows as that bmm.  Not counted: the
+# copies ATen makes of operands whose permuted layout is not a view (a few elementwise-sized
+# kernels beside the product).  Other einsums (one or three operands, diagonals, an index summed
+# within one operand, no contracted index: a broadcast multiply) keep their own kind.
+def _einsum_as_bmm(equation: Any, shapes: list[list[int]]) -> tuple[int, int, int, int] | None:
+    """(batch, rows, contracted, columns) of the bmm a two-operand einsum runs, or None."""
+    if not isinstance(equation, str) or len(shapes) != 2:
+        return None
+    lhs, arrow, out = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if len(terms) != 2:
+        return None
+    spare = iter(c for c in string.ascii_letters if c not in lhs + out)
+    # the broadcast dimensions (...) as letters of their own, aligned right as broadcasting aligns them
+    ranks = [len(shape) - (len(t) - 3) for t, shape in zip(terms, shapes, strict=True) if "..." in t]
+    ell = "".join(next(spare) for _ in range(max(ranks, default=0)))
+    full = [t.replace("...", ell[len(ell) - (len(shape) - (len(t) - 3)):]) if "..." in t else t
+            for t, shape in zip(terms, shapes, strict=True)]
+    out = out.replace("...", ell) if arrow else ell + "".join(
+        sorted(c for c in set(full[0] + full[1]) - set(ell) if (full[0] + full[1]).count(c) == 1))
+    sizes: dict[str, int] = {}
+    for term, shape in zip(full, shapes, strict=True):
+        if len(term) != len(shape) or len(set(term)) != len(term) or not term.isalpha():
+            return None  # a diagonal, or a term that does not fit its operand
+        for c, size in zip(term, shape, strict=True):
+            if sizes.setdefault(c, int(size)) != int(size):
+                return None  # a broadcast size-1 dimension: not one bmm
+    a, b = full
+    if len(set(out)) != len(out) or any(c not in sizes for c in out):
+        return None
+    groups = {"batch": 1, "rows": 1, "contracted": 1, "columns": 1}
+    for c in sizes:
+        in_a, in_b, in_out = c in a, c in b, c in out
+        key = ("batch" if in_a and in_b and in_out else "rows" if in_a and in_out else
+               "columns" if in_b and in_out else "contracted" if in_a and in_b else None)
+        if key is None:
+            return None  # summed within one operand
+        groups[key] *= sizes[c]
+    if all(c in out for c in sizes):
+        return None  # nothing contracted: ATen multiplies, no bmm
+    return groups["batch"], groups["rows"], groups["contracted"], groups["columns"]
+
+
+def _as_bmm(op: Operation) -> None:
+    """``op``, a two-operand einsum of two activations, made the bmm it runs as (_einsum_as_bmm);
+    FLOPs and bytes stay as counted.  Any other einsum is left as it is."""
+    args = op.settings.get("args") or []
+    operands = args[1:] if len(args) > 2 else (args[1] if len(args) == 2 and isinstance(args[1], list) else [])
+    if op.params or len(op.input_shapes) != 2 or operands != ["$0", "$1"]:
+        return  # a parameter operand, or operands given otherwise
+    dims = _einsum_as_bmm(args[0] if args else None, op.input_shapes)
+    if dims is None:
+        return
+    batch, rows, contracted, columns = dims
+    op.kind = "bmm"
+    op.settings = {"args": ["$0", "$1"], "kwargs": {}}
+    op.input_shapes = [[batch, rows, contracted], [batch, contracted, columns]]
+    op.output_shapes = [[batch, rows, columns]]
+
+
 def _module_twin(kind: str, args: Any) -> str:
     """The torch.nn module kind a functional call runs as (its own name where none)."""
     if kind == "batch_norm" and args and _is_tensor(args[0]):
@@ -1772,6 +1835,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         )
         if kind in _HEIGHT_ONE_TWINS and op.input_shapes:
             _as_height_one(op)
+        elif kind == "einsum":
+            _as_bmm(op)
         if any(d != dtype_name for d in in_dtypes):
             op.input_dtypes = in_dtypes
         # A view launches no kernel, but in training the backward of one that splits its input
