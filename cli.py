@@ -1347,6 +1347,17 @@ def tools_fit_recurrent(
     _print_json(_guard(fit_into, models, data))
 
 
+@tools_app.command("correction-floors")
+def tools_correction_floors(
+    models: Path = typer.Option(Path("models"), "--models", help="trained model directory"),
+) -> None:
+    """Record the op sums the network time correction was fitted on into models trained before
+    `gpurec train` recorded them (from the models' own report), so it is not extrapolated below."""
+    from gpurec.tools.correction import floors_into
+
+    _print_json(_guard(floors_into, models))
+
+
 @tools_app.command("snapshot")
 def tools_snapshot(
     action: str = typer.Argument(..., help="write PATH, or compare A B"),

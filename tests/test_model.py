@@ -79,6 +79,39 @@ def test_correction_recovers_known_terms() -> None:
     assert np.allclose(apply_time(sums, coef), measured, rtol=1e-3)
 
 
+def test_time_correction_is_not_extrapolated_below_its_fitted_networks() -> None:
+    """Below the smallest op sum the time correction was fitted on, its intercept shrinks with the
+    sum: a network keeps the relative correction of the smallest fitted one, where an extrapolated
+    intercept made a tiny network many times its op sum.  Inside the range nothing changes; the
+    floor is recorded at fit time and read back, a precision key takes its step mode's, and models
+    trained before read it from their report's out-of-fold network sums."""
+    from gpurec.model.network import Correction, NetworkSums, fit_correction
+    from gpurec.tools.correction import floors_from_report
+
+    rng = np.random.default_rng(1)
+    s_t = rng.uniform(0.5, 20.0, 30)
+    n = rng.integers(10, 200, 30).astype(float)
+    sums = NetworkSums(s_t, s_t * 200, n, n / 2, s_t / 10)
+    corr = fit_correction(sums, np.full(30, "H100"), np.full(30, "inference"), 0.9 * s_t + 0.2, s_t * 0 + 200,
+                          "scale+intercept", "none", specific=())
+    assert corr.time_floor_ms == {"*|inference": pytest.approx(s_t.min())}
+    tiny = NetworkSums(np.array([0.01, s_t.min(), 10.0]), np.array([2.0, 200 * s_t.min(), 2000.0]),
+                       np.array([1.0, 10.0, 50.0]), np.zeros(3), np.zeros(3))
+    t, _, _ = corr.apply(tiny, "H100", "inference")
+    edge = t[1] / s_t.min()  # the relative correction at the smallest fitted network
+    assert t[0] == pytest.approx(0.01 * edge) and t[2] == pytest.approx(0.9 * 10.0 + 0.2, rel=1e-2)
+    unbounded = Correction.from_dict({**corr.as_dict(), "time_floor_ms": {}})
+    assert unbounded.apply(tiny, "H100", "inference")[0][0] == pytest.approx(0.2, rel=0.1)  # the old extrapolation
+    bf16 = "*|inference|bf16-mixed"
+    precision = Correction.from_dict({**corr.as_dict(), "time_coef": {bf16: corr.time_coef["*|inference"]},
+                                      "power_coef": {bf16: corr.power_coef["*|inference"]}, "n_rows": {bf16: 40}})
+    assert precision.apply(tiny, "H100", "inference|bf16-mixed")[0] == pytest.approx(t)
+    report = {"leave_one_family_out": {"xgboost": {"network_records": [
+        {"mode": "inference", "sum_time_ms": 0.3}, {"mode": "inference", "sum_time_ms": 0.06},
+        {"mode": "training", "sum_time_ms": 0.4}]}}}
+    assert floors_from_report(report) == {"*|inference": 0.06, "*|training": 0.4}
+
+
 def test_time_correction_spares_measured_operations() -> None:
     """The time correction corrects model error: a network whose every operation was looked up
     from measurements keeps its sum, a predicted one gets the full correction, and a half-measured

@@ -30,13 +30,19 @@ live context never draws less than idle, so a value outside is an extrapolation 
 
 Each term's benefit is measured (second-level leave-one-family-out) and reported; the
 variant with the lowest cross-validated error is the one kept.
+
+The time correction is not extrapolated below the smallest op sum it was fitted on
+(Correction.time_floor_ms): there the intercept shrinks with the sum, so a smaller network keeps
+the relative correction of the smallest fitted one.  Extrapolated, an intercept fitted on networks
+of 0.06 ms and more (0.14 ms) made a one-Linear network of 0.004 ms 0.144 ms, where a one-operation
+network measures about its operation's host-free time, as collection's isolated rows do.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -223,8 +229,11 @@ def aggregate(time_ms: np.ndarray, power_w: np.ndarray, offsets: np.ndarray, sma
                        None if mt is None else mt[hi] - mt[lo], dyn, idle_n, limit_n, rec_t)
 
 
-def _time_design(s: NetworkSums) -> np.ndarray:
-    return np.stack([s.sum_time_ms, np.ones_like(s.sum_time_ms), s.n_ops, s.n_small], axis=1)
+def _time_design(s: NetworkSums, floor_ms: float | None = None) -> np.ndarray:
+    """Columns of TIME_TERMS; below ``floor_ms`` of op sum the intercept's column falls with the
+    sum (the correction is not extrapolated below the networks it was fitted on)."""
+    one = np.ones_like(s.sum_time_ms) if not floor_ms else np.minimum(1.0, s.sum_time_ms / floor_ms)
+    return np.stack([s.sum_time_ms, one, s.n_ops, s.n_small], axis=1)
 
 
 # What of the recurrent layers' predicted power the power correction leaves as predicted
@@ -310,8 +319,8 @@ def fit_power(s: NetworkSums, measured_w: np.ndarray, variant: str, ridge: float
                          POWER_IDENTITY, ridge, _recurrent_w(s, hold_recurrent))
 
 
-def apply_time(s: NetworkSums, coef: dict[str, float]) -> np.ndarray:
-    D = _time_design(s)
+def apply_time(s: NetworkSums, coef: dict[str, float], floor_ms: float | None = None) -> np.ndarray:
+    D = _time_design(s, floor_ms)
     out = D @ np.array([coef.get(t, TIME_IDENTITY[t]) for t in TIME_TERMS])
     # A correction must never make a network faster than a tenth of its op sum.
     return np.maximum(out, 0.1 * s.sum_time_ms)
@@ -388,6 +397,9 @@ class Correction:
     # 'scale' (0.49 inference, 0.57 training): a held-out GRU classifier's layers, predicted at
     # 209 W, came out at 137-153 W against 196-241 W measured. "whole" holds it all.
     hold_recurrent: str = "none"
+    # "gpu|mode" -> the smallest op sum (ms) the time coefficients were fitted on (_time_design);
+    # a key without one (fitted before it was recorded) takes its step mode's, else none
+    time_floor_ms: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.hold_recurrent = _hold_form(self.hold_recurrent)
@@ -420,8 +432,15 @@ class Correction:
         Power targets are isolated rows' power, which differs from the power inside the network
         for measured and predicted operations alike, so the power correction applies in full."""
         tc, pc, key = self.lookup(gpu, mode)
-        t = apply_time(s, tc)
+        t = apply_time(s, tc, self.floor_of(key))
         return t + (s.sum_time_ms - t) * s.measured_share, apply_power(s, pc, self.hold_recurrent), key
+
+    def floor_of(self, key: str) -> float | None:
+        """The op-sum floor of a coefficient key (its step mode's for a precision key of a model
+        file whose precision keys hold none)."""
+        if key in self.time_floor_ms:
+            return self.time_floor_ms[key]
+        return self.time_floor_ms.get("|".join(key.split("|")[:2])) if key.count("|") >= 2 else None
 
     def apply_each(self, s: NetworkSums, gpu: str, modes: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """apply() with a correction mode per network (networks of one call may differ in precision)."""
@@ -442,13 +461,13 @@ class Correction:
     def as_dict(self) -> dict[str, Any]:
         return {"time_variant": self.time_variant, "power_variant": self.power_variant,
                 "time_coef": self.time_coef, "power_coef": self.power_coef, "n_rows": self.n_rows,
-                "hold_recurrent": self.hold_recurrent,
+                "hold_recurrent": self.hold_recurrent, "time_floor_ms": self.time_floor_ms,
                 "time_terms": list(TIME_TERMS), "power_terms": list(POWER_TERMS)}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Correction:
         return Correction(d["time_variant"], d["power_variant"], d["time_coef"], d["power_coef"], d.get("n_rows", {}),
-                          d.get("hold_recurrent", False))
+                          d.get("hold_recurrent", False), dict(d.get("time_floor_ms", {})))
 
     @staticmethod
     def identity() -> Correction:
@@ -463,6 +482,7 @@ def fit_correction(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, time_ms:
     tc: dict[str, dict[str, float]] = {}
     pc: dict[str, dict[str, float]] = {}
     n_rows: dict[str, int] = {}
+    floors: dict[str, float] = {}
     gpus, modes = np.asarray(gpus), np.asarray(modes)
     for mode in sorted(set(modes.tolist())):
         sel = modes == mode
@@ -473,7 +493,7 @@ def fit_correction(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, time_ms:
             key = f"*|{mode}"
             tc[key] = fit_time(s.take(sel), time_ms[sel], tv, ridge)
             pc[key] = fit_power(s.take(sel), power_w[sel], pv, ridge, hold_recurrent)
-            n_rows[key] = int(sel.sum())
+            n_rows[key], floors[key] = int(sel.sum()), float(np.min(s.sum_time_ms[sel]))
         for gpu in sorted(set(gpus[sel].tolist())):
             if specific is not None and gpu not in specific:
                 continue
@@ -482,8 +502,8 @@ def fit_correction(s: NetworkSums, gpus: np.ndarray, modes: np.ndarray, time_ms:
                 key = f"{gpu}|{mode}"
                 tc[key] = fit_time(s.take(g), time_ms[g], tv, ridge)
                 pc[key] = fit_power(s.take(g), power_w[g], pv, ridge, hold_recurrent)
-                n_rows[key] = int(g.sum())
-    return Correction(time_variant, power_variant, tc, pc, n_rows, hold_recurrent)
+                n_rows[key], floors[key] = int(g.sum()), float(np.min(s.sum_time_ms[g]))
+    return Correction(time_variant, power_variant, tc, pc, n_rows, hold_recurrent, floors)
 
 
 def ape(pred: np.ndarray, measured: np.ndarray) -> np.ndarray:

@@ -1325,9 +1325,13 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
                              pct(d["raw_energy_mape"]), pct(d.get("corrected_energy_mape"))])
                         for m, d in sorted(per_mode.items())])
         coef = manifest.get("network_correction", {})
-        L += ["", "Coefficients kept (per GPU+mode where ≥ the minimum networks, else pooled per mode `*`):", "",
+        L += ["", "Coefficients kept (per GPU+mode where ≥ the minimum networks, else pooled per mode `*`; "
+              "`time_floor_ms`: the smallest op sum the time coefficients were fitted on, below which the "
+              "intercept shrinks with the sum, so the correction is not extrapolated; a precision key without "
+              "one takes its step mode's):", "",
               "```", json.dumps({"time": coef.get("time_coef"), "power": coef.get("power_coef"),
-                                 "rows": coef.get("n_rows")}, indent=1), "```", ""]
+                                 "rows": coef.get("n_rows"), "time_floor_ms": coef.get("time_floor_ms")},
+                                indent=1), "```", ""]
 
     L += ["## Leave-one-GPU-out", ""]
     if logo.get("available"):
