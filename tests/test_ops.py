@@ -817,15 +817,18 @@ def test_a_two_operand_einsum_is_the_bmm_aten_runs(mode: str) -> None:
     for eq, shapes in (("bi,bj->bij", [(2, 3), (2, 5)]), ("ij,j->j", [(3, 5), (5,)]), ("ii,ij->j", [(4, 4), (4, 5)])):
         (op,) = extract_operations(_Einsum(eq), example_inputs=tuple(torch.zeros(s) for s in shapes), mode=mode)
         assert op.kind == "einsum", eq
+    (listed,) = extract_operations(_Einsum("bij,bjk->bik", listed=True), mode=mode,
+                                   example_inputs=(torch.zeros(2, 3, 4), torch.zeros(2, 4, 5)))
+    assert listed.kind == "bmm" and listed.input_shapes == [[2, 3, 4], [2, 4, 5]]
 
 
 class _Einsum(nn.Module):
-    def __init__(self, equation: str) -> None:
+    def __init__(self, equation: str, listed: bool = False) -> None:
         super().__init__()
-        self.equation = equation
+        self.equation, self.listed = equation, listed
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.einsum(self.equation, a, b)
+        return torch.einsum(self.equation, [a, b]) if self.listed else torch.einsum(self.equation, a, b)
 
 
 @pytest.mark.parametrize("mode", ["inference", "training"])

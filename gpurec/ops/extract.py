@@ -970,7 +970,7 @@ def _as_bmm(op: Operation) -> None:
     """``op``, a two-operand einsum of two activations, made the bmm it runs as (_einsum_as_bmm);
     FLOPs and bytes stay as counted.  Any other einsum is left as it is."""
     args = op.settings.get("args") or []
-    operands = args[1:] if len(args) > 2 else (args[1] if len(args) == 2 and isinstance(args[1], list) else [])
+    operands = args[1] if len(args) == 2 and isinstance(args[1], list) else args[1:]  # (eq, a, b) or (eq, [a, b])
     if op.params or len(op.input_shapes) != 2 or operands != ["$0", "$1"]:
         return  # a parameter operand, or operands given otherwise
     dims = _einsum_as_bmm(args[0] if args else None, op.input_shapes)
