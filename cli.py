@@ -58,7 +58,9 @@ def _check_format(fmt: str, allowed: tuple[str, ...] = FORMATS) -> str:
     return fmt.lower()
 
 
-MODEL_HELP = "a torchvision classifier or one of gpurec's sequence models (`gpurec ops --list-models`)"
+MODEL_HELP = ("a torchvision classifier, one of gpurec's sequence models (`gpurec ops --list-models`), or your own "
+              "network as FILE.py:NAME (a module class or a function returning one; it takes the image batch, or "
+              "token ids with --seq-len)")
 SEQ_LEN_HELP = ("tokens per sequence, for gpurec's sequence models (BERT-, GPT-, LSTM- and GRU-like; "
                 "`gpurec ops --list-models`); default 128")
 DEFAULT_SEQ_LEN = 128
@@ -66,13 +68,18 @@ DEFAULT_SEQ_LEN = 128
 
 def _check_input(model: str, batch_size: int, resolution: int, seq_len: int | None) -> tuple[int, ...]:
     """The model's name checked, then the input it takes: (batch, seq_len) token ids for one of
-    gpurec's sequence models, else a (batch, 3, resolution, resolution) image batch."""
-    _check_model_name(model)
+    gpurec's sequence models (and your own network given --seq-len), else a (batch, 3, resolution,
+    resolution) image batch."""
+    from gpurec.ops.user_module import is_user_module
+
+    user = is_user_module(model)
+    if not user:
+        _check_model_name(model)
     if batch_size < 1:
         _fail(f"--batch-size must be at least 1, got {batch_size}")
     from gpurec.sets import is_sequence_arch
 
-    if not is_sequence_arch(model):
+    if not (is_sequence_arch(model) or (user and seq_len is not None)):
         if seq_len is not None:
             _fail(f"--seq-len is for sequence models; {model} takes images (--resolution)")
         if resolution < 1:
@@ -82,6 +89,18 @@ def _check_input(model: str, batch_size: int, resolution: int, seq_len: int | No
     if seq_len < 1:
         _fail(f"--seq-len must be at least 1, got {seq_len}")
     return (batch_size, seq_len)
+
+
+def _network(model: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """What to predict for ``--model`` and its input dtype: a name as it is, or the nn.Module a
+    FILE.py:NAME builds (token ids, torch.long, for a (batch, seq_len) input)."""
+    from gpurec.ops.user_module import is_user_module, load_user_module
+
+    if not is_user_module(model):
+        return model, None
+    import torch
+
+    return _guard(load_user_module, model), (torch.long if len(shape) == 2 else None)
 
 
 def _check_precision(precision: str) -> str:
@@ -183,8 +202,10 @@ def ops(
     from gpurec.ops import extract_operations, network_totals
 
     with _Progress() as say:
+        net, dtype = _network(model, shape)
         say(f"extracting the operations of {model}")
-        op_list = _guard(extract_operations, model, shape, mode=mode, keep_sources=False, precision=precision)
+        op_list = _guard(extract_operations, net, shape, mode=mode, keep_sources=False, precision=precision,
+                         **({"dtype": dtype} if dtype is not None else {}))
     totals = network_totals(op_list)
     records = [op.to_record() for op in op_list]
     if fmt == "json":
@@ -615,6 +636,10 @@ def profile(
         _fail(f"--ncu-sampling must be one of {', '.join(SAMPLING_MODES)}, not '{ncu_sampling}'")
     if precision not in ("fp32", "tf32", "bf16", "fp16"):
         _fail(f"--precision must be one of fp32, tf32, bf16, fp16, not '{precision}'")
+    from gpurec.ops.user_module import is_user_module
+
+    if is_user_module(model):
+        _fail(f"profile takes torchvision classifiers by name, not {model}")
     if len(_check_input(model, batch_size, resolution, None)) != 4:
         _fail(f"profile takes torchvision classifiers; {model} is a sequence model")
     mode = _check_mode(mode)
@@ -797,8 +822,9 @@ def predict(
     with _Progress() as say:
         say("loading the predictors")
         p = _predictor(models)
+        net, dtype = _network(model, shape)
         say(f"predicting {model} on {spec.short_name}")
-        f = _guard(predict_on, model, shape, mode, gpu, p, host, cuda_graphs,
+        f = _guard(predict_on, net, shape, mode, gpu, p, host, cuda_graphs, dtype=dtype,
                    precision=None if precision == "fp32" else precision)
     est = f.pop("estimate")
     per_op = est.per_op
@@ -899,8 +925,10 @@ def recommend(
     with _Progress() as say:
         say("loading the predictors")
         predictor = _predictor(models)
-        ranking = _guard(run_recommend, model, shape, mode=mode, objective=objective, gpus=gpu_list,
-                         predictor=predictor, host=host, cuda_graphs=cuda_graphs, progress=say, precision=precision)
+        net, dtype = _network(model, shape)
+        ranking = _guard(run_recommend, net, shape, mode=mode, objective=objective, gpus=gpu_list,
+                         predictor=predictor, host=host, cuda_graphs=cuda_graphs, progress=say, precision=precision,
+                         dtype=dtype)
     if fmt == "json":
         _print_json(ranking.to_dict())
         return
@@ -1026,11 +1054,19 @@ def validate(
     mode = _check_mode(mode)
     precision = _check_precision(precision)
     _require_gpu("validate", gpu_index)
-    from gpurec.validate import render
+    from gpurec.ops.user_module import is_user_module
+    from gpurec.validate import render, validate_module
     from gpurec.validate import validate as run_validate
 
-    record = _guard(run_validate, model, batch_size, resolution, mode, gpu_index, log,
-                    seq_len=shape[1] if len(shape) == 2 else None, precision=precision)
+    if is_user_module(model):  # your own network: measured and compared, not logged (the log is re-made by name)
+        import torch
+
+        net, dtype = _network(model, shape)
+        inputs = torch.zeros(shape, dtype=dtype) if dtype is not None else torch.randn(shape)
+        record = _guard(validate_module, net, (inputs,), mode, gpu_index, precision=precision, label=model)
+    else:
+        record = _guard(run_validate, model, batch_size, resolution, mode, gpu_index, log,
+                        seq_len=shape[1] if len(shape) == 2 else None, precision=precision)
     if fmt == "json":
         _print_json(record)
     else:

@@ -308,3 +308,77 @@ def test_readme_install_command_brings_the_test_runner() -> None:
     dev = re.search(r"^dev = \[(.*?)\]", (root / "pyproject.toml").read_text(), re.M)
     assert dev is not None and '"pytest' in dev.group(1)
     assert "download.pytorch.org/whl/cpu" in quick  # a CPU-only torch for machines without a GPU
+
+
+_USER_FILE = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                  nn.Linear(16, 10))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def lm():
+    return nn.Sequential(nn.Embedding(100, 64), nn.Linear(64, 100))
+
+
+class NeedsWidth(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+'''
+
+
+def test_your_own_network_from_a_python_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--model FILE.py:NAME predicts, ranks and validates your own nn.Module: the same figures as
+    the Python API on that module, token ids (torch.long) with --seq-len, one-line errors that say
+    how to fix a bad spec."""
+    import torch
+
+    import gpurec
+    import gpurec.validate.run as val_run
+
+    path = tmp_path / "mynet.py"
+    path.write_text(_USER_FILE)
+    res = run("predict", "--model", f"{path}:Net", "-b", "4", "-r", "32", "--gpu", "H100", "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    from gpurec.ops.user_module import load_user_module
+
+    est = gpurec.load_predictor().predict(load_user_module(f"{path}:Net"), (4, 3, 32, 32), gpu="H100")
+    assert data["input_shape"] == [4, 3, 32, 32] and data["gpu_time_ms"] == pytest.approx(est.gpu_time_ms)
+    lm = json.loads(run("predict", "--model", f"{path}:lm", "-b", "2", "-s", "16", "--format", "json").stdout)
+    assert lm["input_shape"] == [2, 16] and lm["gpu_time_ms"] > 0  # an Embedding takes only integer ids
+    ops = json.loads(run("ops", "--model", f"{path}:lm", "-b", "2", "-s", "16", "--format", "json").stdout)
+    assert [o["kind"] for o in ops["operations"]] == ["Embedding", "Linear"]
+    ranked = json.loads(run("recommend", "--model", f"{path}:Net", "-b", "4", "-r", "32", "--gpus", "H100,L4",
+                            "--format", "json").stdout)
+    assert {r["short_name"] for r in ranked["ranking"]} == {"H100", "L4"}
+    for spec, needle in ((f"{path}:Nope", "callables defined there: NeedsWidth, Net, lm"),
+                         (f"{path}:NeedsWidth", "needs no arguments"),
+                         (f"{tmp_path}/missing.py:Net", "does not exist")):
+        bad = run("predict", "--model", spec)
+        assert bad.exit_code == 2 and needle in bad.output and "Traceback" not in bad.output
+    seen: list = []
+
+    def measure(model, example_inputs, mode, gpu_index=0, min_window_s=1.0, precision="fp32"):
+        seen.append((type(model).__name__, example_inputs, mode))
+        return {"gpu": "NVIDIA H100 80GB HBM3", "time_ms": 1.0, "energy_mj": 100.0, "power_w": 100.0,
+                "gpu_time_ms": 0.5, "gpu_energy_mj": 60.0, "captured": True}
+
+    monkeypatch.setattr(cli, "_require_gpu", lambda *a: None)
+    monkeypatch.setattr(val_run, "measure_module", measure)
+    res = run("validate", "--model", f"{path}:lm", "-b", "2", "-s", "16", "--mode", "training", "--format", "json")
+    assert res.exit_code == 0, res.output
+    rec = json.loads(res.stdout)
+    ((name, (ids,), mode),) = seen
+    assert name == "Sequential" and mode == "training" and ids.dtype == torch.long and list(ids.shape) == [2, 16]
+    assert rec["model"] == f"{path}:lm" and rec["input_shapes"] == [[2, 16]] and "gpu_time_error_pct" in rec
+    text = run("validate", "--model", f"{path}:Net", "-b", "2", "-r", "32").output
+    assert f"{path}:Net inputs [[2, 3, 32, 32]], inference on NVIDIA H100 80GB HBM3" in text and "host-free" in text

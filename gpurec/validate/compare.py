@@ -237,10 +237,19 @@ def complete_log(path: Path | str, predictor: Any = None) -> int:
 
 
 def render(record: dict[str, Any]) -> str:
-    shape, precision, _ = record_input(record)
-    what = f"sequence length {shape[1]}, " if len(shape) == 2 else ""
+    """A record for people: measured, predicted, host-free and the sum of measured operations (a
+    module's record, validate_module's, has no operation sum: its operations were not measured)."""
+    from gpurec.ops.precision import precision_or_default
+
+    if record.get("module"):
+        precision = precision_or_default(record.get("precision"))
+        head = f"{record['model']} inputs {record['input_shapes']}, {record['mode']}"
+    else:
+        shape, precision, _ = record_input(record)
+        what = f"sequence length {shape[1]}, " if len(shape) == 2 else ""
+        head = f"{record['model']} batch {record['batch_size']}, {what}{record['mode']}"
     at = "" if precision == DEFAULT_PRECISION else f" at {precision}"
-    lines = [f"{record['model']} batch {record['batch_size']}, {what}{record['mode']}{at} on {record['gpu']}",
+    lines = [f"{head}{at} on {record['gpu']}",
              f"  measured : {record['measured_time_ms']:.3f} ms  {record['measured_energy_mj']:.1f} mJ  "
              f"{record['measured_power_w']:.0f} W"]
     if "predicted_time_ms" in record:
@@ -251,7 +260,10 @@ def render(record: dict[str, Any]) -> str:
                          f"{record['predicted_gpu_time_ms']:.3f} ms ({record.get('gpu_time_error_pct', 0):+.1f}%); "
                          f"bound measured {record.get('measured_bound')}, predicted {record.get('predicted_bound')}")
     else:
-        lines.append(f"  predicted: {record['prediction']}; run `gpurec validate --complete LOG` where it is")
+        lines.append(f"  predicted: {record['prediction']}" + ("" if record.get("module") else
+                                                               "; run `gpurec validate --complete LOG` where it is"))
+    if record.get("module"):
+        return "\n".join(lines)
     if "opsum_gpu_time_error_pct" in record:
         lines.append(f"  sum of host-free operations: {record['opsum_sum_gpu_time_ms']:.3f} ms "
                      f"({record['opsum_gpu_time_error_pct']:+.1f}% against the graph)"
