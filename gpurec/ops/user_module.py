@@ -9,6 +9,7 @@ batch, or with ``--seq-len`` token ids.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import re
 import sys
@@ -45,11 +46,13 @@ def load_user_module(spec: str) -> Any:
     if loader is None or loader.loader is None:
         raise UserModuleError(f"{path} cannot be imported as Python")
     code = importlib.util.module_from_spec(loader)
-    sys.path.insert(0, str(path.resolve().parent))
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
     try:
         loader.loader.exec_module(code)
     finally:
-        sys.path.remove(str(path.resolve().parent))
+        with contextlib.suppress(ValueError):  # the file may have taken it off itself
+            sys.path.remove(folder)
     factory = getattr(code, name, None)
     if factory is None:
         found = sorted(k for k, v in vars(code).items() if callable(v) and not k.startswith("_")
