@@ -620,6 +620,43 @@ def test_correction_variant_is_chosen_per_serving_mode() -> None:
     assert c.apply(sums.take([n - 1]), "H100", "training|fp16-mixed")[2] == "*|training|bf16-mixed"
 
 
+def test_networks_without_recurrent_layers_get_a_time_correction_of_their_own() -> None:
+    """Recurrent networks whose sums miss by a large fixed amount (the held-out recurrent families)
+    no longer lay that amount on every other network: the networks without recurrent layers choose
+    and fit their own time variant on themselves alone, their out-of-fold times are that variant's,
+    and the fitted correction applies it to them only; sums that do not know their recurrent layers,
+    and model files without the coefficients, keep the one correction for all."""
+    from gpurec.model.network import POWER_CLASSES, Correction, aggregate, correction_cv, fit_correction
+
+    rng = np.random.default_rng(7)
+    n_rnn, n_cnn = 60, 20
+    n = n_rnn + n_cnn
+    t = rng.uniform(0.05, 2.0, 4 * n)
+    classes = np.zeros(4 * n, dtype=np.int64)
+    classes[: 4 * n_rnn: 4] = POWER_CLASSES.index("recurrent")  # one recurrent layer in each recurrent network
+    sums = aggregate(t, np.full(len(t), 300.0), np.arange(0, 4 * n + 1, 4), 0.02, None, classes, 70.0, 700.0)
+    rnn = np.arange(n) < n_rnn
+    assert sums.without_recurrent.tolist() == (~rnn).tolist()
+    measured = np.where(rnn, 1.1 * sums.sum_time_ms + 1.5, 0.95 * sums.sum_time_ms)
+    measured *= 1 + 0.002 * rng.standard_normal(n)
+    gpus, modes, power = np.full(n, "H100"), np.full(n, "inference"), np.full(n, 300.0)
+    cv = correction_cv(sums, gpus, modes, np.arange(n) % 6, measured, power, specific=())
+    assert cv["chosen"]["nonrecurrent_time"] == {"inference": "scale"}
+    assert np.mean(np.abs(cv["oof_time_ms"][~rnn] / measured[~rnn] - 1)) < 0.01
+    c = fit_correction(sums, gpus, modes, measured, power, "scale+intercept", "none", specific=(),
+                       nonrecurrent_time_variant=cv["chosen"]["nonrecurrent_time"])
+    assert c.nonrecurrent_time_coef["*|inference"]["intercept_ms"] == 0.0
+    t_net = c.apply(sums, "H100", "inference")[0]
+    assert np.mean(np.abs(t_net[~rnn] / measured[~rnn] - 1)) < 0.01
+    back = Correction.from_dict(c.as_dict())
+    assert np.allclose(back.apply(sums, "H100", "inference")[0], t_net)
+    one = Correction.from_dict({k: v for k, v in c.as_dict().items() if not k.startswith("nonrecurrent")})
+    unknown = aggregate(t, np.full(len(t), 300.0), np.arange(0, 4 * n + 1, 4), 0.02)  # no power classes
+    assert np.allclose(one.apply(sums, "H100", "inference")[0], c.apply(unknown, "H100", "inference")[0])
+    mixed = one.apply(sums, "H100", "inference")[0]  # one correction fitted on every network
+    assert np.mean(np.abs(mixed[~rnn] / measured[~rnn] - 1)) > 0.05
+
+
 def test_per_operation_scores_leave_kernel_free_rows_out() -> None:
     """A view's measured time is the timer's floor and the predictor gives it no GPU time: the
     per-operation scores keep to rows that launch a kernel and count the others apart."""
@@ -637,3 +674,27 @@ def test_per_operation_scores_leave_kernel_free_rows_out() -> None:
     assert kernel_free_summary(p, np.array([2, 3]))["n"] == 1
     unknown = SimpleNamespace(ops=ops, kernel_free=None)  # data prepared before the flag: every row scored
     assert launching_rows(unknown).all()
+
+
+def test_the_anchored_gpus_take_the_same_correction_for_networks_without_recurrent_layers() -> None:
+    """A GPU without measurements takes the anchor's network correction as a factor, so the
+    anchor's sums must know which networks have recurrent layers: a correction of their own for
+    the others moves the H100 and an extrapolated A100 by the same factor."""
+    from torch import nn
+
+    import gpurec
+
+    p = gpurec.load_predictor()
+    net = nn.Sequential(nn.Conv2d(3, 24, 3, padding=1), nn.ReLU(), nn.Conv2d(24, 40, 3, stride=2), nn.ReLU(),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(40, 7))
+    before = [p.predict(net, (16, 3, 48, 48), gpu=g).gpu_time_ms for g in ("H100", "A100-PCIe-40GB")]
+    base = p.correction.time_coef["*|inference"]
+    p.correction.nonrecurrent_time_coef = {"*|inference": {**base, "scale": 2 * base["scale"],
+                                                           "intercept_ms": 2 * base["intercept_ms"]}}
+    p.correction.nonrecurrent_time_floor_ms = {"*|inference": p.correction.floor_of("*|inference")}
+    try:
+        after = [p.predict(net, (16, 3, 48, 48), gpu=g).gpu_time_ms for g in ("H100", "A100-PCIe-40GB")]
+    finally:
+        p.correction.nonrecurrent_time_coef, p.correction.nonrecurrent_time_floor_ms = {}, {}
+    assert after[0] / before[0] == pytest.approx(2.0, rel=0.02)  # no operation of it was measured
+    assert after[1] / before[1] == pytest.approx(after[0] / before[0], rel=1e-6)

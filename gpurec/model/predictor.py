@@ -780,7 +780,9 @@ class Predictor:
             t_a, _, hit_a = self.lookup.apply(t_a, np.ones_like(t_a), block.signatures, a_nvml, mode)
         if mixed:
             t_a = free_consumer_held(t_a, block.kinds)
-        sums_a = aggregate(t_a, np.ones_like(t_a), offsets, self.small_op_ms, hit_a)
+        # the power classes say which networks have recurrent layers (Correction.nonrecurrent_time_coef)
+        sums_a = aggregate(t_a, np.ones_like(t_a), offsets, self.small_op_ms, hit_a,
+                           power[0] if power is not None else None)
         t_net_a, _, keys_a = self.correction.apply_each(sums_a, a_nvml, cmodes)
         table = op_table_from_block(distinct)
         cross = self.crossgpu

@@ -1305,6 +1305,19 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
 
         tl = [row([f"time: {v}", ", ".join(nc["time_variants"][v]) or "(none)", *cells("time", v)])
               for v in by_size(nc["time_variants"])]
+        # networks without recurrent layers choose a time variant of their own, where the sums knew them
+        if any("nonrecurrent_time" in d for d in serving.values()):
+            own = nc["chosen"].get("nonrecurrent_time", {})
+
+            def own_cell(m: str, d: dict[str, Any], v: str) -> str:
+                if "nonrecurrent_time" not in d:
+                    return "—"
+                cell = pct(d["nonrecurrent_time"][v])
+                return f"**{cell}**" if own.get(m) == v else cell
+
+            tl += [row([f"time, networks without recurrent layers: {v}", ", ".join(nc["time_variants"][v]) or "(none)",
+                        "—", *(own_cell(m, d, v) for m, d in sorted(serving.items()))])
+                   for v in by_size(nc["time_variants"])]
         pl = [row([f"power: {v}", ", ".join(nc["power_variants"][v]) or "(none)", *cells("power", v)])
               for v in by_size(nc["power_variants"])]
         en = nc["mape_by_variant"]["energy"]
@@ -1330,8 +1343,11 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
               "intercept shrinks with the sum, so the correction is not extrapolated; a precision key without "
               "one takes its step mode's):", "",
               "```", json.dumps({"time": coef.get("time_coef"), "power": coef.get("power_coef"),
-                                 "rows": coef.get("n_rows"), "time_floor_ms": coef.get("time_floor_ms")},
-                                indent=1), "```", ""]
+                                 "rows": coef.get("n_rows"), "time_floor_ms": coef.get("time_floor_ms"),
+                                 **({"time, networks without recurrent layers": coef["nonrecurrent_time_coef"],
+                                     "time_floor_ms, networks without recurrent layers":
+                                         coef.get("nonrecurrent_time_floor_ms")}
+                                    if coef.get("nonrecurrent_time_coef") else {})}, indent=1), "```", ""]
 
     L += ["## Leave-one-GPU-out", ""]
     if logo.get("available"):

@@ -310,7 +310,8 @@ def network_correction(p: Prepared, net_oof: dict[str, tuple[np.ndarray, Network
         cv = correction_cv(sums, gpus, modes, fams, t, w, cfg.min_networks_gpu, 3, cfg.correction_ridge, specific)
         chosen = cv.get("chosen", {"time": "none", "power": "none"})
         correction = fit_correction(sums, gpus, modes, t, w, chosen["time"], chosen["power"],
-                                    cfg.min_networks_gpu, 3, cfg.correction_ridge, specific)
+                                    cfg.min_networks_gpu, 3, cfg.correction_ridge, specific,
+                                    nonrecurrent_time_variant=chosen.get("nonrecurrent_time"))
         corr_report = {"available": "chosen" in cv, "n_networks": int(len(rows)),
                        "n_families": cv["n_groups"], "mape_by_variant": {k: cv[k] for k in ("time", "power", "energy")},
                        "mape_by_serving_mode": cv.get("by_mode", {}),
@@ -411,7 +412,8 @@ def leave_one_gpu_out(p: Prepared, suite: Suite, cfg: TrainConfig,
                     t0, w0 = net_measured(p, r0[keep])
                     corr = fit_correction(s0.take(keep), np.full(int(keep.sum()), "*"),
                                           p.nets["correction_mode"].to_numpy()[r0][keep], t0, w0, chosen["time"],
-                                          chosen["power"], 10**9, 3, cfg.correction_ridge)
+                                          chosen["power"], 10**9, 3, cfg.correction_ridge,
+                                          nonrecurrent_time_variant=chosen.get("nonrecurrent_time"))
             for label, test_arch in (("train_archs", False), ("test_archs", True)):
                 rows = np.flatnonzero((p.nets["gpu"] == gpu).to_numpy() & (p.nets["is_test"].to_numpy() == test_arch)
                                       & p.nets["is_fp32"].to_numpy())
