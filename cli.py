@@ -1482,6 +1482,34 @@ def tools_probe_norms(out: Path = typer.Argument(..., help="JSON file to write")
     typer.echo(f"wrote {out}: {len(result['rows'])} rows on {result['meta']['gpu']}")
 
 
+@tools_app.command("probe-small")
+def tools_probe_small(
+    action: str = typer.Argument(..., help="validate (on a GPU machine) or complete (here)"),
+    path: Path = typer.Argument(..., help="JSON-lines file: appended to by validate, read by complete"),
+    budget_s: float = typer.Option(480.0, "--budget-s", help="validate: start no network after this many seconds"),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
+) -> None:
+    """Networks far smaller than any measured whole (MLPs, CNNs on 32x32 images, one Linear)
+    measured live through validate_module and compared with the shipped models (datasets/probes/)."""
+    fmt = _check_format(fmt, ("table", "json"))
+    from gpurec.tools import probes
+
+    if action == "validate":
+        rows = _guard(probes.validate_small, path, budget_s, log=_progress)
+        typer.echo(f"appended {len(rows)} records to {path}")
+        return
+    if action != "complete":
+        _fail("use validate or complete")
+    rows = _guard(probes.complete_small, path)
+    if fmt == "json":
+        _print_json(rows)
+        return
+    _table(rows, [("model", "network"), ("mode", "mode"), ("measured_gpu_time_ms", "host-free ms"),
+                  ("op_sum_gpu_time_ms", "op sum ms"), ("predicted_gpu_time_ms", "predicted ms"),
+                  ("gpu_time_error_pct", "error %"), ("unfloored_gpu_time_ms", "before the floor ms"),
+                  ("error", "failure")], title=f"{path}: predicted against measured (this machine's host profile)")
+
+
 _FLAG_VALUES = {"true": True, "yes": True, "1": True, "on": True, "false": False, "no": False, "0": False,
                 "off": False}
 

@@ -12,6 +12,11 @@ and LSTMCell / GRUCell language models stepped in Python.  ``measure`` measures 
 
 ``probe-norms``: which CUDA kernels nn.RMSNorm launches beside nn.LayerNorm's, and their times
 (whether LayerNorm's rows may stand for RMSNorm).
+
+``probe-small``: networks far smaller than any measured whole (MLPs and CNNs on 32x32 images, one
+Linear layer; the size a NAS loop or a test builds), through ``validate_module``: the network time
+correction was fitted on networks of 0.06 ms of op sum and more, and how it should behave below
+(session 38's floor) had no measurement.
 """
 
 from __future__ import annotations
@@ -281,3 +286,92 @@ def probe_norms(out_path: Path | str) -> dict[str, Any]:
     result = {"meta": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}, "rows": rows}
     atomic_write_json(out_path, result)
     return result
+
+
+SMALL_NETWORKS = ("linear512", "mlp256", "mlp2048", "cnn16", "cnn128")
+SMALL_BATCHES = (1, 8, 64, 256)
+
+
+def small_network(name: str) -> Any:
+    """A fresh module of small probe network ``name`` (SMALL_NETWORKS), seeded."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    if name == "linear512":
+        return nn.Sequential(nn.Linear(512, 512))
+    if name.startswith("mlp"):
+        w = int(name[3:])
+        return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(),
+                             nn.Linear(w, 10))
+    if name.startswith("cnn"):
+        c = int(name[3:])
+        return nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(c, 2 * c, 3, padding=1), nn.BatchNorm2d(2 * c), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * c, 10))
+    raise KeyError(f"unknown small probe network {name!r}; one of {', '.join(SMALL_NETWORKS)}")
+
+
+def small_inputs(name: str, batch: int) -> tuple[Any]:
+    """The network's input: (batch, 512) features for linear512, else (batch, 3, 32, 32) images."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    shape = (batch, 512) if name == "linear512" else (batch, 3, 32, 32)
+    return (torch.randn(shape, generator=gen),)
+
+
+def validate_small(out_path: Path | str, budget_s: float = 480.0,
+                   log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """gpurec.validate.validate_module on every small network, batch and mode (GPU machine), each
+    record appended to ``out_path`` as it is measured (a failure as a record with its error); stops
+    starting new ones after ``budget_s``."""
+    from gpurec.validate import validate_module
+
+    start, recs = time.monotonic(), []
+    for batch in SMALL_BATCHES:
+        for name in SMALL_NETWORKS:
+            for mode in ("inference", "training"):
+                if time.monotonic() - start > budget_s:
+                    return recs
+                try:
+                    rec = validate_module(small_network(name), small_inputs(name, batch), mode,
+                                          label=f"{name}:b{batch}")
+                except Exception as exc:  # one network's failure is recorded, not lost
+                    rec = {"model": f"{name}:b{batch}", "mode": mode, "status": "failed",
+                           "error": f"{type(exc).__name__}: {exc}"[:500]}
+                rec |= {"network": name, "batch": batch}
+                _append(out_path, rec)
+                recs.append(rec)
+                if log:
+                    log(f"{name} b{batch} {mode}: {rec.get('status', 'ok')}")
+    return recs
+
+
+def complete_small(path: Path | str, predictor: Any = None) -> list[dict[str, Any]]:
+    """validate_small's records with the shipped models' prediction for their GPU and measuring
+    host (prediction_fields), and beside it the host-free time the same models gave before the
+    network time correction had a floor (``unfloored_gpu_time_ms``) and the operations' sum with
+    no network correction (``op_sum_gpu_time_ms``); the file is not rewritten."""
+    from gpurec.host import HostProfile
+    from gpurec.model import load_predictor
+    from gpurec.validate.compare import prediction_fields
+
+    predictor = predictor or load_predictor()
+    out = []
+    for line in Path(path).read_text().splitlines():
+        rec = json.loads(line)
+        if "measured_time_ms" in rec:
+            host = HostProfile.from_dict(rec["host_bench"]) if rec.get("host_bench") else None
+            net, inputs = small_network(rec["network"]), small_inputs(rec["network"], rec["batch"])
+            est = predictor.predict(net, example_inputs=inputs, mode=rec["mode"], gpu=rec["gpu"], host=host)
+            floors, predictor.correction.time_floor_ms = predictor.correction.time_floor_ms, {}
+            try:
+                unfloored = predictor.predict(net, example_inputs=inputs, mode=rec["mode"], gpu=rec["gpu"], host=host)
+            finally:
+                predictor.correction.time_floor_ms = floors
+            rec = {**rec, **prediction_fields(est, rec["measured_time_ms"], rec["measured_energy_mj"], rec),
+                   "unfloored_gpu_time_ms": unfloored.gpu_time_ms, "op_sum_gpu_time_ms": est.op_sum_time_ms}
+            rec.pop("prediction", None)
+        out.append(rec)
+    return out
