@@ -70,3 +70,51 @@ def test_complete_predicts_with_the_measuring_hosts_profile(tmp_path: Path) -> N
     (uncaptured,) = probes.complete_rnn(path, predictor=predictor)
     assert "gpu_time_error_pct" not in uncaptured and "bound_right" not in uncaptured
     assert uncaptured["time_error_pct"] == pytest.approx(-50.0)
+
+
+def test_small_networks_are_validated_then_completed_with_and_without_the_floor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """probe-small measures every small network through validate_module (a failure kept as a
+    record), and complete adds the prediction, the one the models gave before the correction had
+    a floor (the floors off for that call only) and the operations' sum."""
+    import gpurec.validate.run as val_run
+    from gpurec.host import run_host_bench
+
+    host = run_host_bench(use_gpu=False, blocks=2, calls_per_block=4)
+    seen: list = []
+
+    def measure(model, example_inputs, mode, gpu_index=0, min_window_s=1.0, precision="fp32"):
+        seen.append((type(model).__name__, tuple(example_inputs[0].shape), mode))
+        if len(seen) == 3:
+            raise RuntimeError("CUDA error: out of memory")
+        return {"gpu": "NVIDIA H200", "time_ms": 0.1, "energy_mj": 10.0, "power_w": 100.0, "gpu_time_ms": 0.02,
+                "gpu_energy_mj": 3.0, "captured": True, "host_bench": host.to_dict()}
+
+    monkeypatch.setattr(val_run, "measure_module", measure)
+    monkeypatch.setattr(val_run, "load_predictor_or_none", lambda: None)  # as on the GPU machine
+    monkeypatch.setattr(probes, "SMALL_BATCHES", (1, 8))
+    path = tmp_path / "small.jsonl"
+    recs = probes.validate_small(path, budget_s=100)
+    assert len(recs) == len(path.read_text().splitlines()) == 2 * 2 * len(probes.SMALL_NETWORKS)
+    assert seen[0] == ("Sequential", (1, 512), "inference") and seen[3] == ("Sequential", (1, 3, 32, 32), "training")
+    assert recs[2]["status"] == "failed" and "out of memory" in recs[2]["error"] and recs[2]["network"] == "mlp256"
+
+    class Floors:
+        def __init__(self) -> None:
+            self.correction = SimpleNamespace(time_floor_ms={"*|inference": 0.06})
+
+        def predict(self, model, example_inputs=None, mode="inference", gpu="H100", host=None):
+            assert host.to_dict() == host_profile.to_dict()
+            g = 0.025 if self.correction.time_floor_ms else 0.1  # the floor on, or off
+            return SimpleNamespace(time_ms=0.2, energy_mj=8.0, power_w=40.0, gpu_time_ms=g, gpu_energy_mj=2.0,
+                                   measured_gpu=True, host_time_ms=0.2, bound="host", host="h", per_op=None,
+                                   op_sum_time_ms=0.01)
+
+    host_profile = host
+    predictor = Floors()
+    done = probes.complete_small(path, predictor=predictor)
+    assert predictor.correction.time_floor_ms == {"*|inference": 0.06}  # restored
+    first = done[0]
+    assert first["gpu_time_error_pct"] == pytest.approx(25.0) and first["unfloored_gpu_time_ms"] == 0.1
+    assert first["op_sum_gpu_time_ms"] == 0.01 and "prediction" not in first
+    assert done[2]["status"] == "failed" and "predicted_time_ms" not in done[2]
