@@ -1394,6 +1394,17 @@ def tools_correction_floors(
     _print_json(_guard(floors_into, models))
 
 
+@tools_app.command("correction-nonrecurrent")
+def tools_correction_nonrecurrent(
+    models: Path = typer.Option(Path("models"), "--models", help="trained model directory"),
+) -> None:
+    """Fit the network time correction of networks without recurrent layers into models trained
+    before `gpurec train` fitted it (chosen and fitted on the models' own report, seconds)."""
+    from gpurec.tools.correction import nonrecurrent_into
+
+    _print_json(_guard(nonrecurrent_into, models))
+
+
 @tools_app.command("snapshot")
 def tools_snapshot(
     action: str = typer.Argument(..., help="write PATH, or compare A B"),

@@ -687,14 +687,45 @@ def test_the_anchored_gpus_take_the_same_correction_for_networks_without_recurre
     p = gpurec.load_predictor()
     net = nn.Sequential(nn.Conv2d(3, 24, 3, padding=1), nn.ReLU(), nn.Conv2d(24, 40, 3, stride=2), nn.ReLU(),
                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(40, 7))
-    before = [p.predict(net, (16, 3, 48, 48), gpu=g).gpu_time_ms for g in ("H100", "A100-PCIe-40GB")]
     base = p.correction.time_coef["*|inference"]
-    p.correction.nonrecurrent_time_coef = {"*|inference": {**base, "scale": 2 * base["scale"],
-                                                           "intercept_ms": 2 * base["intercept_ms"]}}
-    p.correction.nonrecurrent_time_floor_ms = {"*|inference": p.correction.floor_of("*|inference")}
+    saved = p.correction.nonrecurrent_time_coef, p.correction.nonrecurrent_time_floor_ms
+    floor = {"*|inference": p.correction.floor_of("*|inference")}
     try:
+        p.correction.nonrecurrent_time_coef, p.correction.nonrecurrent_time_floor_ms = {"*|inference": base}, floor
+        before = [p.predict(net, (16, 3, 48, 48), gpu=g).gpu_time_ms for g in ("H100", "A100-PCIe-40GB")]
+        p.correction.nonrecurrent_time_coef = {"*|inference": {**base, "scale": 2 * base["scale"],
+                                                               "intercept_ms": 2 * base["intercept_ms"]}}
         after = [p.predict(net, (16, 3, 48, 48), gpu=g).gpu_time_ms for g in ("H100", "A100-PCIe-40GB")]
     finally:
-        p.correction.nonrecurrent_time_coef, p.correction.nonrecurrent_time_floor_ms = {}, {}
+        p.correction.nonrecurrent_time_coef, p.correction.nonrecurrent_time_floor_ms = saved
     assert after[0] / before[0] == pytest.approx(2.0, rel=0.02)  # no operation of it was measured
     assert after[1] / before[1] == pytest.approx(after[0] / before[0], rel=1e-6)
+
+
+def test_models_trained_before_get_the_nonrecurrent_correction_from_their_own_report() -> None:
+    """gpurec tools correction-nonrecurrent chooses and fits the correction of the networks
+    without recurrent layers on the report's leave-one-family-out records, as training does:
+    recurrent networks (gpurec.seqmodels' recurrent sets) are left out of it."""
+    from gpurec.tools.correction import nonrecurrent_from_report
+
+    rng = np.random.default_rng(3)
+    fams = ["resnet", "vgg", "mobilenet", "densenet", "lstm", "gru"]
+    arch = {"resnet": "resnet50", "vgg": "vgg16", "mobilenet": "mobilenet_v2", "densenet": "densenet121",
+            "lstm": "lstm_lm_2x512", "gru": "gru_lm_2x256"}
+    records = []
+    for i in range(60):
+        fam, s = fams[i % 6], float(rng.uniform(0.2, 5.0))
+        n = int(rng.integers(20, 200))
+        measured = 1.2 * s + 1.0 if fam in ("lstm", "gru") else 0.9 * s + 0.001 * n
+        records.append({"mode": "inference", "family": fam, "set_key": f"{arch[fam]}:b8:r224", "sum_time_ms": s,
+                        "sum_power_w": 300.0, "n_ops": n, "n_small": 0, "small_time_ms": 0.0,
+                        "measured_time_ms": measured * (1 + 0.001 * rng.standard_normal()),
+                        "measured_power_w": 300.0})
+    fit = nonrecurrent_from_report({"leave_one_family_out": {"xgboost": {"network_records": records}},
+                                    "config": {"correction_ridge": 0.1}})
+    assert fit["variant"] == {"inference": "scale+intercept+n_ops"}
+    coef = fit["coef"]["*|inference"]
+    assert coef["scale"] == pytest.approx(0.9, abs=0.03) and coef["per_op_ms"] == pytest.approx(0.001, abs=3e-4)
+    assert fit["mape_by_mode"]["inference"]["n"] == 40  # the 20 recurrent networks are left out
+    with pytest.raises(ValueError, match="no leave-one-family-out network records"):
+        nonrecurrent_from_report({})

@@ -1219,6 +1219,14 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
                   "time times the cross-GPU ratio instead (\"Across GPUs\" below); what a user gets on those "
                   "networks is in \"Host-free time and energy, unseen test architectures\"."]
         L += ["", *by_batch_lines(ts.get("records", []))]
+        refit = manifest.get("network_correction", {}).get("nonrecurrent_fitted_after_training")
+        if refit:
+            L += ["", "The network time correction of networks without recurrent layers was fitted after "
+                  "training (`gpurec tools correction-nonrecurrent`: chosen and fitted on this report's "
+                  "leave-one-family-out network sums, as `gpurec train` now does; \"What each correction term "
+                  "buys\" below). The table above is training's, with one correction for every network; the "
+                  "sections that predict with the shipped models (\"Host-free time and energy, unseen test "
+                  "architectures\", the sequence models, the validation logs) use the refit."]
         if ts.get("measured_lookup"):
             L += ["", f"{100 * ts.get('lookup_hit_share_ops', 0):.0f}% of the test networks' operations were "
                   "measured as part of training architectures (same signature, GPU and mode); the default "
@@ -1338,6 +1346,17 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
                              pct(d["raw_energy_mape"]), pct(d.get("corrected_energy_mape"))])
                         for m, d in sorted(per_mode.items())])
         coef = manifest.get("network_correction", {})
+        refit = (coef.get("nonrecurrent_fitted_after_training") or {}).get("mape_by_mode") or {}
+        if refit:
+            L += ["", "Networks without recurrent layers, fitted after training on the same leave-one-family-out "
+                  "sums (`gpurec tools correction-nonrecurrent`; the recurrent families' held-out error no longer "
+                  "sets their intercept): cross-validated time MAPE of each variant on those networks alone, "
+                  "the chosen one in bold.", ""]
+            own = coef.get("nonrecurrent_time_variant") or {}
+            L += table(["variant", *(f"`{m}` ({d.get('n')})" for m, d in sorted(refit.items()))],
+                       [row([v, *(f"**{pct(d['nonrecurrent_time'][v])}**" if own.get(m) == v
+                                  else pct(d["nonrecurrent_time"][v]) for m, d in sorted(refit.items()))])
+                        for v in by_size(nc["time_variants"])])
         L += ["", "Coefficients kept (per GPU+mode where ≥ the minimum networks, else pooled per mode `*`; "
               "`time_floor_ms`: the smallest op sum the time coefficients were fitted on, below which the "
               "intercept shrinks with the sum, so the correction is not extrapolated; a precision key without "
@@ -1913,7 +1932,11 @@ def energy_section(energy: dict[str, Any] | None, manifest: dict[str, Any]) -> l
     if before is not None:
         L += [f"Before: the models trained {before.get('models_created', '?')} (power correction "
               f"`{(before.get('network_correction') or {}).get('power', '?')}`), recorded in "
-              "`benchmarks/unseen_before.json` by `gpurec tools unseen-snapshot`; after: the shipped models.", ""]
+              "`benchmarks/unseen_before.json` by `gpurec tools unseen-snapshot`; after: the shipped models"
+              + ("" if not manifest.get("network_correction", {}).get("nonrecurrent_fitted_after_training") else
+                 " as their training scored them (the network time correction of networks without recurrent "
+                 "layers was fitted after training: what they predict now is in \"Host-free time and energy, "
+                 "unseen test architectures\")") + ".", ""]
     lines = []
     met = True
     # pooled over the GPUs (as the snapshot before was), then per GPU (after only); the networks

@@ -49,3 +49,60 @@ def floors_into(model_dir: Path | str) -> dict[str, Any]:
     corr["time_floor_ms"] = {**known, **added}
     write_manifest(model_dir, {**manifest, "network_correction": corr})
     return {"written": added, "kept": known}
+
+
+def nonrecurrent_from_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The time correction of the networks without recurrent layers, chosen and fitted as `gpurec
+    train` now does (network.correction_cv's second-level leave-one-family-out, then fit_correction),
+    on the report's own leave-one-family-out network records: the fp32 networks and the very op
+    sums the pooled fp32 keys were fitted on.  Returns the coefficients, floors and variants per
+    key and the cross-validated MAPE of every variant."""
+    import numpy as np
+
+    from gpurec.model.network import NetworkSums, correction_cv, fit_correction
+    from gpurec.seqmodels import SPECS, RecurrentSpec, RecurrentSweepSpec
+
+    records = report.get("leave_one_family_out", {}).get("xgboost", {}).get("network_records") or []
+    if not records:
+        raise ValueError("the report holds no leave-one-family-out network records to fit on; retrain")
+    col = {k: np.array([r[k] for r in records]) for k in ("sum_time_ms", "sum_power_w", "n_ops", "n_small",
+                                                          "small_time_ms", "measured_time_ms", "measured_power_w")}
+    recurrent = np.array([isinstance(SPECS.get(str(r["set_key"]).split(":")[0]), (RecurrentSpec, RecurrentSweepSpec))
+                          for r in records])
+    s = NetworkSums(col["sum_time_ms"], col["sum_time_ms"] * col["sum_power_w"], col["n_ops"].astype(float),
+                    col["n_small"].astype(float), col["small_time_ms"],
+                    recurrent_time_ms=np.where(recurrent, col["sum_time_ms"], 0.0))
+    modes = np.array([str(r["mode"]) for r in records])
+    gpus = np.full(len(records), "*")
+    families = np.array([str(r["family"]) for r in records])
+    ridge = float(report.get("config", {}).get("correction_ridge", 0.1))
+    cv = correction_cv(s, gpus, modes, families, col["measured_time_ms"], col["measured_power_w"], ridge=ridge,
+                       specific=set())
+    chosen = cv["chosen"].get("nonrecurrent_time", {})
+    c = fit_correction(s, gpus, modes, col["measured_time_ms"], col["measured_power_w"], "none", "none", ridge=ridge,
+                       specific=set(), nonrecurrent_time_variant=chosen)
+    return {"coef": c.nonrecurrent_time_coef, "floor_ms": c.nonrecurrent_time_floor_ms, "variant": chosen,
+            "mape_by_mode": {m: {"n": d.get("n_nonrecurrent"), "nonrecurrent_time": d.get("nonrecurrent_time"),
+                                 "pooled_time": d.get("time")} for m, d in cv["by_mode"].items()}}
+
+
+def nonrecurrent_into(model_dir: Path | str) -> dict[str, Any]:
+    """Write nonrecurrent_from_report's coefficients into ``model_dir``'s manifest (atomically) for
+    models trained before `gpurec train` fitted them; the refit is recorded beside them
+    (``nonrecurrent_fitted_after_training``).  Returns what was fitted."""
+    import json
+
+    from gpurec.model.persist import read_manifest, write_manifest
+
+    model_dir = Path(model_dir)
+    manifest = read_manifest(model_dir)
+    report_path = model_dir / "report.json"
+    if not report_path.is_file():
+        raise FileNotFoundError(f"{report_path} is missing: the coefficients are fitted on the training report")
+    fit = nonrecurrent_from_report(json.loads(report_path.read_text()))
+    corr = dict(manifest["network_correction"])
+    corr.update({"nonrecurrent_time_coef": fit["coef"], "nonrecurrent_time_floor_ms": fit["floor_ms"],
+                 "nonrecurrent_time_variant": fit["variant"],
+                 "nonrecurrent_fitted_after_training": {"mape_by_mode": fit["mape_by_mode"]}})
+    write_manifest(model_dir, {**manifest, "network_correction": corr})
+    return fit
