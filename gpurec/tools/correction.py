@@ -27,20 +27,27 @@ def floors_from_report(report: dict[str, Any]) -> dict[str, float]:
     return floors
 
 
+def _manifest_and_report(model_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A trained model directory's manifest and training report (what these refits read)."""
+    import json
+
+    from gpurec.model.persist import read_manifest
+
+    report_path = model_dir / "report.json"
+    if not report_path.is_file():
+        raise FileNotFoundError(f"{report_path} is missing: the correction is refitted from the training report")
+    return read_manifest(model_dir), json.loads(report_path.read_text())
+
+
 def floors_into(model_dir: Path | str) -> dict[str, Any]:
     """Write the fitted range of ``model_dir``'s time correction into its manifest (atomically),
     for the pooled keys its report has records of; keys that already hold one are kept.  Returns
     what was written."""
-    import json
-
-    from gpurec.model.persist import read_manifest, write_manifest
+    from gpurec.model.persist import write_manifest
 
     model_dir = Path(model_dir)
-    manifest = read_manifest(model_dir)
-    report_path = model_dir / "report.json"
-    if not report_path.is_file():
-        raise FileNotFoundError(f"{report_path} is missing: the floors are read from the training report")
-    floors = floors_from_report(json.loads(report_path.read_text()))
+    manifest, report = _manifest_and_report(model_dir)
+    floors = floors_from_report(report)
     corr = dict(manifest["network_correction"])
     known = dict(corr.get("time_floor_ms") or {})
     added = {k: v for k, v in floors.items() if k in corr.get("time_coef", {}) and k not in known}
@@ -90,16 +97,11 @@ def nonrecurrent_into(model_dir: Path | str) -> dict[str, Any]:
     """Write nonrecurrent_from_report's coefficients into ``model_dir``'s manifest (atomically) for
     models trained before `gpurec train` fitted them; the refit is recorded beside them
     (``nonrecurrent_fitted_after_training``).  Returns what was fitted."""
-    import json
-
-    from gpurec.model.persist import read_manifest, write_manifest
+    from gpurec.model.persist import write_manifest
 
     model_dir = Path(model_dir)
-    manifest = read_manifest(model_dir)
-    report_path = model_dir / "report.json"
-    if not report_path.is_file():
-        raise FileNotFoundError(f"{report_path} is missing: the coefficients are fitted on the training report")
-    fit = nonrecurrent_from_report(json.loads(report_path.read_text()))
+    manifest, report = _manifest_and_report(model_dir)
+    fit = nonrecurrent_from_report(report)
     corr = dict(manifest["network_correction"])
     corr.update({"nonrecurrent_time_coef": fit["coef"], "nonrecurrent_time_floor_ms": fit["floor_ms"],
                  "nonrecurrent_time_variant": fit["variant"],

@@ -212,24 +212,31 @@ def compare_rnn(path: Path | str, predictor: Any = None) -> list[dict[str, Any]]
     return out
 
 
-def complete_rnn(path: Path | str, predictor: Any = None) -> list[dict[str, Any]]:
-    """validate_rnn's records with the shipped models' prediction for their GPU and the measuring
-    machine's host profile (gpurec.validate.compare.prediction_fields), without rewriting the file."""
-    from gpurec.host import HostProfile
+def _complete(path: Path | str, predictor: Any, predict: Callable[[Any, dict[str, Any], Any],
+                                                          tuple[Any, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """A probe log's records, each measured one with ``predict(predictor, record, host)``'s estimate
+    (for the record's GPU and measuring host) compared field by field (prediction_fields) and its
+    extra fields; the file is not rewritten."""
     from gpurec.model import load_predictor
-    from gpurec.validate.compare import prediction_fields
+    from gpurec.validate.compare import host_of, prediction_fields
 
     predictor = predictor or load_predictor()
     out = []
     for line in Path(path).read_text().splitlines():
         rec = json.loads(line)
         if "measured_time_ms" in rec:
-            host = HostProfile.from_dict(rec["host_bench"]) if rec.get("host_bench") else None
-            est = _predict(predictor, rec["model"], rec["mode"], rec["gpu"], host)
-            rec = {**rec, **prediction_fields(est, rec["measured_time_ms"], rec["measured_energy_mj"], rec)}
+            est, extra = predict(predictor, rec, host_of(rec))
+            rec = {**rec, **prediction_fields(est, rec["measured_time_ms"], rec["measured_energy_mj"], rec), **extra}
             rec.pop("prediction", None)
         out.append(rec)
     return out
+
+
+def complete_rnn(path: Path | str, predictor: Any = None) -> list[dict[str, Any]]:
+    """validate_rnn's records with the shipped models' prediction for their GPU and the measuring
+    machine's host profile (gpurec.validate.compare.prediction_fields), without rewriting the file."""
+    return _complete(path, predictor, lambda p, rec, host: (_predict(p, rec["model"], rec["mode"], rec["gpu"], host),
+                                                            {}))
 
 
 def probe_norms(out_path: Path | str) -> dict[str, Any]:
@@ -353,25 +360,15 @@ def complete_small(path: Path | str, predictor: Any = None) -> list[dict[str, An
     host (prediction_fields), and beside it the host-free time the same models gave before the
     network time correction had a floor (``unfloored_gpu_time_ms``) and the operations' sum with
     no network correction (``op_sum_gpu_time_ms``); the file is not rewritten."""
-    from gpurec.host import HostProfile
-    from gpurec.model import load_predictor
-    from gpurec.validate.compare import prediction_fields
 
-    predictor = predictor or load_predictor()
-    out = []
-    for line in Path(path).read_text().splitlines():
-        rec = json.loads(line)
-        if "measured_time_ms" in rec:
-            host = HostProfile.from_dict(rec["host_bench"]) if rec.get("host_bench") else None
-            net, inputs = small_network(rec["network"]), small_inputs(rec["network"], rec["batch"])
-            est = predictor.predict(net, example_inputs=inputs, mode=rec["mode"], gpu=rec["gpu"], host=host)
-            floors, predictor.correction.time_floor_ms = predictor.correction.time_floor_ms, {}
-            try:
-                unfloored = predictor.predict(net, example_inputs=inputs, mode=rec["mode"], gpu=rec["gpu"], host=host)
-            finally:
-                predictor.correction.time_floor_ms = floors
-            rec = {**rec, **prediction_fields(est, rec["measured_time_ms"], rec["measured_energy_mj"], rec),
-                   "unfloored_gpu_time_ms": unfloored.gpu_time_ms, "op_sum_gpu_time_ms": est.op_sum_time_ms}
-            rec.pop("prediction", None)
-        out.append(rec)
-    return out
+    def predict(p: Any, rec: dict[str, Any], host: Any) -> tuple[Any, dict[str, Any]]:
+        net, inputs = small_network(rec["network"]), small_inputs(rec["network"], rec["batch"])
+        est = p.predict(net, example_inputs=inputs, mode=rec["mode"], gpu=rec["gpu"], host=host)
+        floors, p.correction.time_floor_ms = p.correction.time_floor_ms, {}
+        try:
+            unfloored = p.predict(net, example_inputs=inputs, mode=rec["mode"], gpu=rec["gpu"], host=host)
+        finally:
+            p.correction.time_floor_ms = floors
+        return est, {"unfloored_gpu_time_ms": unfloored.gpu_time_ms, "op_sum_gpu_time_ms": est.op_sum_time_ms}
+
+    return _complete(path, predictor, predict)
