@@ -1,11 +1,12 @@
-"""Record the whole-network time correction's fitted range into trained models that predate it.
+"""Bring the whole-network time correction of trained models that predate it up to what `gpurec
+train` now fits, from their own report: the leave-one-family-out network records, the very sums
+the pooled fp32 keys were fitted on.
 
 Why: the correction (gpurec.model.network) is linear in the op sum with an intercept, fitted on
 networks whose out-of-fold op sums start at about 0.06 ms; below that the intercept, extrapolated,
 dominated (a one-Linear network of 0.004 ms became 0.144 ms).  `gpurec train` now records the
-smallest op sum per coefficient key (``Correction.time_floor_ms``) and the correction is not
-extrapolated below it.  Models trained before read it here from their own report: the
-leave-one-family-out network records, the very sums the pooled fp32 keys were fitted on.
+smallest op sum per coefficient key (``Correction.time_floor_ms``, floors_into here) and fits the
+networks without recurrent layers a correction of their own (nonrecurrent_into here).
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ from pathlib import Path
 from typing import Any
 
 
+def _network_records(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The training report's leave-one-family-out network records (fp32 networks, out-of-fold sums)."""
+    return report.get("leave_one_family_out", {}).get("xgboost", {}).get("network_records") or []
+
+
 def floors_from_report(report: dict[str, Any]) -> dict[str, float]:
     """``"*|mode"`` -> the smallest out-of-fold op sum (ms) of the fp32 networks the pooled
     correction of that step mode was fitted on (report["leave_one_family_out"]["xgboost"]
     ["network_records"])."""
-    records = report.get("leave_one_family_out", {}).get("xgboost", {}).get("network_records") or []
     floors: dict[str, float] = {}
-    for r in records:
+    for r in _network_records(report):
         key, s = f"*|{r['mode']}", float(r["sum_time_ms"])
         if s > 0:
             floors[key] = min(floors.get(key, s), s)
@@ -66,15 +71,16 @@ def nonrecurrent_from_report(report: dict[str, Any]) -> dict[str, Any]:
     key and the cross-validated MAPE of every variant."""
     import numpy as np
 
+    from gpurec.model.fitting.evaluate import arch_of
     from gpurec.model.network import NetworkSums, correction_cv, fit_correction
     from gpurec.seqmodels import SPECS, RecurrentSpec, RecurrentSweepSpec
 
-    records = report.get("leave_one_family_out", {}).get("xgboost", {}).get("network_records") or []
+    records = _network_records(report)
     if not records:
         raise ValueError("the report holds no leave-one-family-out network records to fit on; retrain")
     col = {k: np.array([r[k] for r in records]) for k in ("sum_time_ms", "sum_power_w", "n_ops", "n_small",
                                                           "small_time_ms", "measured_time_ms", "measured_power_w")}
-    recurrent = np.array([isinstance(SPECS.get(str(r["set_key"]).split(":")[0]), (RecurrentSpec, RecurrentSweepSpec))
+    recurrent = np.array([isinstance(SPECS.get(arch_of(str(r["set_key"]))), (RecurrentSpec, RecurrentSweepSpec))
                           for r in records])
     s = NetworkSums(col["sum_time_ms"], col["sum_time_ms"] * col["sum_power_w"], col["n_ops"].astype(float),
                     col["n_small"].astype(float), col["small_time_ms"],
