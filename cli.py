@@ -1517,7 +1517,7 @@ def tools_probe_small(
         return
     _table(rows, [("model", "network"), ("mode", "mode"), ("measured_gpu_time_ms", "host-free ms"),
                   ("op_sum_gpu_time_ms", "op sum ms"), ("predicted_gpu_time_ms", "predicted ms"),
-                  ("gpu_time_error_pct", "error %"), ("unfloored_gpu_time_ms", "before the floor ms"),
+                  ("gpu_time_error_pct", "error %"), ("as_trained_gpu_time_ms", "as trained ms"),
                   ("error", "failure")], title=f"{path}: predicted against measured (this machine's host profile)")
 
 

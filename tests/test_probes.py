@@ -72,11 +72,12 @@ def test_complete_predicts_with_the_measuring_hosts_profile(tmp_path: Path) -> N
     assert uncaptured["time_error_pct"] == pytest.approx(-50.0)
 
 
-def test_small_networks_are_validated_then_completed_with_and_without_the_floor(
+def test_small_networks_are_validated_then_completed_now_and_as_trained(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """probe-small measures every small network through validate_module (a failure kept as a
-    record), and complete adds the prediction, the one the models gave before the correction had
-    a floor (the floors off for that call only) and the operations' sum."""
+    record), and complete adds the prediction, the one the models gave with the correction as
+    trained (the floors and the non-recurrent coefficients off for that call only) and the
+    operations' sum."""
     import gpurec.validate.run as val_run
     from gpurec.host import run_host_bench
 
@@ -101,11 +102,14 @@ def test_small_networks_are_validated_then_completed_with_and_without_the_floor(
 
     class Floors:
         def __init__(self) -> None:
-            self.correction = SimpleNamespace(time_floor_ms={"*|inference": 0.06})
+            self.correction = SimpleNamespace(time_floor_ms={"*|inference": 0.06},
+                                              nonrecurrent_time_coef={"*|inference": {"scale": 1.0}})
 
         def predict(self, model, example_inputs=None, mode="inference", gpu="H100", host=None):
             assert host.to_dict() == host_profile.to_dict()
-            g = 0.025 if self.correction.time_floor_ms else 0.1  # the floor on, or off
+            c = self.correction  # both added after training on, or both off
+            assert bool(c.time_floor_ms) == bool(c.nonrecurrent_time_coef)
+            g = 0.025 if c.time_floor_ms else 0.1
             return SimpleNamespace(time_ms=0.2, energy_mj=8.0, power_w=40.0, gpu_time_ms=g, gpu_energy_mj=2.0,
                                    measured_gpu=True, host_time_ms=0.2, bound="host", host="h", per_op=None,
                                    op_sum_time_ms=0.01)
@@ -114,7 +118,8 @@ def test_small_networks_are_validated_then_completed_with_and_without_the_floor(
     predictor = Floors()
     done = probes.complete_small(path, predictor=predictor)
     assert predictor.correction.time_floor_ms == {"*|inference": 0.06}  # restored
+    assert predictor.correction.nonrecurrent_time_coef == {"*|inference": {"scale": 1.0}}
     first = done[0]
-    assert first["gpu_time_error_pct"] == pytest.approx(25.0) and first["unfloored_gpu_time_ms"] == 0.1
+    assert first["gpu_time_error_pct"] == pytest.approx(25.0) and first["as_trained_gpu_time_ms"] == 0.1
     assert first["op_sum_gpu_time_ms"] == 0.01 and "prediction" not in first
     assert done[2]["status"] == "failed" and "predicted_time_ms" not in done[2]

@@ -357,18 +357,21 @@ def validate_small(out_path: Path | str, budget_s: float = 480.0,
 
 def complete_small(path: Path | str, predictor: Any = None) -> list[dict[str, Any]]:
     """validate_small's records with the shipped models' prediction for their GPU and measuring
-    host (prediction_fields), and beside it the host-free time the same models gave before the
-    network time correction had a floor (``unfloored_gpu_time_ms``) and the operations' sum with
-    no network correction (``op_sum_gpu_time_ms``); the file is not rewritten."""
+    host (prediction_fields), and beside it the host-free time the same models gave with their
+    network time correction as training fitted it (``as_trained_gpu_time_ms``: one correction for
+    every network and no floor, both added after training in session 38) and the operations' sum
+    with no network correction (``op_sum_gpu_time_ms``); the file is not rewritten."""
 
     def predict(p: Any, rec: dict[str, Any], host: Any) -> tuple[Any, dict[str, Any]]:
         net, inputs = small_network(rec["network"]), small_inputs(rec["network"], rec["batch"])
         est = p.predict(net, example_inputs=inputs, mode=rec["mode"], gpu=rec["gpu"], host=host)
-        floors, p.correction.time_floor_ms = p.correction.time_floor_ms, {}
+        c = p.correction
+        added = c.time_floor_ms, c.nonrecurrent_time_coef
+        c.time_floor_ms, c.nonrecurrent_time_coef = {}, {}
         try:
-            unfloored = p.predict(net, example_inputs=inputs, mode=rec["mode"], gpu=rec["gpu"], host=host)
+            as_trained = p.predict(net, example_inputs=inputs, mode=rec["mode"], gpu=rec["gpu"], host=host)
         finally:
-            p.correction.time_floor_ms = floors
-        return est, {"unfloored_gpu_time_ms": unfloored.gpu_time_ms, "op_sum_gpu_time_ms": est.op_sum_time_ms}
+            c.time_floor_ms, c.nonrecurrent_time_coef = added
+        return est, {"as_trained_gpu_time_ms": as_trained.gpu_time_ms, "op_sum_gpu_time_ms": est.op_sum_time_ms}
 
     return _complete(path, predictor, predict)
