@@ -395,6 +395,25 @@ def test_the_precision_section_lists_the_sequence_models_at_that_precision_witho
                                                                       "precisions": {"bf16-mixed": p}}))
 
 
+
+def test_the_precision_sections_per_network_table_names_each_networks_gpu() -> None:
+    """Once both GPUs measured a network at a precision, its two rows differed only in their numbers:
+    every row names the GPU it was measured on."""
+    import pandas as pd
+
+    from gpurec.reports.accuracy import precision_section
+
+    rec = {"set_key": "gpt_d768:b8:s256", "mode": "training", "is_test": True, "arch": "gpt_d768", "error": "",
+           "measured_gpu_time_ms": 9.0, "pred_gpu_time_ms": 8.8, "measured_gpu_energy_mj": 4700.0,
+           "pred_gpu_energy_mj": 3900.0}
+    records = pd.DataFrame([{**rec, "gpu": "NVIDIA H200"}, {**rec, "gpu": "NVIDIA H100 80GB HBM3",
+                                                            "measured_gpu_time_ms": 9.2}])
+    doc = "\n".join(precision_section({"targets_pct": {"time": 8, "energy": 10},
+                                       "precisions": {"bf16-mixed": {"groups": [], "records": records}}}))
+    rows = [line for line in doc.splitlines() if "gpt_d768:b8:s256" in line]
+    assert [line.split(" | ")[0] for line in rows] == ["| H100", "| H200"]
+    assert "| GPU | network | mode |" in doc
+
 def test_targeted_sentence_says_which_gpus_measured_the_targeted_sets() -> None:
     """The per-kind section used to say the targeted sets were 'not measured yet' long after both
     GPUs had measured them: the sentence now follows the rows."""

@@ -1792,11 +1792,11 @@ def precision_section(prec: dict[str, Any] | None) -> list[str]:
             L += ["Every network (speed-up = fp32 host-free time / this precision's, measured and as predicted; "
                   "— where the fp32 twin is not measured host-free):", ""]
             lines = []
-            for r in rec.sort_values(["is_test", "arch", "mode", "set_key"], ascending=[False, True, True, True]) \
-                    .itertuples(index=False):
+            for r in rec.sort_values(["is_test", "arch", "mode", "set_key", "gpu"],
+                                     ascending=[False, True, True, True, True]).itertuples(index=False):
                 t_err = (r.pred_gpu_time_ms / r.measured_gpu_time_ms - 1) * 100 if not r.error else float("nan")
                 e_err = (r.pred_gpu_energy_mj / r.measured_gpu_energy_mj - 1) * 100 if not r.error else float("nan")
-                lines.append(row([r.set_key, r.mode, "unseen" if r.is_test else "training",
+                lines.append(row([short(r.gpu), r.set_key, r.mode, "unseen" if r.is_test else "training",
                                   _f(r.measured_gpu_time_ms, 3, ""), _f(getattr(r, "pred_gpu_time_ms", None), 3, ""),
                                   f"{t_err:+.1f}%" if t_err == t_err else "—",
                                   _f(r.measured_gpu_energy_mj, 0, ""), _f(getattr(r, "pred_gpu_energy_mj", None), 0, ""),
@@ -1804,7 +1804,7 @@ def precision_section(prec: dict[str, Any] | None) -> list[str]:
                                   _ratio(getattr(r, "fp32_measured_gpu_time_ms", None), r.measured_gpu_time_ms),
                                   _ratio(getattr(r, "fp32_pred_gpu_time_ms", None), getattr(r, "pred_gpu_time_ms", None)),
                                   r.error or ""]))
-            L += table(["network", "mode", "architecture", "measured ms", "predicted ms", "time error",
+            L += table(["GPU", "network", "mode", "architecture", "measured ms", "predicted ms", "time error",
                         "measured mJ", "predicted mJ", "energy error", "measured speed-up", "predicted speed-up",
                         "error"], lines) + [""]
     return L
