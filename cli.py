@@ -1375,12 +1375,14 @@ def tools_gpu_time_sources(
 def tools_fit_recurrent(
     models: Path = typer.Option(Path("models"), "--models", help="trained model directory to add them to"),
     data: Path = typer.Option(Path("datasets"), "--data", help="dataset root with one directory per GPU"),
+    half_only: bool = typer.Option(False, "--half-only",
+                                   help="fit only the half-precision factors, keeping the models' fp32 forms"),
 ) -> None:
     """Fit the LSTM/GRU time, power and host models into trained models (seconds, no boosters
     retrained) and print the held-out sequence networks' errors before and after."""
     from gpurec.tools.recurrent import fit_into
 
-    _print_json(_guard(fit_into, models, data))
+    _print_json(_guard(fit_into, models, data, half_only=half_only))
 
 
 @tools_app.command("correction-floors")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -463,6 +464,46 @@ def test_half_precision_layers_take_the_fp32_chain_times_a_fitted_factor() -> No
                            np.full(len(X) + 16, "inference"), groups + groups[:16], NAMES)
     assert few is not None and few.fits["inference"].half is None  # two architectures
     assert few.apply(np.array([1.5, 2.5]), _half(unseen), "inference") == pytest.approx([1.5, 2.5])
+
+
+def test_a_half_precision_gain_that_grows_with_the_hidden_size_is_fitted_and_clamped() -> None:
+    """fp16 steps gain more the wider the recurrent product (x0.9 at hidden 256, x0.59 at 1024):
+    a constant factor misses that, the log-hidden term recovers it on an unseen layer, and a
+    layer wider than any half-precision row fitted keeps the widest one's factor; the form
+    survives a save and load, and a factor saved without terms still loads as a constant."""
+    from gpurec.model.fitting.recurrent_fit import refit_half
+    from gpurec.model.recurrent import HalfFactor
+
+    def gain(X: np.ndarray) -> np.ndarray:
+        return 0.9 * (np.minimum(recurrent_shape(X, NAMES).hidden, 1024.0) / 256.0) ** -0.3
+
+    specs = _training_grid()
+    X = _rows(specs)
+    groups = [f"{k}{h}x{layers}x{d}" for k, _, _, h, layers, d in specs]
+    y = np.log(np.concatenate([_true_ms(X), gain(X) * _true_ms(X)]))
+    model, report = fit_recurrent(np.vstack([X, _half(X)]), y, np.full(2 * len(X), "inference"), groups + groups,
+                                  NAMES)
+    assert model is not None
+    half = model.fits["inference"].half
+    assert half is not None and half.terms == ("log_hidden",) and half.loao_mape < 1e-4
+    assert half.ranges == (1.0, 128.0, 256.0, 1024.0)
+    assert report["half_candidates"]["inference"]["constant"] > 0.05  # one number cannot follow the width
+    unseen = _rows([("LSTM", 8, 384, 768, 3, 1), ("GRU", 64, 384, 384, 2, 2), ("LSTM", 4, 256, 2048, 2, 1)])
+    got = np.exp(model.apply(np.zeros(3), _half(unseen), "inference"))
+    assert got == pytest.approx(gain(unseen) * _true_ms(unseen), rel=1e-4)
+    again = RecurrentTime.from_dict(model.as_dict(), NAMES)
+    assert again is not None and again.fits["inference"].half == half
+    legacy = HalfFactor.from_dict({"log_factor": -0.3, "loao_mape": 0.2, "rows": 24})
+    assert legacy is not None and legacy.log_shift(recurrent_shape(unseen, NAMES)) == pytest.approx([-0.3] * 3)
+
+    # refitting only the factor (new half-precision rows: a flat x0.5) keeps the fp32 form as it is
+    refit, _, rep = refit_half(model, None, np.vstack([X, _half(X)]), np.zeros((0, len(NAMES))),
+                               np.log(np.concatenate([_true_ms(X), 0.5 * _true_ms(X)])), np.zeros(0),
+                               np.full(2 * len(X), "inference"), groups + groups, NAMES)
+    assert refit is not None and rep["time"]["inference"]["constant"] < 1e-4
+    assert replace(refit.fits["inference"], half=None) == replace(model.fits["inference"], half=None)
+    assert np.exp(refit.apply(np.zeros(3), _half(unseen), "inference")) == pytest.approx(0.5 * _true_ms(unseen),
+                                                                                          rel=1e-4)
 
 
 def test_half_precision_power_is_the_fp32_share_times_a_fitted_factor() -> None:

@@ -29,7 +29,8 @@ are refitted on all of them.  Everything is read from the time feature matrix, s
 code serves training (out-of-fold network sums) and prediction.  The form is fitted on
 fp32/TF32 float32 layers of the kinds the fit saw.  A half-precision layer (fp16 or bf16
 elements: autocast runs cuDNN's recurrent layers in fp16) is the same chain, each step faster by
-a factor fitted per mode on the half-precision rows (``ModeFit.half``, a HalfFactor); without it
+a factor fitted per mode on the half-precision rows (``ModeFit.half``, a HalfFactor: a constant or
+a few per-step terms, chosen by leave-one-architecture-out error); without it
 (too few such rows) the boosters keep predicting it.
 """
 
@@ -88,20 +89,44 @@ class ModeFit:
 @dataclass(frozen=True)
 class HalfFactor:
     """How a half-precision recurrent layer differs from the fp32 form: log(target) = the fp32
-    form's + ``log_factor`` (time: fp16 steps are faster; power: they draw less).  One number per
-    mode, because the half-precision rows are few (a handful of architectures) and the chain
-    structure they share with fp32 is what extrapolates to other lengths, depths and widths."""
+    form's + ``log_factor`` + ``coef`` . ``terms`` (time: fp16 steps are faster; power: they draw
+    less).  A few per-step terms at most, because the half-precision rows are few (a handful of
+    architectures) and the chain structure they share with fp32 is what extrapolates to other
+    lengths and depths.  Why terms at all: the gain is the recurrent product's, so it grows with
+    the hidden size and with the batch up to where the step stops being latency-bound (H200 and
+    H100 training rows: x0.93 at batch 1, x0.5 at batch 8-32, x0.65 at 128).  The terms are read
+    with batch and hidden size clamped to ``ranges`` (the rows fitted): outside them the factor
+    stays the nearest fitted one instead of following a quadratic in log batch."""
 
     log_factor: float
     loao_mape: float  # leave-one-architecture-out MAPE of the factor on the half-precision rows
     rows: int
+    terms: tuple[str, ...] = ()  # per-step terms (step_terms' names) beyond the constant
+    coef: tuple[float, ...] = ()
+    ranges: tuple[float, float, float, float] | None = None  # (batch min, max, hidden min, max) fitted
+
+    def log_shift(self, s: RecurrentShape) -> np.ndarray:
+        """The log factor of each row of ``s`` (a half-precision shape)."""
+        if not self.terms:
+            return np.full(len(s.batch), self.log_factor)
+        assert self.ranges is not None, "a HalfFactor with terms records the ranges it was fitted on"
+        b_lo, b_hi, h_lo, h_hi = self.ranges
+        clamped = replace(s, batch=np.clip(s.batch, b_lo, b_hi), hidden=np.clip(s.hidden, h_lo, h_hi))
+        return self.log_factor + step_terms(clamped, self.terms)[:, 1:] @ np.asarray(self.coef)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"log_factor": self.log_factor, "loao_mape": self.loao_mape, "rows": self.rows}
+        d = {"log_factor": self.log_factor, "loao_mape": self.loao_mape, "rows": self.rows}
+        return d | ({"terms": list(self.terms), "coef": list(self.coef), "ranges": list(self.ranges or ())}
+                    if self.terms else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> HalfFactor | None:
-        return None if not d else cls(float(d["log_factor"]), float(d["loao_mape"]), int(d["rows"]))
+        if not d:
+            return None
+        terms = tuple(d.get("terms", ()))
+        ranges = tuple(float(x) for x in d["ranges"]) if terms else None
+        return cls(float(d["log_factor"]), float(d["loao_mape"]), int(d["rows"]), terms,
+                   tuple(float(c) for c in d.get("coef", ())), ranges)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -301,7 +326,8 @@ class RecurrentTime(_RecurrentRows):
                 out[rows[sel]] = log_time_ms(take_rows(s, sel), fit)
             sel = s.half & (mode_of == mode)
             if fit.half is not None and sel.any():
-                out[rows[sel]] = log_time_ms(as_fp32(take_rows(s, sel)), fit) + fit.half.log_factor
+                hs = take_rows(s, sel)
+                out[rows[sel]] = log_time_ms(as_fp32(hs), fit) + fit.half.log_shift(hs)
         return out
 
 
@@ -369,8 +395,9 @@ class RecurrentPower(_RecurrentRows):
                 out[rows[sel]] = np.log(tdp[sel]) + step_terms(take_rows(s, sel), fit.terms) @ np.asarray(fit.coef)
             sel = s.half & (mode_of == mode) & (tdp > 0)
             if fit.half is not None and sel.any():
-                out[rows[sel]] = (np.log(tdp[sel]) + step_terms(as_fp32(take_rows(s, sel)), fit.terms)
-                                  @ np.asarray(fit.coef) + fit.half.log_factor)
+                hs = take_rows(s, sel)
+                out[rows[sel]] = (np.log(tdp[sel]) + step_terms(as_fp32(hs), fit.terms) @ np.asarray(fit.coef)
+                                  + fit.half.log_shift(hs))
         return out
 
 

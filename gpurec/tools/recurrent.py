@@ -36,16 +36,24 @@ def recurrent_rows(data_root: Path | str | None, builder: Any) -> tuple[Any, dic
     return rows, X, reference_host(data_root, ops, nets)
 
 
-def fit_into(model_dir: Path | str, data_root: Path | str | None = None, evaluate: bool = True) -> dict[str, Any]:
-    """Fit the three recurrent models and write them into ``model_dir``'s manifest (atomically).
-    Returns the fit reports and, with ``evaluate``, the held-out sequence networks' MAPE before
-    and after."""
+def fit_into(model_dir: Path | str, data_root: Path | str | None = None, evaluate: bool = True,
+             half_only: bool = False) -> dict[str, Any]:
+    """Fit the three recurrent models and write them into ``model_dir``'s manifest (atomically);
+    with ``half_only``, only the time and power models' half-precision factors, against the fp32
+    forms the manifest holds (gpurec.model.fitting.recurrent_fit.refit_half).  Returns the fit
+    reports and, with ``evaluate``, the held-out sequence networks' MAPE before and after."""
     from gpurec.host import HostProfile
     from gpurec.model.features import FeatureBuilder, FeatureConfig
     from gpurec.model.fitting.data import host_scales
     from gpurec.model.fitting.evaluate import arch_of
-    from gpurec.model.fitting.recurrent_fit import fit_recurrent, fit_recurrent_host, fit_recurrent_power
+    from gpurec.model.fitting.recurrent_fit import (
+        fit_recurrent,
+        fit_recurrent_host,
+        fit_recurrent_power,
+        refit_half,
+    )
     from gpurec.model.persist import read_manifest, write_manifest
+    from gpurec.model.recurrent import RecurrentPower, RecurrentTime
 
     manifest = read_manifest(model_dir)
     builder = FeatureBuilder(manifest["kind_categories"], FeatureConfig.from_dict(manifest["feature_config"]),
@@ -55,22 +63,31 @@ def fit_into(model_dir: Path | str, data_root: Path | str | None = None, evaluat
     groups = [arch_of(str(k)) for k in rows["set_key"]]
     t = rows["gpu_time_ms"].to_numpy(dtype=np.float64)  # host-free elapsed (what with_targets keeps for them)
     w = rows["gpu_power_w"].to_numpy(dtype=np.float64)
-    time_model, time_report = fit_recurrent(X["time"], np.log(t), modes, groups, names)
-    power_model, power_report = fit_recurrent_power(X["power"], np.log(w), modes, groups, names)
-    reference = HostProfile.from_dict(manifest["host"]["reference"])
-    scales, _ = host_scales(rows, by_run, reference)
-    host_ms = rows["host_ms"].to_numpy(dtype=np.float64)
-    ok = np.isfinite(host_ms) & (host_ms > 0) & np.isfinite(scales) & (scales > 0)
-    host_model, host_report = fit_recurrent_host(X["host"][ok], np.log(host_ms[ok] / scales[ok]), modes[ok],
-                                                 [g for g, k in zip(groups, ok, strict=True) if k], names)
     before = evaluate_held_out(model_dir, data_root) if evaluate else None
     manifest = dict(manifest)
+    out: dict[str, Any] = {"rows": int(len(rows))}
+    if half_only:
+        time_model, power_model, out["half_candidates"] = refit_half(
+            RecurrentTime.from_dict(manifest.get("recurrent_time"), names),
+            RecurrentPower.from_dict(manifest.get("recurrent_power"), names), X["time"], X["power"], np.log(t),
+            np.log(w), modes, groups, names)
+        out["half"] = {k: {m: f.half.as_dict() if f.half is not None else None for m, f in model.fits.items()}
+                       for k, model in (("time", time_model), ("power", power_model)) if model is not None}
+        manifest["recurrent_half_fitted_after_training"] = True
+    else:
+        time_model, out["time"] = fit_recurrent(X["time"], np.log(t), modes, groups, names)
+        power_model, out["power"] = fit_recurrent_power(X["power"], np.log(w), modes, groups, names)
+        reference = HostProfile.from_dict(manifest["host"]["reference"])
+        scales, _ = host_scales(rows, by_run, reference)
+        host_ms = rows["host_ms"].to_numpy(dtype=np.float64)
+        ok = np.isfinite(host_ms) & (host_ms > 0) & np.isfinite(scales) & (scales > 0)
+        host_model, out["host"] = fit_recurrent_host(X["host"][ok], np.log(host_ms[ok] / scales[ok]), modes[ok],
+                                                     [g for g, k in zip(groups, ok, strict=True) if k], names)
+        manifest["recurrent_host"] = host_model.as_dict() if host_model is not None else None
+        manifest["recurrent_fitted_after_training"] = True
     manifest["recurrent_time"] = time_model.as_dict() if time_model is not None else None
     manifest["recurrent_power"] = power_model.as_dict() if power_model is not None else None
-    manifest["recurrent_host"] = host_model.as_dict() if host_model is not None else None
-    manifest["recurrent_fitted_after_training"] = True
     write_manifest(model_dir, manifest)
-    out: dict[str, Any] = {"rows": int(len(rows)), "time": time_report, "power": power_report, "host": host_report}
     if evaluate:
         out["held_out_before"], out["held_out_after"] = before, evaluate_held_out(model_dir, data_root)
     return out

@@ -114,23 +114,72 @@ def _mode_rows(s_all: RecurrentShape, modes: np.ndarray, usable: np.ndarray, gro
             yield mode, sel, groups_arr[sel]
 
 
+# Half-precision factor term sets tried, simplest first (a tie keeps the simpler): the gain of
+# fp16 steps over fp32 ones is the recurrent product's, so it can grow with the hidden size and
+# with the batch up to where the step stops being latency-bound (HalfFactor).
+HALF_TERM_SETS: tuple[tuple[str, ...], ...] = (
+    (),
+    ("log_hidden",),
+    ("log_batch",),
+    ("log_batch", "log_hidden"),
+    ("log_batch", "log_batch_sq", "log_hidden"),
+)
+
+
 def half_factor(log_target: np.ndarray, fp32_form: Callable[[RecurrentShape], np.ndarray], s_all: RecurrentShape,
-                modes: np.ndarray, mode: str, groups: Sequence[Any]) -> HalfFactor | None:
-    """The half-precision factor of one mode: the architecture-weighted mean of the log target
-    minus ``fp32_form`` (the fitted fp32 form's log target of an fp32 shape) over that mode's
-    half-precision recurrent rows of hidden size at least MIN_HIDDEN, with its
-    leave-one-architecture-out error.  None below MIN_ROWS rows or MIN_GROUPS architectures."""
+                modes: np.ndarray, mode: str, groups: Sequence[Any],
+                report: dict[str, float] | None = None) -> HalfFactor | None:
+    """The half-precision factor of one mode: the log target minus ``fp32_form`` (the fitted fp32
+    form's log target of an fp32 shape) over that mode's half-precision recurrent rows of hidden
+    size at least MIN_HIDDEN, fitted architecture-weighted as a constant or on one of
+    HALF_TERM_SETS, whichever has the lowest leave-one-architecture-out error (each set's error
+    goes into ``report``).  None below MIN_ROWS rows or MIN_GROUPS architectures."""
     groups_arr = np.asarray([str(g) for g in groups])
     y = np.asarray(log_target, dtype=np.float64)
     sel = s_all.half & (np.asarray(modes).astype(str) == mode) & np.isfinite(y) & (s_all.hidden >= MIN_HIDDEN)
     g = groups_arr[sel]
-    r = y[sel] - fp32_form(as_fp32(take_rows(s_all, sel))) if sel.any() else y[sel]
+    hs = take_rows(s_all, sel)
+    r = y[sel] - fp32_form(as_fp32(hs)) if sel.any() else y[sel]
     if len(r) < MIN_ROWS or len(set(g.tolist())) < MIN_GROUPS:
         return None
     w = arch_weights(g)
-    errs = [float(np.mean(np.abs(np.exp(r[g == a] - np.average(r[g != a], weights=w[g != a])) - 1.0)))
-            for a in np.unique(g)]
-    return HalfFactor(float(np.average(r, weights=w)), float(np.mean(errs)), int(len(r)))
+    best: tuple[float, tuple[str, ...]] | None = None
+    for terms in HALF_TERM_SETS:
+        D = step_terms(hs, terms)
+        mape = float(np.mean([np.mean(np.abs(np.exp(r[g == a] - D[g == a] @ _wsolve(D[g != a], r[g != a], w[g != a]))
+                                             - 1.0)) for a in np.unique(g)]))
+        if report is not None:
+            report["+".join(terms) or "constant"] = mape
+        if best is None or mape < best[0] - 1e-3:
+            best = (mape, terms)
+    assert best is not None
+    mape, terms = best
+    coef = _wsolve(step_terms(hs, terms), r, w)
+    ranges = (float(hs.batch.min()), float(hs.batch.max()), float(hs.hidden.min()), float(hs.hidden.max()))
+    return HalfFactor(float(coef[0]), mape, int(len(r)), terms, tuple(float(c) for c in coef[1:]),
+                      ranges if terms else None)
+
+
+def refit_half(time_model: RecurrentTime | None, power_model: RecurrentPower | None, X_time: np.ndarray,
+               X_power: np.ndarray, log_t: np.ndarray, log_w: np.ndarray, modes: np.ndarray, groups: Sequence[Any],
+               feature_names: Sequence[str]) -> tuple[RecurrentTime | None, RecurrentPower | None, dict[str, Any]]:
+    """The given fitted models with only their half-precision factors fitted again (on the rows
+    given, against the models' own fp32 forms, which stay as they are).  Why: new half-precision
+    rows or factor forms need not move the fp32 forms a full refit would also move."""
+    names = list(feature_names)
+    report: dict[str, Any] = {"time": {}, "power": {}}
+    if time_model is not None:
+        s_all = recurrent_shape(X_time, names)
+        time_model = RecurrentTime({m: replace(f, half=half_factor(
+            log_t, lambda hs, f=f: log_time_ms(hs, f), s_all, modes, m, groups,
+            report["time"].setdefault(m, {}))) for m, f in time_model.fits.items()}, names)
+    if power_model is not None and "hw_tdp_w" in names:
+        s_all = recurrent_shape(X_power, names)
+        y_all = np.asarray(log_w, dtype=np.float64) - np.log(np.maximum(X_power[:, names.index("hw_tdp_w")], 1e-9))
+        power_model = RecurrentPower({m: replace(f, half=half_factor(
+            y_all, lambda hs, f=f: step_terms(hs, f.terms) @ np.asarray(f.coef), s_all, modes, m, groups,
+            report["power"].setdefault(m, {}))) for m, f in power_model.fits.items()}, names)
+    return time_model, power_model, report
 
 
 def _kinds_in(X: np.ndarray, names: list[str], sel: np.ndarray) -> tuple[str, ...]:
@@ -167,7 +216,8 @@ def fit_recurrent(X: np.ndarray, log_t: np.ndarray, modes: np.ndarray, groups: S
         fit = ModeFit(*shares, terms, coef, mape, n, kinds,
                       (float(s.batch.min()), float(s.batch.max()), float(s.hidden.min()), float(s.hidden.max())))
         fits[mode] = replace(fit, half=half_factor(log_t, lambda hs, fit=fit: log_time_ms(hs, fit), s_all, modes,
-                                                   mode, groups))
+                                                   mode, groups, report.setdefault("half_candidates", {})
+                                                   .setdefault(mode, {})))
         report["candidates"][mode] = scores
         report["chosen"][mode] = fits[mode].as_dict()
     return (RecurrentTime(fits, feature_names) if fits else None), report
@@ -229,7 +279,7 @@ def fit_recurrent_power(X: np.ndarray, log_w: np.ndarray, modes: np.ndarray, gro
         mape, terms = best
         coef = tuple(float(c) for c in solve(np.ones(n, dtype=bool), terms))
         half = half_factor(y_all, lambda hs, terms=terms, coef=coef: step_terms(hs, terms) @ np.asarray(coef), s_all,
-                           modes, mode, groups)
+                           modes, mode, groups, report.setdefault("half_candidates", {}).setdefault(mode, {}))
         fits[mode] = PowerFit(terms, coef, mape, n, kinds, half)
         report["candidates"][mode] = scores
         report["chosen"][mode] = fits[mode].as_dict()
