@@ -114,6 +114,16 @@ def _mode_rows(s_all: RecurrentShape, modes: np.ndarray, usable: np.ndarray, gro
             yield mode, sel, groups_arr[sel]
 
 
+def _fitted_ranges(s: RecurrentShape) -> tuple[float, float, float, float]:
+    """(batch min, batch max, hidden min, hidden max) of the rows a form was fitted on."""
+    return float(s.batch.min()), float(s.batch.max()), float(s.hidden.min()), float(s.hidden.max())
+
+
+def _log_tdp_share(X: np.ndarray, log_w: np.ndarray, names: list[str]) -> np.ndarray:
+    """log(power / TDP) per row: the recurrent power forms' target."""
+    return np.asarray(log_w, dtype=np.float64) - np.log(np.maximum(X[:, names.index("hw_tdp_w")], 1e-9))
+
+
 # Half-precision factor term sets tried, simplest first (a tie keeps the simpler): the gain of
 # fp16 steps over fp32 ones is the recurrent product's, so it can grow with the hidden size and
 # with the batch up to where the step stops being latency-bound (HalfFactor).
@@ -155,9 +165,8 @@ def half_factor(log_target: np.ndarray, fp32_form: Callable[[RecurrentShape], np
     assert best is not None
     mape, terms = best
     coef = _wsolve(step_terms(hs, terms), r, w)
-    ranges = (float(hs.batch.min()), float(hs.batch.max()), float(hs.hidden.min()), float(hs.hidden.max()))
     return HalfFactor(float(coef[0]), mape, int(len(r)), terms, tuple(float(c) for c in coef[1:]),
-                      ranges if terms else None)
+                      _fitted_ranges(hs) if terms else None)
 
 
 def refit_half(time_model: RecurrentTime | None, power_model: RecurrentPower | None, X_time: np.ndarray,
@@ -175,7 +184,7 @@ def refit_half(time_model: RecurrentTime | None, power_model: RecurrentPower | N
             report["time"].setdefault(m, {}))) for m, f in time_model.fits.items()}, names)
     if power_model is not None and "hw_tdp_w" in names:
         s_all = recurrent_shape(X_power, names)
-        y_all = np.asarray(log_w, dtype=np.float64) - np.log(np.maximum(X_power[:, names.index("hw_tdp_w")], 1e-9))
+        y_all = _log_tdp_share(X_power, log_w, names)
         power_model = RecurrentPower({m: replace(f, half=half_factor(
             y_all, lambda hs, f=f: step_terms(hs, f.terms) @ np.asarray(f.coef), s_all, modes, m, groups,
             report["power"].setdefault(m, {}))) for m, f in power_model.fits.items()}, names)
@@ -214,7 +223,7 @@ def fit_recurrent(X: np.ndarray, log_t: np.ndarray, modes: np.ndarray, groups: S
         mape, shares, terms = best
         coef = tuple(float(c) for c in _solve(s, y, shares, terms, arch_weights(g)))
         fit = ModeFit(*shares, terms, coef, mape, n, kinds,
-                      (float(s.batch.min()), float(s.batch.max()), float(s.hidden.min()), float(s.hidden.max())))
+                      _fitted_ranges(s))
         fits[mode] = replace(fit, half=half_factor(log_t, lambda hs, fit=fit: log_time_ms(hs, fit), s_all, modes,
                                                    mode, groups, report.setdefault("half_candidates", {})
                                                    .setdefault(mode, {})))
@@ -253,7 +262,7 @@ def fit_recurrent_power(X: np.ndarray, log_w: np.ndarray, modes: np.ndarray, gro
     if "hw_tdp_w" not in names:
         return None, report
     s_all = recurrent_shape(X, names)
-    y_all = np.asarray(log_w, dtype=np.float64) - np.log(np.maximum(X[:, names.index("hw_tdp_w")], 1e-9))
+    y_all = _log_tdp_share(X, log_w, names)
     fits: dict[str, PowerFit] = {}
     for mode, sel, g in _mode_rows(s_all, modes, np.isfinite(y_all), groups, report):
         n = int(sel.sum())
