@@ -1407,6 +1407,19 @@ def tools_correction_nonrecurrent(
     _print_json(_guard(nonrecurrent_into, models))
 
 
+@tools_app.command("correction-measured-gap")
+def tools_correction_measured_gap(
+    models: Path = typer.Option(Path("models"), "--models", help="trained model directory"),
+    data: Path = typer.Option(Path("datasets"), "--data", help="dataset root with one directory per GPU"),
+) -> None:
+    """Fit the gap between kernels that each looked-up operation adds to a network replayed as one
+    CUDA graph into models trained before `gpurec train` fitted it (seconds, from the committed
+    network and in-network tables)."""
+    from gpurec.tools.correction import measured_gap_into
+
+    _print_json(_guard(measured_gap_into, models, data))
+
+
 @tools_app.command("snapshot")
 def tools_snapshot(
     action: str = typer.Argument(..., help="write PATH, or compare A B"),

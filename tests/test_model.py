@@ -135,6 +135,68 @@ def test_time_correction_spares_measured_operations() -> None:
     assert isinstance(half.take([1]), NetworkSums) and half.take([1]).measured_share == pytest.approx([0.0])
 
 
+def test_measured_operations_carry_the_gap_between_kernels() -> None:
+    """A looked-up operation's time is its kernels' in-network time: each that launches kernels
+    adds the correction mode's gap (a precision without one takes its step mode's), a measured
+    kernel-free one (0 ms) none, predicted ones none (the time correction holds theirs), and a
+    model file without gaps adds nothing."""
+    from gpurec.model.network import Correction, aggregate
+
+    t = np.array([1.0, 0.0, 2.0, 3.0, 4.0])
+    w = np.full(5, 100.0)
+    s = aggregate(t, w, np.array([0, 3, 5]), 0.02, np.array([True, True, True, False, True]))
+    assert s.measured_ops == pytest.approx([2.0, 1.0])
+    identity = {"scale": 1.0}
+    corr = Correction("scale", "scale", {"*|inference": identity, "*|inference|bf16-mixed": identity},
+                      {"*|inference": identity, "*|inference|bf16-mixed": identity},
+                      {"*|inference|bf16-mixed": 99}, measured_gap_ms={"*|inference": 0.01})
+    ct, _, _ = corr.apply(s, "H100", "inference")
+    assert ct == pytest.approx([3.02, 7.01])
+    assert corr.apply(s, "H100", "inference|bf16-mixed")[0] == pytest.approx([3.02, 7.01])  # the step mode's gap
+    corr.measured_gap_ms["*|inference|bf16-mixed"] = 0.1
+    assert corr.apply(s, "H100", "inference|bf16-mixed")[0] == pytest.approx([3.2, 7.1])
+    again = Correction.from_dict(corr.as_dict())
+    assert again.measured_gap_ms == corr.measured_gap_ms
+    old = Correction.from_dict({k: v for k, v in corr.as_dict().items() if k != "measured_gap_ms"})
+    assert old.apply(s, "H100", "inference")[0] == pytest.approx([3.0, 7.0])
+
+
+def test_the_gap_between_kernels_is_measured_on_training_networks_without_recurrent_layers() -> None:
+    """fit_measured_gap: per correction mode, the median of (host-free time - in-network kernel
+    sum) / operations that launched kernels, over training architectures without whole recurrent
+    layers; test architectures, recurrent networks and failed rows never count, and a mode with
+    too few networks is reported as left out."""
+    import pandas as pd
+
+    from gpurec.model._sets import test_arch_names
+    from gpurec.model.fitting.graph_gap import fit_measured_gap
+
+    nets, inn = [], []
+
+    def network(arch: str, b: int, mode: str, gap_us: float, precision: str = "fp32", status: str = "ok",
+                ops: int = 4) -> None:
+        nid = f"network:{arch}:b{b}:r224:{mode}"
+        kernel_ms = [0.1 * (k + 1) for k in range(ops)] + [0.0]  # one kernel-free operation
+        nets.append({"id": nid, "gpu": H100, "run_id": "r1", "set_key": f"{arch}:b{b}:r224", "mode": mode,
+                     "precision": precision, "status": status,
+                     "gpu_time_ms": sum(kernel_ms) + ops * gap_us / 1000})
+        inn.extend({"network_id": nid, "gpu": H100, "run_id": "r1", "precision": precision, "kernel_ms": k,
+                    "kernels": 0 if k == 0 else 2} for k in kernel_ms)
+
+    for b in range(1, 4):
+        network("resnet18", b, "inference", 0.4 + 0.05 * b)  # gaps 0.45, 0.5, 0.55 us
+        network(test_arch_names()[0], b, "inference", 50.0)  # unseen: never fitted on
+        network("lstm_lm_2x512", b, "inference", -80.0)  # cuDNN overlaps kernels
+        network("resnet18", b, "training", 2.0, precision="bf16-mixed")
+    network("resnet34", 1, "inference", 500.0, status="failed")
+    gaps, report = fit_measured_gap(pd.DataFrame(nets), pd.DataFrame(inn), min_networks=3)
+    assert gaps["*|inference"] == pytest.approx(0.5e-3)
+    assert report["*|inference"]["n"] == 3
+    assert gaps["*|training|bf16-mixed"] == pytest.approx(2.0e-3)
+    few, report = fit_measured_gap(pd.DataFrame(nets), pd.DataFrame(inn), min_networks=4)
+    assert few == {} and "fewer than 4" in report["*|inference"]["left_out"]
+
+
 def test_correction_is_keyed_by_precision() -> None:
     """A bf16-mixed network takes its precision's own correction where one was fitted, the step
     mode's (fitted on fp32 networks) where not; fp32 coefficients are fitted on fp32 networks

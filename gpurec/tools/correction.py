@@ -114,3 +114,25 @@ def nonrecurrent_into(model_dir: Path | str) -> dict[str, Any]:
                  "nonrecurrent_fitted_after_training": {"mape_by_mode": fit["mape_by_mode"]}})
     write_manifest(model_dir, {**manifest, "network_correction": corr})
     return fit
+
+
+def measured_gap_into(model_dir: Path | str, data_root: Path | str | None = None) -> dict[str, Any]:
+    """Fit the gap per looked-up operation (graph_gap.fit_measured_gap, as `gpurec train` now does)
+    from the committed network and in-network tables into ``model_dir``'s manifest (atomically),
+    for models trained before it was fitted; the refit is recorded beside it
+    (``measured_gap_fitted_after_training``).  Returns the gaps and their report."""
+    from gpurec.model.fitting.data import load_tables
+    from gpurec.model.fitting.graph_gap import fit_measured_gap
+    from gpurec.model.persist import read_manifest, write_manifest
+
+    model_dir = Path(model_dir)
+    manifest = read_manifest(model_dir)
+    _, nets, in_net = load_tables(data_root)
+    gaps, report = fit_measured_gap(nets, in_net)
+    if not gaps:
+        raise ValueError("no network has both a host-free time and in-network kernel rows to fit the gap on; "
+                         "collect networks with in-network profiling (`gpurec collect --what networks`)")
+    corr = {**manifest["network_correction"], "measured_gap_ms": gaps,
+            "measured_gap_fitted_after_training": {"report": report}}
+    write_manifest(model_dir, {**manifest, "network_correction": corr})
+    return {"measured_gap_ms": gaps, "report": report}

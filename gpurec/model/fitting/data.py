@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from gpurec.model.features import (
     target_mask,
 )
 from gpurec.model.fitting.evaluate import arch_of, family, row_families
+from gpurec.model.fitting.graph_gap import fit_measured_gap
 from gpurec.model.network import correction_mode
 from gpurec.ops.precision import precision_or_default
 
@@ -283,6 +284,9 @@ class Prepared:
     report: dict[str, Any]
     net_kinds: np.ndarray | None = None  # per network operation: its kind (recurrent power class; consumer-held casts get no time)
     kernel_free: np.ndarray | None = None  # per operation row: launches no kernel (None: not known)
+    # graph_gap.fit_measured_gap of the raw network and in-network tables: the gap per looked-up
+    # operation (Correction.measured_gap_ms) and its report
+    measured_gap: tuple[dict[str, float], dict[str, Any]] = field(default_factory=lambda: ({}, {}))
 
 
 def prepare(data_root: Path | str | None, feature: FeatureConfig, time_target: str, gpu_time_source: str,
@@ -363,5 +367,5 @@ def prepare(data_root: Path | str | None, feature: FeatureConfig, time_target: s
         net_kernel_free=block.kernel_free,
         net_kinds=block.kinds,
         net_host_scale=net_scales, reference=reference, reference_source=ref_source, targets=targets,
-        report=report,
+        report=report, measured_gap=fit_measured_gap(raw_nets, in_net),
     )

@@ -332,6 +332,7 @@ def network_correction(p: Prepared, net_oof: dict[str, tuple[np.ndarray, Network
         else:
             lofo["xgboost"]["network_records"] = records(sums.take(f), sums.sum_time_ms[f], sums.power_ops_w[f], p,
                                                          rows[f])
+    correction.measured_gap_ms, corr_report["measured_gap"] = p.measured_gap
     report["network_correction"] = corr_report
     if ratios_t is not None and len(ratios_t) >= 5:
         source = f"leave-one-family-out corrected network errors ({len(ratios_t)} networks)"
