@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from gpurec.reports import dataset as report
@@ -124,3 +125,19 @@ def test_report_on_empty_root(tmp_path: Path, make_plan: bool) -> None:
     text = report.generate(tmp_path, extract=fake_extract)
     assert "## What this is" in text and "No repeat pairs yet." in text
     assert "GPUs measured: none yet" in text
+
+
+def test_sequence_kind_rows_are_counted_host_free_per_precision() -> None:
+    """The issue-22 count: host-free (schema 2), successful rows of the sequence kinds only, per
+    GPU and precision; the target line says NOT met below 3,000 H100 rows."""
+    from gpurec.reports.dataset import Context, GpuData, section_sequence_kinds, sequence_kind_counts
+
+    ops = pd.DataFrame({"op_kind": ["LSTM", "LSTM", "GRU", "Conv2d", "bmm", "LSTM"],
+                        "precision": [None, "bf16-mixed", None, None, None, None],
+                        "status": ["ok", "ok", "ok", "ok", "ok", "failed"],
+                        "schema": [2, 2, 2, 2, 1, 2]})
+    g = GpuData("h100", Path("."), {"operations": ops})
+    counts = sequence_kind_counts([g]).set_index(["op_kind", "precision"])["rows"].to_dict()
+    assert counts == {("LSTM", "fp32"): 1, ("LSTM", "bf16-mixed"): 1, ("GRU", "fp32"): 1}
+    text = section_sequence_kinds(Context([g], [], Path("."), Path(".")))
+    assert "H100: 3 rows" in text and "**NOT met**" in text

@@ -1561,6 +1561,48 @@ def section_host_free(c: Context) -> str:
     return "\n".join(lines)
 
 
+# The operation kinds transformers and recurrent networks run that the torchvision sets do not
+# (issue 22: whole cuDNN recurrent layers and the attention building blocks).
+SEQUENCE_KINDS: tuple[str, ...] = ("LSTM", "GRU", "RNN", "Embedding", "scaled_dot_product_attention", "matmul",
+                                   "bmm", "softmax", "log_softmax", "masked_fill", "where", "pow", "max", "cumsum")
+SEQUENCE_KINDS_TARGET = 3000  # host-free H100 operation rows of SEQUENCE_KINDS that issue 22 asks for
+
+
+def sequence_kind_counts(gpus: list[GpuData]) -> pd.DataFrame:
+    """Host-free operation rows of SEQUENCE_KINDS per GPU, kind and precision (fp32 where unset)."""
+    parts = []
+    for g in gpus:
+        ops = _hf(g.t("operations"))
+        if not len(ops):
+            continue
+        ops = ops[scol(ops, "op_kind").isin(SEQUENCE_KINDS)]
+        parts.append(pd.DataFrame({"gpu": g.tag, "op_kind": scol(ops, "op_kind"),
+                                   "precision": col(ops, "precision", "fp32").fillna("fp32").astype(str)}))
+    if not parts:
+        return pd.DataFrame(columns=["gpu", "op_kind", "precision", "rows"])
+    return pd.concat(parts).groupby(["gpu", "op_kind", "precision"]).size().rename("rows").reset_index()
+
+
+def section_sequence_kinds(c: Context) -> str:
+    counts = sequence_kind_counts(c.gpus)
+    lines = ["## Operation kinds of sequence models", "",
+             "Host-free operation rows of the kinds transformers and recurrent networks run and the torchvision "
+             f"sets do not ({', '.join(f'`{k}`' for k in SEQUENCE_KINDS)}), per GPU and precision.  Target "
+             f"(issue 22): at least {SEQUENCE_KINDS_TARGET:,} on the H100.", ""]
+    if not len(counts):
+        return "\n".join([*lines, "None collected yet.", ""])
+    wide = counts.pivot_table(index="op_kind", columns=["gpu", "precision"], values="rows", fill_value=0)
+    wide = wide.reindex([k for k in SEQUENCE_KINDS if k in wide.index])
+    heads = [f"{g} {p}" for g, p in wide.columns]
+    lines += ["| kind | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
+    lines += [f"| `{k}` | " + " | ".join(f"{int(v):,}" for v in r) + " |" for k, r in wide.iterrows()]
+    lines.append("| all | " + " | ".join(f"{int(v):,}" for v in wide.sum(axis=0)) + " |")
+    h100 = int(counts.loc[counts["gpu"] == "h100", "rows"].sum())
+    met = "met" if h100 >= SEQUENCE_KINDS_TARGET else "NOT met"
+    lines += ["", f"H100: {h100:,} rows of these kinds, every precision — target **{met}**.", ""]
+    return "\n".join(lines)
+
+
 def _validation(c: Context) -> str:
     if not c.validation:
         return "## First validation: sum of operations vs whole network\n\nSkipped (`validation=False`).\n"
@@ -1583,6 +1625,7 @@ SECTIONS: list[tuple[str, Callable[[Context], str]]] = [
     ("networks_across", lambda c: section_networks_across(c.gpus)),
     ("cards", lambda c: section_cards(c.gpus)),
     ("host_free", section_host_free),
+    ("sequence_kinds", section_sequence_kinds),
 ]
 
 
