@@ -1196,7 +1196,9 @@ def tools_plan(out: Path = typer.Option(None, "--out",
                                           "'precision-networks' (bf16-mixed networks only, unseen test "
                                           "architectures first), 'bf16-mixed-operations', 'seq-bf16-mixed' "
                                           "(the sequence models at bf16-mixed: held-out networks, then the "
-                                          "training sets' operations and networks)")) -> None:
+                                          "training sets' operations and networks), 'seq-kinds-fp16-mixed' "
+                                          "(the held-out sequence networks and the sequence training sets' "
+                                          "attention, embedding and recurrent operations at fp16-mixed)")) -> None:
     """Write the collection plan (work order) with the local torch."""
     from gpurec.tools.plan import (
         DEFAULT_PLAN,

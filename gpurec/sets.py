@@ -106,6 +106,10 @@ SEQ_DATASET_ARCHS: tuple[str, ...] = (
 )
 # ... and held out: only ever measured as whole networks, never trained on.
 SEQ_TEST_ARCHS: tuple[str, ...] = ("bert_d384_pre", "gpt_d768", "lstm_lm_3x768", "gru_cls_bi_2x384")
+# The operation kinds transformers and recurrent networks run that the torchvision sets do not
+# (whole cuDNN recurrent layers and the attention building blocks; issue 22).
+SEQUENCE_KINDS: tuple[str, ...] = ("LSTM", "GRU", "RNN", "Embedding", "scaled_dot_product_attention", "matmul",
+                                   "bmm", "softmax", "log_softmax", "masked_fill", "where", "pow", "max", "cumsum")
 # (batch sizes, sequence lengths) per family; the test shapes differ from the training ones on purpose.
 SEQ_SHAPES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "bert": ((1, 8, 32), (64, 128, 512)),

@@ -234,6 +234,16 @@ def test_a_plan_of_several_precisions_puts_networks_first_then_operations_round_
     assert len(ops) == 2 * (4 * 3) + 2 * 3 and len({w.id for w in items}) == len(items)
 
 
+def test_a_plan_part_may_keep_only_some_operation_kinds() -> None:
+    """PlanPart.op_kinds keeps the operations of those kinds (the seq-kinds preset: the attention,
+    embedding and recurrent operations alone), and leaves its networks whole."""
+    parts = [PlanPart("fp16-mixed", ["archA"], [1, 8], op_kinds=("ReLU", "add"))]
+    items = build_parts_plan(parts, extract=_fake_extract)
+    ops = [w for w in items if w.item == "op"]
+    assert {w.kind for w in ops} == {"ReLU", "add"} and len(ops) == 2 * 2 * 2
+    assert sum(w.item == "network" for w in items) == 2 * 2
+
+
 # -- collection -----------------------------------------------------------------------------------
 
 def _cfg() -> CollectConfig:

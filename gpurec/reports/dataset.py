@@ -1561,15 +1561,14 @@ def section_host_free(c: Context) -> str:
     return "\n".join(lines)
 
 
-# The operation kinds transformers and recurrent networks run that the torchvision sets do not
-# (issue 22: whole cuDNN recurrent layers and the attention building blocks).
-SEQUENCE_KINDS: tuple[str, ...] = ("LSTM", "GRU", "RNN", "Embedding", "scaled_dot_product_attention", "matmul",
-                                   "bmm", "softmax", "log_softmax", "masked_fill", "where", "pow", "max", "cumsum")
 SEQUENCE_KINDS_TARGET = 3000  # host-free H100 operation rows of SEQUENCE_KINDS that issue 22 asks for
 
 
 def sequence_kind_counts(gpus: list[GpuData]) -> pd.DataFrame:
-    """Host-free operation rows of SEQUENCE_KINDS per GPU, kind and precision (fp32 where unset)."""
+    """Host-free operation rows of gpurec.sets.SEQUENCE_KINDS per GPU, kind and precision (fp32
+    where unset)."""
+    from gpurec.sets import SEQUENCE_KINDS
+
     parts = []
     for g in gpus:
         ops = _hf(g.t("operations"))
@@ -1584,6 +1583,8 @@ def sequence_kind_counts(gpus: list[GpuData]) -> pd.DataFrame:
 
 
 def section_sequence_kinds(c: Context) -> str:
+    from gpurec.sets import SEQUENCE_KINDS
+
     counts = sequence_kind_counts(c.gpus)
     lines = ["## Operation kinds of sequence models", "",
              "Host-free operation rows of the kinds transformers and recurrent networks run and the torchvision "
