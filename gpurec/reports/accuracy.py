@@ -1227,6 +1227,12 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
                   "buys\" below). The table above is training's, with one correction for every network; the "
                   "sections that predict with the shipped models (\"Host-free time and energy, unseen test "
                   "architectures\", the sequence models, the validation logs) use the refit."]
+        if manifest.get("network_correction", {}).get("measured_gap_fitted_after_training"):
+            L += ["", "The gap between kernels that each looked-up operation adds to a step replayed as one CUDA "
+                  "graph was fitted after training (`gpurec tools correction-measured-gap`, from the committed "
+                  "network and in-network tables, as `gpurec train` now does). The table above is training's, "
+                  "without it; the sections that predict with the shipped models (\"Host-free time and energy, "
+                  "unseen test architectures\" first) include it."]
         if ts.get("measured_lookup"):
             L += ["", f"{100 * ts.get('lookup_hit_share_ops', 0):.0f}% of the test networks' operations were "
                   "measured as part of training architectures (same signature, GPU and mode); the default "
@@ -1891,6 +1897,16 @@ def unseen_by_gpu(rep: dict[str, Any]) -> dict[str, dict[str, Any]]:
             for gpu in sorted({r.get("gpu") for r in recs if r.get("gpu")})}
 
 
+def _after_training(manifest: dict[str, Any]) -> list[str]:
+    """What of the shipped models' network correction was fitted after training, in words."""
+    corr = manifest.get("network_correction", {})
+    return [what for key, what in (("nonrecurrent_fitted_after_training",
+                                    "the network time correction of networks without recurrent layers"),
+                                   ("measured_gap_fitted_after_training",
+                                    "the gap between kernels of looked-up operations"))
+            if corr.get(key)]
+
+
 def energy_section(energy: dict[str, Any] | None, manifest: dict[str, Any]) -> list[str]:
     """Energy inside networks, power bounds, H200 eager energy, and the kinds that carry the error."""
     from gpurec.model.network import POWER_CLASSES
@@ -1933,10 +1949,10 @@ def energy_section(energy: dict[str, Any] | None, manifest: dict[str, Any]) -> l
         L += [f"Before: the models trained {before.get('models_created', '?')} (power correction "
               f"`{(before.get('network_correction') or {}).get('power', '?')}`), recorded in "
               "`benchmarks/unseen_before.json` by `gpurec tools unseen-snapshot`; after: the shipped models"
-              + ("" if not manifest.get("network_correction", {}).get("nonrecurrent_fitted_after_training") else
-                 " as their training scored them (the network time correction of networks without recurrent "
-                 "layers was fitted after training: what they predict now is in \"Host-free time and energy, "
-                 "unseen test architectures\")") + ".", ""]
+              + ("" if not _after_training(manifest) else
+                 f" as their training scored them ({' and '.join(_after_training(manifest))} fitted after "
+                 "training: what they predict now is in \"Host-free time and energy, unseen test "
+                 "architectures\")") + ".", ""]
     lines = []
     met = True
     # pooled over the GPUs (as the snapshot before was), then per GPU (after only); the networks
