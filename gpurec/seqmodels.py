@@ -127,6 +127,11 @@ def sequence_arch_names() -> tuple[str, ...]:
     return SEQ_DATASET_ARCHS + SEQ_TEST_ARCHS + SEQ_SWEEP_ARCHS
 
 
+def has_recurrent_layers(arch: str) -> bool:
+    """Whether ``arch`` is a sequence architecture built of whole cuDNN LSTM/GRU layers."""
+    return isinstance(SPECS.get(arch), (RecurrentSpec, RecurrentSweepSpec))
+
+
 def build(arch: str) -> nn.Module:
     """A fresh model of ``arch`` (on the current default device; ``with torch.device('meta')``
     builds it without memory).  It has ``vocab_size``: token ids must lie in [0, vocab_size)."""

@@ -73,15 +73,14 @@ def nonrecurrent_from_report(report: dict[str, Any]) -> dict[str, Any]:
 
     from gpurec.model.fitting.evaluate import arch_of
     from gpurec.model.network import NetworkSums, correction_cv, fit_correction
-    from gpurec.seqmodels import SPECS, RecurrentSpec, RecurrentSweepSpec
+    from gpurec.seqmodels import has_recurrent_layers
 
     records = _network_records(report)
     if not records:
         raise ValueError("the report holds no leave-one-family-out network records to fit on; retrain")
     col = {k: np.array([r[k] for r in records]) for k in ("sum_time_ms", "sum_power_w", "n_ops", "n_small",
                                                           "small_time_ms", "measured_time_ms", "measured_power_w")}
-    recurrent = np.array([isinstance(SPECS.get(arch_of(str(r["set_key"]))), (RecurrentSpec, RecurrentSweepSpec))
-                          for r in records])
+    recurrent = np.array([has_recurrent_layers(arch_of(str(r["set_key"]))) for r in records])
     s = NetworkSums(col["sum_time_ms"], col["sum_time_ms"] * col["sum_power_w"], col["n_ops"].astype(float),
                     col["n_small"].astype(float), col["small_time_ms"],
                     recurrent_time_ms=np.where(recurrent, col["sum_time_ms"], 0.0))

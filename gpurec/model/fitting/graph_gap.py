@@ -39,7 +39,7 @@ def gap_samples(nets: Any, in_net: Any) -> Any:
     from gpurec.model._sets import test_arch_names
     from gpurec.model.fitting.evaluate import arch_of
     from gpurec.model.network import correction_mode
-    from gpurec.seqmodels import SPECS, RecurrentSpec, RecurrentSweepSpec
+    from gpurec.seqmodels import has_recurrent_layers
 
     cols = ["key", "gpu", "set_key", "mode", "gpu_time_ms", "kernel_ms", "kernel_ops", "gap_ms"]
     if (not len(nets) or not len(in_net) or not _NET_COLUMNS <= set(nets.columns)
@@ -52,7 +52,7 @@ def gap_samples(nets: Any, in_net: Any) -> Any:
     n = nets.assign(precision=_precision(nets),
                     network_id=nets["id"], arch=nets["set_key"].map(lambda k: arch_of(str(k))))
     n = n[(n["status"] == "ok") & ~n["arch"].isin(test_arch_names())]
-    recurrent = n["arch"].map(lambda a: isinstance(SPECS.get(a), (RecurrentSpec, RecurrentSweepSpec)))
+    recurrent = n["arch"].map(has_recurrent_layers)
     n = n[~recurrent.astype(bool)].merge(per, on=_KEYS, how="inner")
     n["gpu_time_ms"] = pd.to_numeric(n["gpu_time_ms"], errors="coerce")
     n = n[np.isfinite(n["gpu_time_ms"]) & (n["gpu_time_ms"] > 0) & (n["kernel_ops"] > 0) & (n["kernel_ms"] > 0)]
