@@ -495,6 +495,9 @@ def test_a_half_precision_gain_that_grows_with_the_hidden_size_is_fitted_and_cla
     assert again is not None and again.fits["inference"].half == half
     legacy = HalfFactor.from_dict({"log_factor": -0.3, "loao_mape": 0.2, "rows": 24})
     assert legacy is not None and legacy.log_shift(recurrent_shape(unseen, NAMES)) == pytest.approx([-0.3] * 3)
+    damaged = {**half.as_dict(), "ranges": [1.0, 128.0]}  # terms without their four clamping ranges
+    with pytest.raises(ValueError, match="four fitted ranges"):
+        HalfFactor.from_dict(damaged)
 
     # refitting only the factor (new half-precision rows: a flat x0.5) keeps the fp32 form as it is
     refit, _, rep = refit_half(model, None, np.vstack([X, _half(X)]), np.zeros((0, len(NAMES))),

@@ -124,9 +124,16 @@ class HalfFactor:
         if not d:
             return None
         terms = tuple(d.get("terms", ()))
-        ranges = tuple(float(x) for x in d["ranges"]) if terms else None
+        ranges: tuple[float, float, float, float] | None = None
+        if terms:
+            values = [float(x) for x in d.get("ranges", ())]
+            if len(values) != 4:
+                raise ValueError(f"a half-precision factor with terms {list(terms)} needs its four fitted ranges "
+                                 f"(batch min, max, hidden min, max), not {values}: the model file is damaged; "
+                                 "refit it (`gpurec tools fit-recurrent --half-only`)")
+            ranges = (values[0], values[1], values[2], values[3])
         return cls(float(d["log_factor"]), float(d["loao_mape"]), int(d["rows"]), terms,
-                   tuple(float(c) for c in d.get("coef", ())), ranges)  # type: ignore[arg-type]
+                   tuple(float(c) for c in d.get("coef", ())), ranges)
 
 
 @dataclass(frozen=True)
