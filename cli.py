@@ -1422,6 +1422,19 @@ def tools_correction_measured_gap(
     _print_json(_guard(measured_gap_into, models, data))
 
 
+@tools_app.command("fp16-twins")
+def tools_fp16_twins(
+    models: Path = typer.Option(Path("models"), "--models", help="trained model directory"),
+    data: Path = typer.Option(Path("datasets"), "--data", help="dataset root the models were trained on"),
+) -> None:
+    """Record which operation kinds the models' training rows held at bf16 and never at fp16, so
+    their fp16 operations are read as bf16 twins on GPUs with equal fp16 and bf16 peaks (for
+    models trained before `gpurec train` recorded it; seconds)."""
+    from gpurec.tools.precision_twins import fp16_twins_into
+
+    _print_json(_guard(fp16_twins_into, models, data))
+
+
 @tools_app.command("snapshot")
 def tools_snapshot(
     action: str = typer.Argument(..., help="write PATH, or compare A B"),

@@ -393,6 +393,11 @@ def test_the_precision_section_lists_the_sequence_models_at_that_precision_witho
     p["sequence"] = []
     assert "sequence models at" not in "\n".join(precision_section({"targets_pct": {"time": 8, "energy": 10},
                                                                       "precisions": {"bf16-mixed": p}}))
+    assert "bf16 twins" not in doc
+    p["bf16_twins"] = [{"gpu": h200, "archs": "unseen test", "mode": "inference", "n": 1, "time_before": 30.0,
+                        "time_after": 12.5, "energy_before": 10.0, "energy_after": 9.0}]
+    doc = "\n".join(precision_section({"targets_pct": {"time": 8, "energy": 10}, "precisions": {"fp16-mixed": p}}))
+    assert "read as their bf16 twins" in doc and "| H200 | unseen test | inference | 1 | 30.0% | 12.5% | 10.0% | 9.0% |" in doc
 
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from gpurec.catalog import HARDWARE_FEATURES, GPUSpec, resolve_gpu
 from gpurec.ops.cache import SetOperations
-from gpurec.ops.features import FEATURE_NAMES, operation_feature_row
+from gpurec.ops.features import FEATURE_NAMES, MATH_MODES, operation_feature_row
 from gpurec.ops.precision import precision_or_default
 
 if TYPE_CHECKING:
@@ -193,6 +193,9 @@ class FeatureConfig:
     launch_floor_ms: float = 0.005
     range_tolerance: float = 2.0  # an op is out of range beyond max x tol or below min / tol
     range_features: tuple[str, ...] = ("flops_total", "bytes_total")
+    # Kinds the training rows held at bf16 and never at fp16 (fp16_as_bf16_kinds): their fp16
+    # operations are read as their bf16 twins on GPUs whose fp16 and bf16 peaks are equal.
+    fp16_as_bf16_kinds: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -202,6 +205,27 @@ class FeatureConfig:
         known = {f for f in cls.__dataclass_fields__}
         kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known}
         return cls(**kw)
+
+
+# fp16 and bf16 are the same tensor-core path at the same peak on GPUs that have both (Ampere
+# and later): in the committed networks measured at both, an fp16-mixed operation's in-network
+# kernel time is its bf16-mixed twin's within 1-2% (median ratio 0.99-1.00 for Linear,
+# LayerNorm, attention, add, mul, GELU on the H100 and H200).  The kinds that differ (BatchNorm
+# ~0.65x, convolutions ~10% apart) are those the training rows hold at fp16.  A booster that never
+# saw a kind at fp16 has no evidence for how fp16 changes it, and trees split on the math mode
+# for other kinds can move it anywhere (an fp16 GPT head was predicted 40% below its bf16 twin).
+# The rows' math mode decides, not their precision label: under bf16 autocast cuDNN's LSTM and
+# GRU run in fp16 (gpurec.ops), so their bf16-mixed rows are fp16 rows.
+HALF_TWINS: tuple[tuple[str, str], ...] = (("fp16-mixed", "bf16-mixed"), ("fp16", "bf16"))
+
+
+def fp16_as_bf16_kinds(kinds: Sequence[str], math_modes: Sequence[float]) -> tuple[str, ...]:
+    """The kinds of rows (``kinds`` and their ``math_mode`` feature per row) held at bf16 and
+    never at fp16: FeatureConfig.fp16_as_bf16_kinds."""
+    fp16, bf16 = float(MATH_MODES.index("fp16")), float(MATH_MODES.index("bf16"))
+    at_fp16 = {k for k, m in zip(kinds, math_modes, strict=True) if float(m) == fp16}
+    at_bf16 = {k for k, m in zip(kinds, math_modes, strict=True) if float(m) == bf16}
+    return tuple(sorted(at_bf16 - at_fp16))
 
 
 @dataclass
@@ -265,6 +289,8 @@ class Features:
 
 
 _HW_INDEX = {k: i for i, k in enumerate(HARDWARE_FEATURES)}
+_MATH_MODE = FEATURE_NAMES.index("math_mode")
+_FP16_MODE, _BF16_MODE = float(MATH_MODES.index("fp16")), float(MATH_MODES.index("bf16"))
 
 
 def hardware_row(gpu: str | GPUSpec) -> np.ndarray:
@@ -310,6 +336,23 @@ class FeatureBuilder:
             *(f"kind={k}" for k in self.kinds), f"kind={OTHER_KIND}", *(f"group={g}" for g in KIND_GROUPS),
             *(f"extra:{c}" for c in self.extra_columns),
         ]
+        self._bf16_twins = np.array(sorted(self.config.fp16_as_bf16_kinds), dtype=object) \
+            if self.config.fp16_as_bf16_kinds else None
+
+    def _as_bf16_twins(self, v: np.ndarray, kinds: np.ndarray, hw_b: np.ndarray) -> np.ndarray:
+        """``v`` with fp16 rows of the config's fp16_as_bf16_kinds given bf16's math mode, on rows
+        whose GPU has equal fp16 and bf16 peaks (elsewhere the two modes' peaks differ and the
+        roofline features must tell them apart); a copy only when a row changes."""
+        mode = v[:, _MATH_MODE]
+        sel = (mode == _FP16_MODE) & (hw_b[:, _HW_INDEX["fp16_tflops"]] == hw_b[:, _HW_INDEX["bf16_tflops"]])
+        if not sel.any():
+            return v
+        sel &= np.isin(kinds, self._bf16_twins)
+        if not sel.any():
+            return v
+        v = v.copy()
+        v[sel, _MATH_MODE] = _BF16_MODE
+        return v
 
     @property
     def n_features(self) -> int:
@@ -338,6 +381,8 @@ class FeatureBuilder:
             hw = hw[None, :]
         hw_b = np.broadcast_to(hw, (n, hw.shape[1]))
         cfg = self.config
+        if self._bf16_twins is not None:
+            v = self._as_bf16_twins(v, block.kinds, hw_b)
         kind_idx = self.kind_index(block.kinds)
         group_idx = self.group_index(block.kinds)
         training = block.training.astype(np.float64)

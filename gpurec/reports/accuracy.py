@@ -1602,6 +1602,7 @@ def precision_tables(models_dir: Path, data_root: Path | str | None,
     shipped models (gpurec.model.fitting.evaluate.precision_accuracy), each beside its fp32 twin."""
     from gpurec.dataset.load import default_root
     from gpurec.model import load_predictor
+    from gpurec.model.features import HALF_TWINS
     from gpurec.model.fitting.evaluate import precision_accuracy
     from gpurec.model.fitting.kind_errors import per_kind_errors
 
@@ -1619,7 +1620,71 @@ def precision_tables(models_dir: Path, data_root: Path | str | None,
                                strict=True)))
         p["flips"] = precision_flips(predictor, cases, precision, sorted(set(rec["gpu"])))
         p["per_kind"] = per_kind_errors(predictor, data_root, archs=sorted(set(rec["arch"])), precision=precision)
+        if precision in {a for a, _ in HALF_TWINS} and predictor.builder.config.fp16_as_bf16_kinds:
+            p["bf16_twins"] = bf16_twin_effect(predictor, rec, data_root)
+            p["fp16_bf16_ratios"] = fp16_bf16_kernel_ratios(data_root)
     return out
+
+
+def bf16_twin_effect(predictor: Any, records: Any, data_root: Path | str | None) -> list[dict[str, Any]]:
+    """Host-free MAPE of ``records`` (one fp16 precision's networks, as predicted) against the
+    same networks predicted without reading fp16 operations of bf16-only kinds as their bf16
+    twins (FeatureConfig.fp16_as_bf16_kinds emptied), per GPU, architecture group and mode."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from gpurec.dataset import load_dataset
+    from gpurec.model import load_predictor
+    from gpurec.model.features import FeatureBuilder
+    from gpurec.model.fitting.evaluate import network_records
+    from gpurec.model.provenance import host_profiles_by_run
+    from gpurec.ops.precision import precision_or_default
+
+    plain = load_predictor(predictor.model_dir, data_root=data_root, check_data=False)
+    b = predictor.builder
+    plain.builder = FeatureBuilder(b.kinds, replace(b.config, fp16_as_bf16_kinds=()), b.extra_columns)
+    nets = load_dataset(root=data_root, table="networks")
+    precision = str(records["precision"].iloc[0])
+    nets = nets[nets["precision"].map(precision_or_default) == precision].reset_index(drop=True)
+    keys = ["gpu", "set_key", "mode", "run_id"]
+    cols = ["pred_gpu_time_ms", "pred_gpu_energy_mj"]
+    both = records.merge(network_records(plain, nets, host_profiles_by_run(data_root))[keys + cols],
+                         on=keys, how="left", suffixes=("", "_before"), validate="one_to_one")
+    out = []
+    for (gpu, is_test, mode), part in both.groupby(["gpu", "is_test", "mode"]):
+        entry: dict[str, Any] = {"gpu": gpu, "archs": "unseen test" if is_test else "training", "mode": mode,
+                                 "n": int(len(part))}
+        for what, col in (("time", "gpu_time_ms"), ("energy", "gpu_energy_mj")):
+            m = part[f"measured_{col}"].to_numpy(dtype=float)
+            for when, pred in (("before", f"pred_{col}_before"), ("after", f"pred_{col}")):
+                entry[f"{what}_{when}"] = float(np.nanmean(np.abs(part[pred].to_numpy(dtype=float) / m - 1)) * 100)
+        out.append(entry)
+    return out
+
+
+def fp16_bf16_kernel_ratios(data_root: Path | str | None, min_pairs: int = 20) -> list[dict[str, Any]]:
+    """Per GPU and kind: fp16-mixed / bf16-mixed in-network kernel time of the same operation (same
+    network, mode and node, each measured at both; kernels of at least 10 us), median and mean
+    |ratio - 1| over kinds with at least ``min_pairs`` pairs: the evidence for bf16 twins."""
+    import numpy as np
+
+    from gpurec.dataset import load_dataset
+
+    inn = load_dataset(root=data_root, table="in_network")
+    if "precision" not in inn:
+        return []
+    inn = inn[inn["kernel_ms"] >= 0.01]
+    keys = ["gpu", "set_key", "mode", "node", "op_kind"]
+    at = {p: inn[inn["precision"] == p].groupby(keys)["kernel_ms"].median() for p in ("fp16-mixed", "bf16-mixed")}
+    pairs = (at["fp16-mixed"] / at["bf16-mixed"]).dropna().rename("ratio").reset_index()
+    out = []
+    for (gpu, kind), part in pairs.groupby(["gpu", "op_kind"]):
+        if len(part) >= min_pairs:
+            r = part["ratio"].to_numpy(dtype=float)
+            out.append({"gpu": gpu, "kind": kind, "pairs": int(len(r)), "median": float(np.median(r)),
+                        "mean_abs_dev_pct": float(np.mean(np.abs(r - 1.0)) * 100)})
+    return sorted(out, key=lambda d: (d["gpu"], -d["pairs"]))
 
 
 FLIP_MIN_BATCH = 32  # the order of GPUs is asked of GPU-bound steps (small batches are launch-bound)
@@ -1745,6 +1810,25 @@ def precision_section(prec: dict[str, Any] | None) -> list[str]:
         n_test = sum(g["n_time"] for g in p["groups"] if g["archs"] == "unseen test")
         n_all = sum(g["n_time"] for g in p["groups"])
         L += [""]
+        if p.get("bf16_twins"):
+            L += [f"At {precision}, operations of the kinds the training rows held at bf16 and never at fp16 "
+                  "are read as their bf16 twins on GPUs with equal fp16 and bf16 peaks "
+                  "(`FeatureConfig.fp16_as_bf16_kinds`; recorded after training by `gpurec tools fp16-twins` "
+                  "where the models predate it): fp16 and bf16 run the same tensor-core path there. Host-free "
+                  "MAPE of these networks without it and with it:", ""]
+            L += table(["GPU", "architectures", "mode", "networks", "time without", "time with", "energy without",
+                        "energy with"],
+                       [row([short(t["gpu"]), t["archs"], t["mode"], str(t["n"]), _f(t["time_before"]),
+                             _f(t["time_after"]), _f(t["energy_before"]), _f(t["energy_after"])])
+                        for t in p["bf16_twins"]]) + [""]
+            if p.get("fp16_bf16_ratios"):
+                L += ["The evidence: the same operation's in-network kernel time at fp16-mixed over bf16-mixed (same "
+                      "network, mode and node, measured at both; kernels of at least 10 µs), per kind with at least "
+                      "20 pairs. Kinds far from 1 should be among those the rows hold at fp16, which keep their own "
+                      "math mode.", ""]
+                L += table(["GPU", "kind", "pairs", "median fp16 / bf16", "mean |ratio - 1|"],
+                           [row([short(r["gpu"]), f"`{r['kind']}`", str(r["pairs"]), f"{r['median']:.3f}",
+                                 _f(r["mean_abs_dev_pct"])]) for r in p["fp16_bf16_ratios"]]) + [""]
         if n_test == 0:
             planned = p.get("test_planned_not_measured", [])
             L += [f"**No unseen test architecture has been measured at {precision}, so the target cannot be "

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from gpurec.model.features import (
     FeatureBuilder,
     FeatureConfig,
     SetExtractor,
+    fp16_as_bf16_kinds,
     hardware_matrix,
     masked,
     network_blocks,
@@ -304,6 +305,8 @@ def prepare(data_root: Path | str | None, feature: FeatureConfig, time_target: s
     dropped.update({f"unmatched: {k}": v for k, v in matched.unmatched.items()})
     kinds = sorted(set(matched.block.kinds.tolist()))
     extra_cols = resolve_extra_columns(ops.columns, feature.extra_columns)
+    feature = replace(feature, fp16_as_bf16_kinds=fp16_as_bf16_kinds(
+        matched.block.kinds.tolist(), matched.block.column("math_mode").tolist()))
     builder = FeatureBuilder(kinds, feature, extra_cols)
     extra = ops[extra_cols].to_numpy(dtype=np.float64, na_value=np.nan) if extra_cols else None
     feats = builder.build(matched.block, hardware_matrix(ops["gpu"].tolist()), extra)

@@ -63,7 +63,7 @@ def build_manifest(p: Prepared, cfg: TrainConfig, final: dict[str, Routed], corr
         "feature_schema_version": FEATURE_SCHEMA_VERSION,
         "created": report["created"],
         "feature_names": p.builder.feature_names,
-        "feature_config": cfg.feature.as_dict(),
+        "feature_config": p.builder.config.as_dict(),  # cfg.feature with what the data decided
         "extra_columns": p.builder.extra_columns,
         "kind_categories": p.builder.kinds,
         "targets": {t: {**TARGETS[t], "margin": getattr(cfg.feature, f"{t}_margin", "log profile prior")}
