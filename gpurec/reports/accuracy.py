@@ -1637,7 +1637,7 @@ def bf16_twin_effect(predictor: Any, records: Any, data_root: Path | str | None)
     from gpurec.dataset import load_dataset
     from gpurec.model import load_predictor
     from gpurec.model.features import FeatureBuilder
-    from gpurec.model.fitting.evaluate import network_records
+    from gpurec.model.fitting.evaluate import ape, network_records
     from gpurec.model.provenance import host_profiles_by_run
     from gpurec.ops.precision import precision_or_default
 
@@ -1656,9 +1656,8 @@ def bf16_twin_effect(predictor: Any, records: Any, data_root: Path | str | None)
         entry: dict[str, Any] = {"gpu": gpu, "archs": "unseen test" if is_test else "training", "mode": mode,
                                  "n": int(len(part))}
         for what, col in (("time", "gpu_time_ms"), ("energy", "gpu_energy_mj")):
-            m = part[f"measured_{col}"].to_numpy(dtype=float)
             for when, pred in (("before", f"pred_{col}_before"), ("after", f"pred_{col}")):
-                entry[f"{what}_{when}"] = float(np.nanmean(np.abs(part[pred].to_numpy(dtype=float) / m - 1)) * 100)
+                entry[f"{what}_{when}"] = float(np.nanmean(ape(part[pred], part[f"measured_{col}"])))
         out.append(entry)
     return out
 
