@@ -100,11 +100,16 @@ def test_recording_the_kinds_makes_an_unseen_fp16_head_predict_as_its_bf16_twin(
 
 
 def test_training_rows_missing_from_the_tables_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpurec.model.fitting import data
+    import gpurec.dataset
     from gpurec.tools.precision_twins import TrainingRowsNotFound, fp16_twins_into
 
     models = _copy_models(tmp_path)
-    load = data.load_tables
-    monkeypatch.setattr(data, "load_tables", lambda root: (lambda t: (t[0].iloc[1:], *t[1:]))(load(root)))
+    load = gpurec.dataset.load_dataset
+
+    def without_first_row(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        table = load(*args, **kwargs)
+        return table.iloc[1:] if kwargs.get("table") == "operations" else table
+
+    monkeypatch.setattr(gpurec.dataset, "load_dataset", without_first_row)
     with pytest.raises(TrainingRowsNotFound, match="not in the operation tables"):
         fp16_twins_into(models)

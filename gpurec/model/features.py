@@ -217,14 +217,14 @@ class FeatureConfig:
 # The rows' math mode decides, not their precision label: under bf16 autocast cuDNN's LSTM and
 # GRU run in fp16 (gpurec.ops), so their bf16-mixed rows are fp16 rows.
 HALF_TWINS: tuple[tuple[str, str], ...] = (("fp16-mixed", "bf16-mixed"), ("fp16", "bf16"))
+_FP16_MODE, _BF16_MODE = float(MATH_MODES.index("fp16")), float(MATH_MODES.index("bf16"))
 
 
 def fp16_as_bf16_kinds(kinds: Sequence[str], math_modes: Sequence[float]) -> tuple[str, ...]:
     """The kinds of rows (``kinds`` and their ``math_mode`` feature per row) held at bf16 and
     never at fp16: FeatureConfig.fp16_as_bf16_kinds."""
-    fp16, bf16 = float(MATH_MODES.index("fp16")), float(MATH_MODES.index("bf16"))
-    at_fp16 = {k for k, m in zip(kinds, math_modes, strict=True) if float(m) == fp16}
-    at_bf16 = {k for k, m in zip(kinds, math_modes, strict=True) if float(m) == bf16}
+    at_fp16 = {k for k, m in zip(kinds, math_modes, strict=True) if float(m) == _FP16_MODE}
+    at_bf16 = {k for k, m in zip(kinds, math_modes, strict=True) if float(m) == _BF16_MODE}
     return tuple(sorted(at_bf16 - at_fp16))
 
 
@@ -290,7 +290,6 @@ class Features:
 
 _HW_INDEX = {k: i for i, k in enumerate(HARDWARE_FEATURES)}
 _MATH_MODE = FEATURE_NAMES.index("math_mode")
-_FP16_MODE, _BF16_MODE = float(MATH_MODES.index("fp16")), float(MATH_MODES.index("bf16"))
 
 
 def hardware_row(gpu: str | GPUSpec) -> np.ndarray:

@@ -48,7 +48,13 @@ def rows_at_precision(frame: Any, precision: str = DEFAULT_PRECISION) -> Any:
     One filter for every table, so no caller can disagree on what an unrecorded precision is."""
     if "precision" not in frame:
         return frame if precision == DEFAULT_PRECISION else frame.iloc[:0]
-    return frame[frame["precision"].map(precision_or_default) == precision]
+    return frame[precision_column(frame) == precision]
+
+
+def precision_column(frame: Any) -> Any:
+    """Each row's precision, for ``frame.assign(precision=...)``: fp32 where the table has no
+    precision column (tables from before it) or a row has none."""
+    return frame["precision"].map(precision_or_default) if "precision" in frame else DEFAULT_PRECISION
 
 
 def item_id(item: str, key: str, mode: str, precision: str = DEFAULT_PRECISION) -> str:

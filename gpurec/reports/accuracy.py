@@ -1613,6 +1613,7 @@ def precision_tables(models_dir: Path, data_root: Path | str | None,
     root = Path(data_root) if data_root is not None else default_root()
     out = precision_accuracy(predictor, data_root, host_gpu["records"] if host_gpu is not None else None,
                              plan_file=root / "plans" / "precision.json")
+    ratios: list[dict[str, Any]] | None = None
     for precision, p in out["precisions"].items():
         rec = p["records"]
         batch = rec["set_key"].str.extract(r":b(\d+):")[0].astype(float)
@@ -1622,7 +1623,8 @@ def precision_tables(models_dir: Path, data_root: Path | str | None,
         p["per_kind"] = per_kind_errors(predictor, data_root, archs=sorted(set(rec["arch"])), precision=precision)
         if precision in {a for a, _ in HALF_TWINS} and predictor.builder.config.fp16_as_bf16_kinds:
             p["bf16_twins"] = bf16_twin_effect(predictor, rec, data_root)
-            p["fp16_bf16_ratios"] = fp16_bf16_kernel_ratios(data_root)
+            ratios = fp16_bf16_kernel_ratios(data_root) if ratios is None else ratios  # one table, read once
+            p["fp16_bf16_ratios"] = ratios
     return out
 
 
@@ -1639,14 +1641,13 @@ def bf16_twin_effect(predictor: Any, records: Any, data_root: Path | str | None)
     from gpurec.model.features import FeatureBuilder
     from gpurec.model.fitting.evaluate import ape, network_records
     from gpurec.model.provenance import host_profiles_by_run
-    from gpurec.ops.precision import precision_or_default
+    from gpurec.ops.precision import rows_at_precision
 
     plain = load_predictor(predictor.model_dir, data_root=data_root, check_data=False)
     b = predictor.builder
     plain.builder = FeatureBuilder(b.kinds, replace(b.config, fp16_as_bf16_kinds=()), b.extra_columns)
-    nets = load_dataset(root=data_root, table="networks")
-    precision = str(records["precision"].iloc[0])
-    nets = nets[nets["precision"].map(precision_or_default) == precision].reset_index(drop=True)
+    nets = rows_at_precision(load_dataset(root=data_root, table="networks"), str(records["precision"].iloc[0]))
+    nets = nets.reset_index(drop=True)
     keys = ["gpu", "set_key", "mode", "run_id"]
     cols = ["pred_gpu_time_ms", "pred_gpu_energy_mj"]
     both = records.merge(network_records(plain, nets, host_profiles_by_run(data_root))[keys + cols],

@@ -26,17 +26,17 @@ def fp16_twins_into(model_dir: Path | str, data_root: Path | str | None = None) 
     evidence: the training rows, and each half-precision label's kinds by the math mode they ran."""
     import pandas as pd
 
+    from gpurec.dataset import load_dataset
     from gpurec.model.features import HALF_TWINS, SetExtractor, fp16_as_bf16_kinds, operations_of_rows
-    from gpurec.model.fitting.data import load_tables
     from gpurec.model.persist import LOOKUP, read_manifest, write_manifest
     from gpurec.ops.features import MATH_MODES
-    from gpurec.ops.precision import precision_or_default
+    from gpurec.ops.precision import precision_column
 
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
     lookup = pd.read_parquet(model_dir / LOOKUP, columns=["gpu", "mode", "op_signature"])
-    ops, _, _ = load_tables(data_root)
-    ops = ops.assign(precision=ops["precision"].map(precision_or_default) if "precision" in ops else "fp32")
+    ops = load_dataset(root=data_root, table="operations")
+    ops = ops.assign(precision=precision_column(ops))
     cols = ["gpu", "mode", "op_signature", "op_kind", "precision", "set_key", "model_sets"]
     rows = lookup.merge(ops[[c for c in cols if c in ops]].drop_duplicates(["gpu", "mode", "op_signature"]),
                         on=["gpu", "mode", "op_signature"], how="left")

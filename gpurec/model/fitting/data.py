@@ -44,7 +44,7 @@ from gpurec.model.features import (
 from gpurec.model.fitting.evaluate import arch_of, family, row_families
 from gpurec.model.fitting.graph_gap import fit_measured_gap
 from gpurec.model.network import correction_mode
-from gpurec.ops.precision import precision_or_default
+from gpurec.ops.precision import precision_column
 
 TIME_TARGETS = ("auto", "host_free", "eager")
 GPU_TIME_SOURCES = ("in_network", "isolated")
@@ -314,7 +314,7 @@ def prepare(data_root: Path | str | None, feature: FeatureConfig, time_target: s
     if len(nets):
         # Every precision's networks are extracted at their precision: the network correction is
         # fitted per correction_mode (step mode and precision); the network reports stay fp32 (is_fp32).
-        prec = nets["precision"].map(precision_or_default) if "precision" in nets else "fp32"
+        prec = precision_column(nets)
         nets = nets.assign(precision=prec, arch=nets["set_key"].map(arch_of))
         nets = nets[nets["arch"].isin(train_archs | test_archs)].reset_index(drop=True)
         nets = nets.assign(family=nets["arch"].map(family), is_test=nets["arch"].isin(test_archs),

@@ -24,13 +24,6 @@ _NET_COLUMNS = {"id", "gpu", "run_id", "set_key", "mode", "status", "gpu_time_ms
 _IN_NETWORK_COLUMNS = {"gpu", "run_id", "network_id", "kernels", "kernel_ms"}
 
 
-def _precision(df: Any) -> Any:
-    """Each row's precision (fp32 where the table has no precision column or no value)."""
-    from gpurec.ops.precision import precision_or_default
-
-    return df["precision"].map(precision_or_default) if "precision" in df else "fp32"
-
-
 def gap_samples(nets: Any, in_net: Any) -> Any:
     """One row per usable network: its correction mode key ("*|mode"), host-free time, kernel sum,
     operations that launched kernels and the gap per such operation (``gap_ms``)."""
@@ -39,17 +32,18 @@ def gap_samples(nets: Any, in_net: Any) -> Any:
     from gpurec.model._sets import test_arch_names
     from gpurec.model.fitting.evaluate import arch_of
     from gpurec.model.network import correction_mode
+    from gpurec.ops.precision import precision_column
     from gpurec.seqmodels import has_recurrent_layers
 
     cols = ["key", "gpu", "set_key", "mode", "gpu_time_ms", "kernel_ms", "kernel_ops", "gap_ms"]
     if (not len(nets) or not len(in_net) or not _NET_COLUMNS <= set(nets.columns)
             or not _IN_NETWORK_COLUMNS <= set(in_net.columns)):
         return pd.DataFrame(columns=cols)
-    inn = in_net.assign(precision=_precision(in_net),
+    inn = in_net.assign(precision=precision_column(in_net),
                         _k=pd.to_numeric(in_net["kernels"], errors="coerce").fillna(0) > 0,
                         _ms=pd.to_numeric(in_net["kernel_ms"], errors="coerce"))
     per = inn.groupby(_KEYS, sort=False).agg(kernel_ops=("_k", "sum"), kernel_ms=("_ms", "sum")).reset_index()
-    n = nets.assign(precision=_precision(nets),
+    n = nets.assign(precision=precision_column(nets),
                     network_id=nets["id"], arch=nets["set_key"].map(lambda k: arch_of(str(k))))
     n = n[(n["status"] == "ok") & ~n["arch"].isin(test_arch_names())]
     recurrent = n["arch"].map(has_recurrent_layers)
