@@ -1198,7 +1198,12 @@ def tools_plan(out: Path = typer.Option(None, "--out",
                                           "(the sequence models at bf16-mixed: held-out networks, then the "
                                           "training sets' operations and networks), 'seq-kinds-fp16-mixed' "
                                           "(the held-out sequence networks and the sequence training sets' "
-                                          "attention, embedding and recurrent operations at fp16-mixed)")) -> None:
+                                          "attention, embedding and recurrent operations at fp16-mixed)"),
+               subset_of: Path = typer.Option(None, "--subset-of", help="a committed plan to copy the items of "
+                                              "--archs from, verbatim (needs --out): a short lease measures "
+                                              "them first and the full plan skips them when it resumes"),
+               archs: str = typer.Option(None, "--archs", help="with --subset-of: comma-separated "
+                                         "architectures, e.g. sweepfewgroups")) -> None:
     """Write the collection plan (work order) with the local torch."""
     from gpurec.tools.plan import (
         DEFAULT_PLAN,
@@ -1218,6 +1223,13 @@ def tools_plan(out: Path = typer.Option(None, "--out",
         write_targeted_plan,
     )
 
+    if subset_of is not None:
+        if out is None or not archs:
+            _fail("--subset-of needs --out (where to write the plan) and --archs", 2)
+        from gpurec.tools.plan import write_arch_subset_plan
+
+        _print_json(_guard(write_arch_subset_plan, out, subset_of, [a.strip() for a in archs.split(",") if a.strip()]))
+        return
     if preset is not None:
         if out is None:
             _fail("--preset needs --out (where to write the plan)", 2)

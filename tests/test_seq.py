@@ -399,3 +399,27 @@ def test_recard_plan_interleaves_both_families_and_matches_the_committed_plan(tm
     summary = write_recard_plan(tmp_path / "recard.json", DEFAULT_PLAN, SEQ_PLAN)
     written, committed = (json.loads(p.read_text()) for p in (tmp_path / "recard.json", RECARD_PLAN))
     assert written == committed and summary["items"] == len(committed["items"]) > 100
+
+
+def test_arch_subset_plan_copies_the_archs_items_verbatim_and_matches_the_committed_subset(tmp_path) -> None:
+    import json
+
+    import pytest
+
+    from gpurec.tools.plan import TARGETED_PLAN, arch_subset_items, write_arch_subset_plan
+
+    shared = {"item": "op", "key": "aa11", "mode": "inference", "model_sets": ["sweepdense:b1:r224",
+                                                                               "sweepfewgroups:b8:r224"]}
+    plan = {"items": [{"item": "op", "key": "bb22", "mode": "training", "model_sets": ["sweepdense:b1:r224"]},
+                      shared,
+                      {"item": "network", "key": "sweepfewgroups:b8:r224", "mode": "inference",
+                       "model_sets": ["sweepfewgroups:b8:r224"]}]}
+    # an operation shared with another set is in; the plan's order and every field are kept
+    assert arch_subset_items(plan, ["sweepfewgroups"]) == plan["items"][1:]
+    with pytest.raises(ValueError, match="not in the plan: sweepnone"):
+        arch_subset_items(plan, ["sweepfewgroups", "sweepnone"])
+    # the committed subset is what the committed targeted plan gives
+    summary = write_arch_subset_plan(tmp_path / "sub.json", TARGETED_PLAN, ["sweepfewgroups"])
+    written = json.loads((tmp_path / "sub.json").read_text())
+    committed = json.loads((TARGETED_PLAN.parent / "targeted_fewgroups.json").read_text())
+    assert written == committed and summary["items"] == len(committed["items"]) > 100
