@@ -408,8 +408,8 @@ def test_arch_subset_plan_copies_the_archs_items_verbatim_and_matches_the_commit
 
     from gpurec.tools.plan import TARGETED_PLAN, arch_subset_items, write_arch_subset_plan
 
-    shared = {"item": "op", "key": "aa11", "mode": "inference", "model_sets": ["sweepdense:b1:r224",
-                                                                               "sweepfewgroups:b8:r224"]}
+    shared = {"item": "op", "key": "aa11", "mode": "inference", "precision": "bf16-mixed",
+              "model_sets": ["sweepdense:b1:r224", "sweepfewgroups:b8:r224"]}
     plan = {"items": [{"item": "op", "key": "bb22", "mode": "training", "model_sets": ["sweepdense:b1:r224"]},
                       shared,
                       {"item": "network", "key": "sweepfewgroups:b8:r224", "mode": "inference",
@@ -418,6 +418,9 @@ def test_arch_subset_plan_copies_the_archs_items_verbatim_and_matches_the_commit
     assert arch_subset_items(plan, ["sweepfewgroups"]) == plan["items"][1:]
     with pytest.raises(ValueError, match="not in the plan: sweepnone"):
         arch_subset_items(plan, ["sweepfewgroups", "sweepnone"])
+    (tmp_path / "plan.json").write_text(json.dumps({**plan, "torch": "2.11.0"}))
+    assert write_arch_subset_plan(tmp_path / "small.json", tmp_path / "plan.json", ["sweepfewgroups"]) == {
+        "items": 2, "op": 1, "op:bf16-mixed": 1, "network": 1}
     # the committed subset is what the committed targeted plan gives
     summary = write_arch_subset_plan(tmp_path / "sub.json", TARGETED_PLAN, ["sweepfewgroups"])
     written = json.loads((tmp_path / "sub.json").read_text())

@@ -223,12 +223,18 @@ def _write(out: Path | str, items: Sequence[Any]) -> dict[str, int]:
 
     from gpurec.dataset.store import atomic_write_json
 
-    atomic_write_json(Path(out), {"torch": torch.__version__, "items": [w.as_dict() for w in items]}, compact=True)
+    dicts = [w.as_dict() for w in items]
+    atomic_write_json(Path(out), {"torch": torch.__version__, "items": dicts}, compact=True)
+    return _item_counts(dicts)
+
+
+def _item_counts(items: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """How many items a written plan holds, by item type and, for other than fp32, by precision."""
     kinds: dict[str, int] = {"items": len(items)}
-    for w in items:
-        kinds[w.item] = kinds.get(w.item, 0) + 1
-        if w.precision != "fp32":
-            key = f"{w.item}:{w.precision}"
+    for i in items:
+        kinds[i["item"]] = kinds.get(i["item"], 0) + 1
+        if i.get("precision", "fp32") != "fp32":
+            key = f"{i['item']}:{i['precision']}"
             kinds[key] = kinds.get(key, 0) + 1
     return kinds
 
@@ -259,10 +265,7 @@ def write_arch_subset_plan(out: Path | str, source: Path | str, archs: Sequence[
     plan = json.loads(Path(source).read_text())
     items = arch_subset_items(plan, archs)
     atomic_write_json(Path(out), {"items": items, "torch": plan["torch"]}, compact=True)
-    kinds: dict[str, int] = {"items": len(items)}
-    for i in items:
-        kinds[i["item"]] = kinds.get(i["item"], 0) + 1
-    return kinds
+    return _item_counts(items)
 
 
 RECARD_PLAN = Path("datasets") / "plans" / "recard_fp32.json"
