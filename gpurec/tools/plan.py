@@ -221,15 +221,15 @@ def held_out_first(items: Sequence[Any], held_out: Sequence[str]) -> list[Any]:
 def _write(out: Path | str, items: Sequence[Any]) -> dict[str, int]:
     import torch
 
+    return _write_items(out, [w.as_dict() for w in items], torch.__version__)
+
+
+def _write_items(out: Path | str, items: Sequence[dict[str, Any]], torch_version: str) -> dict[str, int]:
+    """Write a plan of ``items`` (as dicts) made with ``torch_version``, atomically; returns how
+    many items it holds, by item type and, for other than fp32, by precision."""
     from gpurec.dataset.store import atomic_write_json
 
-    dicts = [w.as_dict() for w in items]
-    atomic_write_json(Path(out), {"torch": torch.__version__, "items": dicts}, compact=True)
-    return _item_counts(dicts)
-
-
-def _item_counts(items: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """How many items a written plan holds, by item type and, for other than fp32, by precision."""
+    atomic_write_json(Path(out), {"torch": torch_version, "items": list(items)}, compact=True)
     kinds: dict[str, int] = {"items": len(items)}
     for i in items:
         kinds[i["item"]] = kinds.get(i["item"], 0) + 1
@@ -260,12 +260,8 @@ def arch_subset_items(plan: dict[str, Any], archs: Sequence[str]) -> list[dict[s
 def write_arch_subset_plan(out: Path | str, source: Path | str, archs: Sequence[str]) -> dict[str, int]:
     """Write the items of the committed plan ``source`` of ``archs`` (arch_subset_items) to ``out``,
     with the source plan's torch."""
-    from gpurec.dataset.store import atomic_write_json
-
     plan = json.loads(Path(source).read_text())
-    items = arch_subset_items(plan, archs)
-    atomic_write_json(Path(out), {"items": items, "torch": plan["torch"]}, compact=True)
-    return _item_counts(items)
+    return _write_items(out, arch_subset_items(plan, archs), plan["torch"])
 
 
 RECARD_PLAN = Path("datasets") / "plans" / "recard_fp32.json"
@@ -291,12 +287,8 @@ def write_recard_plan(out: Path | str = RECARD_PLAN, cnn: Path | str = DEFAULT_P
                       seq: Path | str = SEQ_PLAN) -> dict[str, int]:
     """Write the re-card plan from the committed main and sequence plans (their items as they
     are, so the rows share ids with the rows they repeat); the torch of the main plan."""
-    from gpurec.dataset.store import atomic_write_json
-
     cnn_plan, seq_plan = (json.loads(Path(p).read_text()) for p in (cnn, seq))
-    items = recard_items(cnn_plan, seq_plan)
-    atomic_write_json(Path(out), {"items": items, "torch": cnn_plan["torch"]}, compact=True)
-    return {"items": len(items), "network": len(items)}
+    return _write_items(out, recard_items(cnn_plan, seq_plan), cnn_plan["torch"])
 
 
 PEAKS_PLAN = Path("datasets") / "plans" / "peaks.json"
@@ -305,8 +297,6 @@ PEAKS_PLAN = Path("datasets") / "plans" / "peaks.json"
 def write_peaks_plan(out: Path | str = PEAKS_PLAN) -> dict[str, int]:
     """Write the peak-memory plan: one item per network of the main plan (every dataset and
     test set, both modes)."""
-    import torch
-
     from gpurec.collect.plan import (
         DATASET_ARCHS,
         DATASET_BATCH_SIZES,
@@ -316,12 +306,9 @@ def write_peaks_plan(out: Path | str = PEAKS_PLAN) -> dict[str, int]:
         model_input_sets,
         peak_items,
     )
-    from gpurec.dataset.store import atomic_write_json
 
     sets = model_input_sets(DATASET_ARCHS, DATASET_BATCH_SIZES) + model_input_sets(TEST_ARCHS, TEST_BATCH_SIZES)
-    items = peak_items(sets, MODES)
-    atomic_write_json(Path(out), {"torch": torch.__version__, "items": [w.as_dict() for w in items]}, compact=True)
-    return {"items": len(items), "peak": len(items)}
+    return _write(out, peak_items(sets, MODES))
 
 NETWORK_PEAKS_PLAN = Path("datasets") / "plans" / "peaks_networks.json"
 NETWORK_PLANS = tuple(Path("datasets") / "plans" / f"{name}.json" for name in ("seq", "targeted", "precision", "main"))
