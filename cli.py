@@ -1434,6 +1434,19 @@ def tools_correction_measured_gap(
     _print_json(_guard(measured_gap_into, models, data))
 
 
+@tools_app.command("refresh-lookup")
+def tools_refresh_lookup(
+    models: Path = typer.Option(Path("models"), "--models", help="trained model directory"),
+    data: Path = typer.Option(Path("datasets"), "--data", help="dataset root with one directory per GPU"),
+) -> None:
+    """Rebuild the models' measured-operation lookup from every usable row on disk of the GPUs they
+    were trained on, so operations measured since training are looked up, not predicted (the
+    boosters and corrections stay as trained; a retrain does both; about a minute)."""
+    from gpurec.tools.lookup import refresh_lookup_into
+
+    _print_json(_guard(refresh_lookup_into, models, data))
+
+
 @tools_app.command("fp16-twins")
 def tools_fp16_twins(
     models: Path = typer.Option(Path("models"), "--models", help="trained model directory"),

@@ -31,9 +31,15 @@ def fp16_twins_into(model_dir: Path | str, data_root: Path | str | None = None) 
     from gpurec.model.persist import LOOKUP, read_manifest, write_manifest
     from gpurec.ops.features import MATH_MODES
     from gpurec.ops.precision import precision_column
+    from gpurec.tools.lookup import REFRESH_KEY
 
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
+    if REFRESH_KEY in manifest:
+        raise TrainingRowsNotFound(
+            f"the measured-operation lookup of {model_dir} was refreshed after training (`gpurec tools "
+            "refresh-lookup`), so its signatures are no longer the training rows: record the kinds on a copy of "
+            "the models as trained, or retrain (`gpurec train`), which records the kinds itself")
     lookup = pd.read_parquet(model_dir / LOOKUP, columns=["gpu", "mode", "op_signature"])
     ops = load_dataset(root=data_root, table="operations")
     ops = ops.assign(precision=precision_column(ops))

@@ -1,0 +1,63 @@
+"""Rebuild the measured-operation lookup of trained models from the rows on disk, without a retrain.
+
+Why: a measurement beats a prediction (gpurec.model.features.MeasuredLookup), but the lookup is
+written once, by `gpurec train`, and a full retrain takes over an hour here.  Rows measured since
+(a sweep aimed at shapes the boosters miss, or a user's own measurements of a GPU the models know)
+reach predictions only through it.  The boosters, the network correction and the recorded
+precision twins stay as trained; the rows get their targets exactly as training gives them
+(gpurec.model.fitting.data.with_targets: in-network kernel time where measured, the unseen test
+architectures' rows never), so a looked-up operation means the same before and after.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REFRESH_KEY = "measured_lookup_refreshed_after_training"
+
+
+class LookupNotTrained(ValueError):
+    """The models were trained without a measured-operation lookup, so there is none to refresh."""
+
+
+def refresh_lookup_into(model_dir: Path | str, data_root: Path | str | None = None) -> dict[str, Any]:
+    """Write the lookup of every usable row of the GPUs the models were trained on into
+    ``model_dir`` (atomically, the manifest re-sealed) and return what changed per GPU and mode.
+    Rows of other GPUs are counted, not used: the models' bands and corrections know only theirs."""
+    import pandas as pd
+
+    from gpurec.dataset.store import atomic_write_file
+    from gpurec.model.features import MeasuredLookup
+    from gpurec.model.fitting.data import data_hash, load_tables, with_targets
+    from gpurec.model.persist import LOOKUP, read_manifest, write_manifest
+
+    model_dir = Path(model_dir)
+    manifest = read_manifest(model_dir)
+    if not manifest.get("measured_lookup"):
+        raise LookupNotTrained(f"{model_dir} was trained without a measured-operation lookup (use_measured off); "
+                               "retrain with it (`gpurec train`) to look measured operations up")
+    cfg, sources = manifest.get("train_config", {}), manifest.get("target_sources", {})
+    raw_ops, raw_nets, in_net = load_tables(data_root)
+    ops, nets, _, dropped = with_targets(raw_ops, raw_nets, in_net, cfg.get("time_target", "auto"),
+                                      cfg.get("gpu_time_source", "in_network"),
+                                      recurrent_elapsed=bool(sources.get("recurrent_elapsed", True)))
+    known = set(manifest.get("gpus_measured", []))
+    other = ops[~ops["gpu"].isin(known)]
+    new = MeasuredLookup.from_frame(ops[ops["gpu"].isin(known)], "_t_gpu", "_p_gpu")
+    old = MeasuredLookup.read_parquet(model_dir / LOOKUP)
+    changes: dict[str, dict[str, int]] = {}
+    for key in sorted(set(old.table) | set(new.table)):
+        a, b = old.table.get(key, {}), new.table.get(key, {})
+        changes["|".join(key)] = {"before": len(a), "after": len(b), "added": len(b.keys() - a.keys()),
+                                  "removed": len(a.keys() - b.keys()),
+                                  "changed": sum(1 for s in a.keys() & b.keys() if a[s] != b[s])}
+    atomic_write_file(model_dir / LOOKUP, new.to_parquet)
+    record = {"refreshed": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "data_sha256": data_hash(ops, nets), "rows": len(new), "by_gpu_mode": changes,
+              "rows_of_other_gpus_not_used": {str(g): int(n) for g, n in
+                                              pd.Series(other["gpu"]).value_counts().items()},
+              "rows_dropped": {k: int(v) for k, v in dropped.items() if v}}
+    write_manifest(model_dir, {**manifest, REFRESH_KEY: record})
+    return record
