@@ -15,6 +15,7 @@ from gpurec.model import IncompatibleModel, load_predictor
 from gpurec.model.persist import (
     DIGEST_KEY,
     FILES_KEY,
+    TRAINED_LOOKUP_KEY,
     manifest_digest,
     save_model,
     verify_model_files,
@@ -62,7 +63,8 @@ def _time_booster(m: dict[str, Any], mode: str) -> str:
 def test_shipped_model_directory_is_sealed() -> None:
     m = _manifest(SHIPPED)
     verify_model_files(m, SHIPPED)
-    assert set(m[FILES_KEY]) == {*_booster_files(m), m["measured_lookup"], "report.json"}
+    trained = {m[TRAINED_LOOKUP_KEY]} if m.get(TRAINED_LOOKUP_KEY) else set()  # kept by refresh-lookup
+    assert set(m[FILES_KEY]) == {*_booster_files(m), m["measured_lookup"], "report.json", *trained}
 
 
 def test_reformatting_the_manifest_is_not_an_edit(models: Path) -> None:

@@ -1,7 +1,7 @@
 """`gpurec tools refresh-lookup`: operations measured after training are looked up with the targets
 training gives them (in-network kernel time where measured), only for the GPUs the models know;
-the model directory stays sealed, and the tool that reads the lookup as the training rows refuses
-a refreshed one."""
+the model directory stays sealed and keeps the lookup as trained (its signatures are the training
+rows `gpurec tools fp16-twins` reads)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 def test_rows_measured_after_training_are_looked_up_as_training_targets(tmp_path: Path) -> None:
     from gpurec.model import load_predictor
     from gpurec.model.fitting.data import load_tables, with_targets
-    from gpurec.model.persist import LOOKUP, read_manifest, write_manifest
+    from gpurec.model.persist import LOOKUP, TRAINED_LOOKUP, TRAINED_LOOKUP_KEY, read_manifest, write_manifest
     from gpurec.tools.lookup import REFRESH_KEY, refresh_lookup_into
-    from gpurec.tools.precision_twins import TrainingRowsNotFound, fp16_twins_into
 
     models = Path(shutil.copytree(SHIPPED, tmp_path / "m"))
     ops, _, _, _ = with_targets(*load_tables(None), "auto", "in_network")
@@ -36,7 +35,8 @@ def test_rows_measured_after_training_are_looked_up_as_training_targets(tmp_path
             zip(table["gpu"], table["mode"], table["op_signature"], strict=True)]
     table[keep].to_parquet(models / LOOKUP, index=False)
     before = int((table[keep]["gpu"] == H100).sum())
-    manifest = read_manifest(models)
+    manifest = {k: v for k, v in read_manifest(models).items() if k not in (TRAINED_LOOKUP_KEY, REFRESH_KEY)}
+    (models / TRAINED_LOOKUP).unlink(missing_ok=True)  # as trained: never refreshed
     write_manifest(models, {**manifest, "gpus_measured": [H100]})  # the H200 rows are another GPU's now
     assert len(load_predictor(models, check_data=False).lookup.table[(H100, "inference")]) < \
         int((h100["mode"] == "inference").sum())
@@ -52,5 +52,13 @@ def test_rows_measured_after_training_are_looked_up_as_training_targets(tmp_path
     assert added == len(h100) - before and record["by_gpu_mode"][f"{H200}|inference"]["after"] == 0
     assert np.isfinite([v[0] for d in got.table.values() for v in d.values()]).all()
     assert REFRESH_KEY in read_manifest(models)
-    with pytest.raises(TrainingRowsNotFound, match="refreshed after training"):
-        fp16_twins_into(models)
+
+    def as_trained() -> set[tuple[str, str, str]]:
+        t = pd.read_parquet(models / read_manifest(models)[TRAINED_LOOKUP_KEY])
+        return set(zip(t["gpu"], t["mode"], t["op_signature"], strict=True))
+
+    trained = set(zip(table[keep]["gpu"], table[keep]["mode"], table[keep]["op_signature"], strict=True))
+    assert read_manifest(models)[TRAINED_LOOKUP_KEY] == TRAINED_LOOKUP and as_trained() == trained
+    refresh_lookup_into(models)  # a second refresh keeps the lookup as trained, not the first refresh's
+    assert as_trained() == trained
+    load_predictor(models, check_data=False)

@@ -90,6 +90,10 @@ def _sha256(path: Path) -> str:
 
 
 LOOKUP = "measured_ops.parquet"
+# The lookup as trained, kept when `gpurec tools refresh-lookup` rebuilds LOOKUP from later rows:
+# its signatures are the training rows (gpurec.tools.precision_twins reads them).
+TRAINED_LOOKUP = "measured_ops_trained.parquet"
+TRAINED_LOOKUP_KEY = "measured_lookup_trained"
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -105,8 +109,9 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
 def model_files(manifest: dict[str, Any]) -> list[str]:
     """Every file of the model directory that gpurec reads, by the manifest's own description."""
     names = {name for routes in manifest.get("boosters", {}).values() for name in _booster_names(routes)}
-    if manifest.get("measured_lookup"):
-        names.add(manifest["measured_lookup"])
+    for key in ("measured_lookup", TRAINED_LOOKUP_KEY):
+        if manifest.get(key):
+            names.add(manifest[key])
     names.add(REPORT)
     return sorted(names)
 

@@ -1237,6 +1237,13 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
             L += ["", f"{100 * ts.get('lookup_hit_share_ops', 0):.0f}% of the test networks' operations were "
                   "measured as part of training architectures (same signature, GPU and mode); the default "
                   "predictor uses those measurements and predicts the rest."]
+        refreshed = manifest.get("measured_lookup_refreshed_after_training")
+        if refreshed:
+            L += ["", f"The measured-operation lookup was rebuilt after training ({refreshed.get('refreshed', '?')}, "
+                  f"`gpurec tools refresh-lookup`: {refreshed.get('rows', 0):,} rows, every usable row of the "
+                  "committed tables, with training's targets; the boosters and corrections as trained). The table "
+                  "above is training's, with the lookup of its own rows; the sections that predict with the "
+                  "shipped models use the rebuilt one. The unseen test architectures' rows never enter it."]
     else:
         L += [f"Not available: {ts.get('reason', 'no test networks')}."]
     L += [""]

@@ -6,7 +6,9 @@ written once, by `gpurec train`, and a full retrain takes over an hour here.  Ro
 reach predictions only through it.  The boosters, the network correction and the recorded
 precision twins stay as trained; the rows get their targets exactly as training gives them
 (gpurec.model.fitting.data.with_targets: in-network kernel time where measured, the unseen test
-architectures' rows never), so a looked-up operation means the same before and after.
+architectures' rows never), so a looked-up operation means the same before and after.  The
+lookup as trained is kept beside it (persist.TRAINED_LOOKUP): its signatures are the training rows,
+which `gpurec tools fp16-twins` reads.
 """
 
 from __future__ import annotations
@@ -24,14 +26,15 @@ class LookupNotTrained(ValueError):
 
 def refresh_lookup_into(model_dir: Path | str, data_root: Path | str | None = None) -> dict[str, Any]:
     """Write the lookup of every usable row of the GPUs the models were trained on into
-    ``model_dir`` (atomically, the manifest re-sealed) and return what changed per GPU and mode.
+    ``model_dir`` (atomically, the manifest re-sealed; the first refresh keeps the lookup as trained
+    in TRAINED_LOOKUP) and return what changed per GPU and mode.
     Rows of other GPUs are counted, not used: the models' bands and corrections know only theirs."""
     import pandas as pd
 
     from gpurec.dataset.store import atomic_write_file
     from gpurec.model.features import MeasuredLookup
     from gpurec.model.fitting.data import data_hash, load_tables, with_targets
-    from gpurec.model.persist import LOOKUP, read_manifest, write_manifest
+    from gpurec.model.persist import LOOKUP, TRAINED_LOOKUP, TRAINED_LOOKUP_KEY, read_manifest, write_manifest
 
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
@@ -53,11 +56,15 @@ def refresh_lookup_into(model_dir: Path | str, data_root: Path | str | None = No
         changes["|".join(key)] = {"before": len(a), "after": len(b), "added": len(b.keys() - a.keys()),
                                   "removed": len(a.keys() - b.keys()),
                                   "changed": sum(1 for s in a.keys() & b.keys() if a[s] != b[s])}
+    kept = {}
+    if not manifest.get(TRAINED_LOOKUP_KEY):  # the first refresh keeps the lookup as trained
+        atomic_write_file(model_dir / TRAINED_LOOKUP, old.to_parquet)
+        kept = {TRAINED_LOOKUP_KEY: TRAINED_LOOKUP}
     atomic_write_file(model_dir / LOOKUP, new.to_parquet)
     record = {"refreshed": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "data_sha256": data_hash(ops, nets), "rows": len(new), "by_gpu_mode": changes,
               "rows_of_other_gpus_not_used": {str(g): int(n) for g, n in
                                               pd.Series(other["gpu"]).value_counts().items()},
               "rows_dropped": {k: int(v) for k, v in dropped.items() if v}}
-    write_manifest(model_dir, {**manifest, REFRESH_KEY: record})
+    write_manifest(model_dir, {**manifest, **kept, REFRESH_KEY: record})
     return record

@@ -5,7 +5,7 @@ Why: the time and power boosters read an operation's math mode; for a kind they 
 fp16, that feature moves the prediction by whatever the trees learnt for other kinds (the fp16
 GPT head, an F.linear seen only at bf16, came out 40% below its bf16 twin), while on GPUs with
 equal fp16 and bf16 peaks the two run alike.  The training rows are the models' own: the
-signatures of their measured-operation lookup (one per training row), matched to the committed
+signatures of their measured-operation lookup as trained (one per training row), matched to the committed
 operation tables.  Their math mode is what the boosters saw, read off the half-precision rows'
 operations extracted again (a label alone would be wrong: under autocast an add runs in its inputs'
 dtype, a LayerNorm in fp32, and under bf16 autocast cuDNN's LSTM and GRU run in fp16).
@@ -28,19 +28,15 @@ def fp16_twins_into(model_dir: Path | str, data_root: Path | str | None = None) 
 
     from gpurec.dataset import load_dataset
     from gpurec.model.features import HALF_TWINS, SetExtractor, fp16_as_bf16_kinds, operations_of_rows
-    from gpurec.model.persist import LOOKUP, read_manifest, write_manifest
+    from gpurec.model.persist import LOOKUP, TRAINED_LOOKUP_KEY, read_manifest, write_manifest
     from gpurec.ops.features import MATH_MODES
     from gpurec.ops.precision import precision_column
-    from gpurec.tools.lookup import REFRESH_KEY
 
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
-    if REFRESH_KEY in manifest:
-        raise TrainingRowsNotFound(
-            f"the measured-operation lookup of {model_dir} was refreshed after training (`gpurec tools "
-            "refresh-lookup`), so its signatures are no longer the training rows: record the kinds on a copy of "
-            "the models as trained, or retrain (`gpurec train`), which records the kinds itself")
-    lookup = pd.read_parquet(model_dir / LOOKUP, columns=["gpu", "mode", "op_signature"])
+    # the lookup as trained where `gpurec tools refresh-lookup` rebuilt it from later rows
+    trained = manifest.get(TRAINED_LOOKUP_KEY) or LOOKUP
+    lookup = pd.read_parquet(model_dir / trained, columns=["gpu", "mode", "op_signature"])
     ops = load_dataset(root=data_root, table="operations")
     ops = ops.assign(precision=precision_column(ops))
     cols = ["gpu", "mode", "op_signature", "op_kind", "precision", "set_key", "model_sets"]
