@@ -372,6 +372,13 @@ def test_boosters_see_each_distinct_row_once_with_the_same_estimates(small_predi
     assert rows is not None and len(rows) < len(block)
     assert np.array_equal(block.values[rows][inverse], block.values)
     assert list(block.kinds[rows][inverse]) == list(block.kinds)
+    assert np.array_equal(block.training[rows][inverse], block.training)
+    assert list(rows) == sorted(rows) and inverse[0] == 0  # distinct rows in order of first appearance
+    # every row hashed alike (a collision everywhere): the rows compared whole give the same answer
+    monkeypatch.setattr(pred, "_row_hash_multipliers", lambda width: np.zeros(width, dtype=np.uint64))
+    collided = pred._distinct_rows(block)
+    assert np.array_equal(collided[0], rows) and np.array_equal(collided[1], inverse)
+    monkeypatch.undo()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # coverage warnings of the small fixture model
         fast = small_predictor.predict_many(candidates, mode=mode, gpu="H100")
