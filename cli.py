@@ -1441,7 +1441,7 @@ def tools_refresh_lookup(
 ) -> None:
     """Rebuild the models' measured-operation lookup from every usable row on disk of the GPUs they
     were trained on, so operations measured since training are looked up, not predicted (the
-    boosters and corrections stay as trained; a retrain does both; about a minute)."""
+    boosters and corrections stay as trained; a retrain does both; seconds)."""
     from gpurec.tools.lookup import refresh_lookup_into
 
     _print_json(_guard(refresh_lookup_into, models, data))

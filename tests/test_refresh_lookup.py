@@ -62,3 +62,43 @@ def test_rows_measured_after_training_are_looked_up_as_training_targets(tmp_path
     refresh_lookup_into(models)  # a second refresh keeps the lookup as trained, not the first refresh's
     assert as_trained() == trained
     load_predictor(models, check_data=False)
+
+
+def test_an_interrupted_first_refresh_keeps_the_lookup_as_trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """Stopped after both lookup files were written but before the manifest sealed them, a rerun
+    keeps the lookup the manifest had sealed as the trained one, not the refreshed table; a lookup
+    changed by hand with no kept copy is refused."""
+    import hashlib
+
+    import gpurec.model.persist as persist
+    from gpurec.model.persist import FILES_KEY, LOOKUP, TRAINED_LOOKUP, TRAINED_LOOKUP_KEY, read_manifest
+    from gpurec.tools.lookup import REFRESH_KEY, LookupNotTrained, refresh_lookup_into
+
+    models = Path(shutil.copytree(SHIPPED, tmp_path / "m"))
+    manifest = {k: v for k, v in read_manifest(models).items() if k not in (TRAINED_LOOKUP_KEY, REFRESH_KEY)}
+    (models / TRAINED_LOOKUP).unlink(missing_ok=True)
+    pd.read_parquet(models / LOOKUP).iloc[::2].to_parquet(models / LOOKUP, index=False)  # an older one: half the rows
+    persist.write_manifest(models, manifest)
+    sealed = read_manifest(models)[FILES_KEY][LOOKUP]
+    original = (models / LOOKUP).read_bytes()
+
+    def stop(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(persist, "write_manifest", stop)
+    with pytest.raises(KeyboardInterrupt):
+        refresh_lookup_into(models)
+    assert (models / LOOKUP).read_bytes() != original  # the new table is on disk, unsealed
+    monkeypatch.undo()
+    refresh_lookup_into(models)
+    assert (models / TRAINED_LOOKUP).read_bytes() == original
+    assert hashlib.sha256((models / TRAINED_LOOKUP).read_bytes()).hexdigest() == sealed
+
+    other = Path(shutil.copytree(SHIPPED, tmp_path / "o"))
+    persist.write_manifest(other, {k: v for k, v in read_manifest(other).items()
+                                   if k not in (TRAINED_LOOKUP_KEY, REFRESH_KEY)})
+    (other / TRAINED_LOOKUP).unlink()
+    pd.read_parquet(other / LOOKUP).iloc[1:].to_parquet(other / LOOKUP, index=False)  # edited after sealing
+    with pytest.raises(LookupNotTrained, match="not the lookup"):
+        refresh_lookup_into(other)
