@@ -1138,6 +1138,10 @@ def models_check(
         typer.echo(f"{res['models']}: trained {res['created']} on data {str(res['model_data_sha256'])[:12]}…; "
                    f"data on disk {res['data_sha256'][:12]}…: "
                    + ("the same data" if res["match"] else "DIFFERENT data: retrain (`gpurec train`) to use it"))
+        if res.get("lookup_refreshed"):
+            typer.echo(f"measured-operation lookup rebuilt {res['lookup_refreshed']} from "
+                       + ("the data on disk" if res["lookup_matches_data"] else
+                          "other data: `gpurec tools refresh-lookup` looks the new rows up without a retrain"))
     raise typer.Exit(0 if res["match"] else 1)
 
 

@@ -619,7 +619,7 @@ def test_models_check_compares_the_models_with_the_data(trained: tuple[Path, dic
 
     import cli
     from gpurec.model.fitting.data import check_models
-    from gpurec.model.persist import write_manifest
+    from gpurec.model.persist import REFRESH_KEY, write_manifest
 
     res = check_models(trained[0], FIXTURE)
     assert res["match"] and res["data_sha256"] == res["model_data_sha256"]
@@ -632,6 +632,14 @@ def test_models_check_compares_the_models_with_the_data(trained: tuple[Path, dic
     assert not check_models(d, FIXTURE)["match"]
     out = CliRunner().invoke(cli.app, ["models", "check", "--models", str(d), "--data", str(FIXTURE), "--format", "json"])
     assert out.exit_code == 1 and json.loads(out.output)["match"] is False
+    assert "lookup_refreshed" not in json.loads(out.output)
+    # a lookup rebuilt from the data on disk (gpurec tools refresh-lookup) says so; from other data, how to rebuild it
+    for sha, says in ((res["data_sha256"], "from the data on disk"), ("1" * 64, "refresh-lookup")):
+        m = json.loads((d / "manifest.json").read_text())
+        write_manifest(d, {**m, REFRESH_KEY: {"refreshed": "2026-12-06T00:00:00+00:00", "data_sha256": sha}})
+        assert check_models(d, FIXTURE)["lookup_matches_data"] is (sha == res["data_sha256"])
+        out = CliRunner().invoke(cli.app, ["models", "check", "--models", str(d), "--data", str(FIXTURE)])
+        assert out.exit_code == 1 and says in out.output
 
 
 def test_regressors_follow_the_sklearn_estimator_contract() -> None:

@@ -94,6 +94,7 @@ LOOKUP = "measured_ops.parquet"
 # its signatures are the training rows (gpurec.tools.precision_twins reads them).
 TRAINED_LOOKUP = "measured_ops_trained.parquet"
 TRAINED_LOOKUP_KEY = "measured_lookup_trained"
+REFRESH_KEY = "measured_lookup_refreshed_after_training"  # what the refresh did, and on which data
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:

@@ -1237,7 +1237,9 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
             L += ["", f"{100 * ts.get('lookup_hit_share_ops', 0):.0f}% of the test networks' operations were "
                   "measured as part of training architectures (same signature, GPU and mode); the default "
                   "predictor uses those measurements and predicts the rest."]
-        refreshed = manifest.get("measured_lookup_refreshed_after_training")
+        from gpurec.model.persist import REFRESH_KEY
+
+        refreshed = manifest.get(REFRESH_KEY)
         if refreshed:
             L += ["", f"The measured-operation lookup was rebuilt after training ({refreshed.get('refreshed', '?')}, "
                   f"`gpurec tools refresh-lookup`: {refreshed.get('rows', 0):,} rows, every usable row of the "

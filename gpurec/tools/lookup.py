@@ -17,7 +17,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-REFRESH_KEY = "measured_lookup_refreshed_after_training"
+from gpurec.model.persist import REFRESH_KEY
+
+__all__ = ["REFRESH_KEY", "LookupNotTrained", "refresh_lookup_into"]
 
 
 class LookupNotTrained(ValueError):

@@ -202,16 +202,21 @@ def check_models(model_dir: Path | str | None = None, data_root: Path | str | No
     Loading a predictor never hashes the dataset (seconds of work, and this training module);
     this is the explicit check (``gpurec models check``).  Returns ``match``, both hashes,
     and the model's creation date and training row counts."""
-    from gpurec.model.persist import default_model_dir, read_manifest
+    from gpurec.model.persist import REFRESH_KEY, default_model_dir, read_manifest
 
     model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
     manifest = read_manifest(model_dir)
     trained = manifest.get("training_data", {})
     digest = current_data_hash(data_root)
-    return {"models": str(model_dir), "match": digest == trained.get("sha256"),
-            "model_data_sha256": trained.get("sha256"), "data_sha256": digest,
-            "created": manifest.get("created"),
-            "training_rows": {k: v for k, v in trained.items() if k != "sha256"}}
+    out = {"models": str(model_dir), "match": digest == trained.get("sha256"),
+           "model_data_sha256": trained.get("sha256"), "data_sha256": digest,
+           "created": manifest.get("created"),
+           "training_rows": {k: v for k, v in trained.items() if k != "sha256"}}
+    refreshed = manifest.get(REFRESH_KEY)
+    if refreshed:  # `gpurec tools refresh-lookup` rebuilt the measured-operation lookup since training
+        out |= {"lookup_refreshed": refreshed.get("refreshed"), "lookup_data_sha256": refreshed.get("data_sha256"),
+                "lookup_matches_data": refreshed.get("data_sha256") == digest}
+    return out
 
 
 def reference_host(data_root: Path | str | None, ops: Any, nets: Any) -> tuple[Any, str, dict[str, list[Any]]]:
