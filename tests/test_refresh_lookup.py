@@ -16,10 +16,26 @@ SHIPPED = Path(__file__).resolve().parents[1] / "models"
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 
 
+def _as_trained(models: Path, **changes: object) -> None:
+    """Make a copy of the shipped models look as trained: never refreshed, no kept lookup (and
+    ``changes`` to the manifest)."""
+    from gpurec.model.persist import (
+        REFRESH_KEY,
+        TRAINED_LOOKUP,
+        TRAINED_LOOKUP_KEY,
+        read_manifest,
+        write_manifest,
+    )
+
+    manifest = {k: v for k, v in read_manifest(models).items() if k not in (TRAINED_LOOKUP_KEY, REFRESH_KEY)}
+    (models / TRAINED_LOOKUP).unlink(missing_ok=True)
+    write_manifest(models, {**manifest, **changes})
+
+
 def test_rows_measured_after_training_are_looked_up_as_training_targets(tmp_path: Path) -> None:
     from gpurec.model import load_predictor
     from gpurec.model.fitting.data import load_tables, with_targets
-    from gpurec.model.persist import LOOKUP, TRAINED_LOOKUP, TRAINED_LOOKUP_KEY, read_manifest, write_manifest
+    from gpurec.model.persist import LOOKUP, TRAINED_LOOKUP, TRAINED_LOOKUP_KEY, read_manifest
     from gpurec.tools.lookup import REFRESH_KEY, refresh_lookup_into
 
     models = Path(shutil.copytree(SHIPPED, tmp_path / "m"))
@@ -35,9 +51,7 @@ def test_rows_measured_after_training_are_looked_up_as_training_targets(tmp_path
             zip(table["gpu"], table["mode"], table["op_signature"], strict=True)]
     table[keep].to_parquet(models / LOOKUP, index=False)
     before = int((table[keep]["gpu"] == H100).sum())
-    manifest = {k: v for k, v in read_manifest(models).items() if k not in (TRAINED_LOOKUP_KEY, REFRESH_KEY)}
-    (models / TRAINED_LOOKUP).unlink(missing_ok=True)  # as trained: never refreshed
-    write_manifest(models, {**manifest, "gpus_measured": [H100]})  # the H200 rows are another GPU's now
+    _as_trained(models, gpus_measured=[H100])  # the H200 rows are another GPU's now
     assert len(load_predictor(models, check_data=False).lookup.table[(H100, "inference")]) < \
         int((h100["mode"] == "inference").sum())
 
@@ -72,14 +86,12 @@ def test_an_interrupted_first_refresh_keeps_the_lookup_as_trained(tmp_path: Path
     import hashlib
 
     import gpurec.model.persist as persist
-    from gpurec.model.persist import FILES_KEY, LOOKUP, TRAINED_LOOKUP, TRAINED_LOOKUP_KEY, read_manifest
-    from gpurec.tools.lookup import REFRESH_KEY, LookupNotTrained, refresh_lookup_into
+    from gpurec.model.persist import FILES_KEY, LOOKUP, TRAINED_LOOKUP, read_manifest
+    from gpurec.tools.lookup import LookupNotTrained, refresh_lookup_into
 
     models = Path(shutil.copytree(SHIPPED, tmp_path / "m"))
-    manifest = {k: v for k, v in read_manifest(models).items() if k not in (TRAINED_LOOKUP_KEY, REFRESH_KEY)}
-    (models / TRAINED_LOOKUP).unlink(missing_ok=True)
     pd.read_parquet(models / LOOKUP).iloc[::2].to_parquet(models / LOOKUP, index=False)  # an older one: half the rows
-    persist.write_manifest(models, manifest)
+    _as_trained(models)
     sealed = read_manifest(models)[FILES_KEY][LOOKUP]
     original = (models / LOOKUP).read_bytes()
 
@@ -96,9 +108,7 @@ def test_an_interrupted_first_refresh_keeps_the_lookup_as_trained(tmp_path: Path
     assert hashlib.sha256((models / TRAINED_LOOKUP).read_bytes()).hexdigest() == sealed
 
     other = Path(shutil.copytree(SHIPPED, tmp_path / "o"))
-    persist.write_manifest(other, {k: v for k, v in read_manifest(other).items()
-                                   if k not in (TRAINED_LOOKUP_KEY, REFRESH_KEY)})
-    (other / TRAINED_LOOKUP).unlink()
+    _as_trained(other)
     pd.read_parquet(other / LOOKUP).iloc[1:].to_parquet(other / LOOKUP, index=False)  # edited after sealing
     with pytest.raises(LookupNotTrained, match="not the lookup"):
         refresh_lookup_into(other)

@@ -79,13 +79,11 @@ def _lookup_before(model_dir: Path, manifest: dict[str, Any]) -> Path:
     A first refresh interrupted after writing the new files but before the manifest leaves the
     lookup as trained only in TRAINED_LOOKUP: it is taken from there, so a rerun never keeps the
     refreshed table as the trained one."""
-    import hashlib
-
-    from gpurec.model.persist import FILES_KEY, LOOKUP, TRAINED_LOOKUP, TRAINED_LOOKUP_KEY
+    from gpurec.model.persist import FILES_KEY, LOOKUP, TRAINED_LOOKUP, TRAINED_LOOKUP_KEY, _sha256
 
     def sealed(path: Path) -> bool:
         want = manifest.get(FILES_KEY, {}).get(LOOKUP)
-        return path.is_file() and want is not None and hashlib.sha256(path.read_bytes()).hexdigest() == want
+        return path.is_file() and want is not None and _sha256(path) == want
 
     if manifest.get(TRAINED_LOOKUP_KEY):
         return model_dir / LOOKUP  # the trained one is kept already: this only counts the changes
