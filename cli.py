@@ -1403,6 +1403,19 @@ def tools_fit_recurrent(
     _print_json(_guard(fit_into, models, data, half_only=half_only))
 
 
+@tools_app.command("fit-gemm-floor")
+def tools_fit_gemm_floor(
+    models: Path = typer.Option(Path("models"), "--models", help="trained model directory to add it to"),
+    data: Path = typer.Option(Path("datasets"), "--data", help="dataset root with one directory per GPU"),
+) -> None:
+    """Fit the throughput floor of half-precision products with an unaligned weight (a 50,257-word
+    LM head) into trained models (seconds, no boosters retrained) and print the held-out sequence
+    networks' errors before and after."""
+    from gpurec.tools.gemm import fit_gemm_floor_into
+
+    _print_json(_guard(fit_gemm_floor_into, models, data))
+
+
 @tools_app.command("correction-floors")
 def tools_correction_floors(
     models: Path = typer.Option(Path("models"), "--models", help="trained model directory"),

@@ -1634,6 +1634,9 @@ def precision_tables(models_dir: Path, data_root: Path | str | None,
             p["bf16_twins"] = bf16_twin_effect(predictor, rec, data_root)
             ratios = fp16_bf16_kernel_ratios(data_root) if ratios is None else ratios  # one table, read once
             p["fp16_bf16_ratios"] = ratios
+        if predictor.gemm_floor is not None and precision != "fp32":
+            p["gemm_floor"] = gemm_floor_effect(predictor, rec, data_root)
+            p["gemm_floor_fit"] = predictor.gemm_floor.as_dict()
     return out
 
 
@@ -1643,28 +1646,50 @@ def bf16_twin_effect(predictor: Any, records: Any, data_root: Path | str | None)
     twins (FeatureConfig.fp16_as_bf16_kinds emptied), per GPU, architecture group and mode."""
     from dataclasses import replace
 
-    import numpy as np
-
-    from gpurec.dataset import load_dataset
     from gpurec.model import load_predictor
     from gpurec.model.features import FeatureBuilder
-    from gpurec.model.fitting.evaluate import ape, network_records
-    from gpurec.model.provenance import host_profiles_by_run
-    from gpurec.ops.precision import rows_at_precision
 
     plain = load_predictor(predictor.model_dir, data_root=data_root, check_data=False)
     b = predictor.builder
     plain.builder = FeatureBuilder(b.kinds, replace(b.config, fp16_as_bf16_kinds=()), b.extra_columns)
+    return effect_of(plain, records, data_root)
+
+
+def gemm_floor_effect(predictor: Any, records: Any, data_root: Path | str | None) -> list[dict[str, Any]]:
+    """Host-free MAPE of the networks of ``records`` whose prediction the unaligned-GEMM floor
+    (gpurec.model.gemm) moves, with and without it, per GPU, architecture group and mode."""
+    from gpurec.model import load_predictor
+
+    plain = load_predictor(predictor.model_dir, data_root=data_root, check_data=False)
+    plain.gemm_floor = None
+    return effect_of(plain, records, data_root, moved_only=True)
+
+
+def effect_of(plain: Any, records: Any, data_root: Path | str | None, moved_only: bool = False) -> list[dict[str, Any]]:
+    """``records`` (one precision's networks, as the shipped models predict them) against the same
+    networks predicted by ``plain`` (the models without one of their parts): host-free MAPE
+    before (``plain``) and after, per GPU, architecture group and mode; with ``moved_only``, only
+    the networks whose predicted time the part moves by more than 0.1%."""
+    import numpy as np
+
+    from gpurec.dataset import load_dataset
+    from gpurec.model.fitting.evaluate import ape, network_records
+    from gpurec.model.provenance import host_profiles_by_run
+    from gpurec.ops.precision import rows_at_precision
+
     nets = rows_at_precision(load_dataset(root=data_root, table="networks"), str(records["precision"].iloc[0]))
     nets = nets.reset_index(drop=True)
     keys = ["gpu", "set_key", "mode", "run_id"]
     cols = ["pred_gpu_time_ms", "pred_gpu_energy_mj"]
     both = records.merge(network_records(plain, nets, host_profiles_by_run(data_root))[keys + cols],
                          on=keys, how="left", suffixes=("", "_before"), validate="one_to_one")
+    if moved_only:
+        moved = np.abs(both["pred_gpu_time_ms"] / both["pred_gpu_time_ms_before"] - 1.0) > 1e-3
+        both = both[moved.fillna(False).to_numpy(dtype=bool)]
     out = []
     for (gpu, is_test, mode), part in both.groupby(["gpu", "is_test", "mode"]):
         entry: dict[str, Any] = {"gpu": gpu, "archs": "unseen test" if is_test else "training", "mode": mode,
-                                 "n": int(len(part))}
+                                 "n": int(len(part)), "which": sorted(set(part["arch"]))}
         for what, col in (("time", "gpu_time_ms"), ("energy", "gpu_energy_mj")):
             for when, pred in (("before", f"pred_{col}_before"), ("after", f"pred_{col}")):
                 entry[f"{what}_{when}"] = float(np.nanmean(ape(part[pred], part[f"measured_{col}"])))
@@ -1786,6 +1811,31 @@ def _flip_lines(fl: dict[str, Any] | None) -> list[str]:
     return L
 
 
+def gemm_floor_lines(precision: str, p: dict[str, Any]) -> list[str]:
+    """The unaligned-GEMM floor's fit and what it does to this precision's networks it moves."""
+    if not p.get("gemm_floor_fit"):
+        return []
+    fits = p["gemm_floor_fit"]["by_mode"]
+    L = [f"At {precision}, a product with a weight (`nn.Linear`, `F.linear`) whose inner or outer dimension is "
+         "not a multiple of 8 elements, and that fills the GPU at least once, is held at or above a throughput "
+         "floor: time ≥ FLOPs / (efficiency × the GPU's dense half-precision peak) (`gpurec.model.gemm`): cuBLAS "
+         "runs such products (a 50,257-word LM head) on its unaligned kernels, and the boosters have no feature "
+         "for alignment. Efficiency per mode, the median over the training architectures' unaligned rows, with "
+         "its leave-one-architecture-out error: "
+         + "; ".join(f"{m} {f['efficiency']:.4f} ({f['rows']} rows of {', '.join(f['archs'])}; "
+                     f"{100 * f['loao_mape']:.1f}%)" for m, f in fits.items()) + ".", ""]
+    if p.get("gemm_floor"):
+        L += ["Host-free MAPE of the networks the floor moves, without it and with it:", ""]
+        L += table(["GPU", "architectures", "mode", "networks", "which", "time without", "time with",
+                    "energy without", "energy with"],
+                   [row([short(t["gpu"]), t["archs"], t["mode"], str(t["n"]), ", ".join(t["which"]),
+                         _f(t["time_before"]), _f(t["time_after"]), _f(t["energy_before"]), _f(t["energy_after"])])
+                    for t in p["gemm_floor"]]) + [""]
+    else:
+        L += ["It moves none of the networks measured at this precision.", ""]
+    return L
+
+
 def precision_section(prec: dict[str, Any] | None) -> list[str]:
     """Host-free accuracy per precision other than fp32: unseen test architectures against the
     targets, training architectures for contrast, and every network's row."""
@@ -1819,6 +1869,7 @@ def precision_section(prec: dict[str, Any] | None) -> list[str]:
         n_test = sum(g["n_time"] for g in p["groups"] if g["archs"] == "unseen test")
         n_all = sum(g["n_time"] for g in p["groups"])
         L += [""]
+        L += gemm_floor_lines(precision, p)
         if p.get("bf16_twins"):
             L += [f"At {precision}, operations of the kinds the training rows held at bf16 and never at fp16 "
                   "are read as their bf16 twins on GPUs with equal fp16 and bf16 peaks "
