@@ -52,17 +52,20 @@ def unaligned_half(values: np.ndarray, feature_names: Sequence[str], kinds: np.n
     half-precision products with a weight dimension that is not a multiple of ALIGN_ELEMENTS and
     enough output tiles for at least MIN_WAVES waves over the GPU's SMs (``waves``): smaller ones
     (a classifier head with 2 outputs) are latency-bound, and no throughput speaks for them."""
-    names = list(feature_names)
-    kinds = np.asarray(kinds, dtype=object)
     out = np.zeros(len(kinds), dtype=bool)
-    rows = np.flatnonzero(np.isin(kinds, KINDS))
-    if not len(rows):
-        return out
-    col = {c: values[rows, names.index(c)].astype(np.float64) for c in _COLUMNS[:4] + ("waves",)}
+    rows = np.flatnonzero(np.isin(np.asarray(kinds, dtype=object), KINDS))
+    if len(rows):
+        out[rows] = _unaligned_half_products(values[rows], list(feature_names))
+    return out
+
+
+def _unaligned_half_products(values: np.ndarray, names: list[str]) -> np.ndarray:
+    """unaligned_half of rows already known to be products with a weight."""
+    col = {c: values[:, names.index(c)].astype(np.float64)
+           for c in ("flops", "input_elements", "output_elements", "math_mode", "waves")}
     _, k, n = gemm_dims(col["flops"], col["input_elements"], col["output_elements"])
     half = np.isin(col["math_mode"], HALF_MATH) & (col["waves"] >= MIN_WAVES)
-    out[rows] = half & (k > 0) & (n > 0) & (((k % ALIGN_ELEMENTS) != 0) | ((n % ALIGN_ELEMENTS) != 0))
-    return out
+    return half & (k > 0) & (n > 0) & (((k % ALIGN_ELEMENTS) != 0) | ((n % ALIGN_ELEMENTS) != 0))
 
 
 @dataclass(frozen=True)
@@ -120,8 +123,7 @@ class UnalignedGemmFloor:
         rows = np.flatnonzero(X[:, self._kind_cols].max(axis=1) > 0.5)
         if not len(rows):
             return out
-        kinds = np.full(len(rows), KINDS[0], dtype=object)  # the rows are products; which one does not matter
-        sel = rows[unaligned_half(X[rows], self.feature_names, kinds)]
+        sel = rows[_unaligned_half_products(X[rows], self.feature_names)]
         if not len(sel):
             return out
         flops_mode, peak = X[sel, self._cols[4]], X[sel, self._cols[5]]
