@@ -829,10 +829,12 @@ def predict(
     est = f.pop("estimate")
     per_op = est.per_op
     unc = _records(getattr(est, "uncovered", None))
+    unaligned = _records(getattr(est, "unaligned_products", None))
     if fmt == "json":
         _print_json({"model": model, "input_shape": list(shape), "mode": mode, "energy_per": "step (one batch)",
                      **f,
-                     "per_op": per_op.to_dict("records") if per_op is not None else [], "uncovered": unc})
+                     "per_op": per_op.to_dict("records") if per_op is not None else [], "uncovered": unc,
+                     "unaligned_products": unaligned})
         return
     g = "gpu_" if cuda_graphs else ""
     typer.echo(f"{model} {list(shape)} {mode}{'' if precision == 'fp32' else ' at ' + precision} "
@@ -862,6 +864,10 @@ def predict(
         top = top.sort_values("time_share", ascending=False).head(5)
         typer.echo("  where the time goes: " + ", ".join(
             f"{r.kind} {r.time_share * 100:.0f}%" for r in top.itertuples()))
+    if unaligned:
+        from gpurec.model.gemm import unaligned_note
+
+        typer.echo(f"  note: {unaligned_note(unaligned)}")
     _report_uncovered(unc, f["coverage"])
 
 

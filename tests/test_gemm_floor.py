@@ -122,3 +122,44 @@ def test_the_shipped_predictor_puts_an_unaligned_bf16_head_at_or_above_the_floor
     assert with_floor[0] >= flops / (eff * resolve_gpu("H100").bf16_tflops * 1e9) * 0.999
     assert with_floor[0] > 1.3 * without[0]
     assert with_floor[1] == pytest.approx(without[1], rel=1e-9)
+
+
+class _Head(__import__("torch").nn.Module):
+    """A tied LM head as GPT writes it (F.linear to the embedding's weight) after an aligned Linear."""
+
+    def __init__(self, vocab: int) -> None:
+        import torch.nn as nn
+
+        super().__init__()
+        self.tok = nn.Embedding(vocab, 64)
+        self.proj = nn.Linear(64, 64)
+
+    def forward(self, ids: object) -> object:
+        import torch.nn.functional as F
+
+        return F.linear(self.proj(self.tok(ids)), self.tok.weight)
+
+
+def test_estimates_and_rankings_name_the_unaligned_products_a_user_can_pad() -> None:
+    import torch
+
+    from gpurec.model import load_predictor
+    from gpurec.model.gemm import unaligned_note
+    from gpurec.recommend import recommend
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = load_predictor()
+        found = p.predict(_Head(50257), (4, 128), gpu="H100", dtype=torch.long,
+                          precision="bf16-mixed").unaligned_products
+        padded = p.predict(_Head(50304), (4, 128), gpu="H100", dtype=torch.long,
+                           precision="bf16-mixed").unaligned_products
+        fp32 = p.predict(_Head(50257), (4, 128), gpu="H100", dtype=torch.long).unaligned_products
+        ranking = recommend(_Head(50257), (4, 128), gpus=["H100"], dtype=torch.long, precision="bf16-mixed",
+                            predictor=p)
+    assert found[["kind", "k", "n"]].values.tolist() == [["linear", 64, 50257]]  # the aligned proj is not listed
+    assert 0 < found["time_share"].iloc[0] <= 1
+    assert padded.empty and fp32.empty  # aligned, or no tensor-core alignment rule at fp32
+    note = unaligned_note(found.to_dict("records"))
+    assert "64 x 50257" in note and "multiple of 8" in note
+    assert note in ranking.notes

@@ -59,13 +59,43 @@ def unaligned_half(values: np.ndarray, feature_names: Sequence[str], kinds: np.n
     return out
 
 
-def _unaligned_half_products(values: np.ndarray, names: list[str]) -> np.ndarray:
-    """unaligned_half of rows already known to be products with a weight."""
+def _unaligned_half_products(values: np.ndarray, names: list[str], min_waves: float = MIN_WAVES) -> np.ndarray:
+    """unaligned_half of rows already known to be products with a weight (``min_waves`` 0: any size,
+    and no ``waves`` column needed)."""
     col = {c: values[:, names.index(c)].astype(np.float64)
-           for c in ("flops", "input_elements", "output_elements", "math_mode", "waves")}
+           for c in ("flops", "input_elements", "output_elements", "math_mode")}
     _, k, n = gemm_dims(col["flops"], col["input_elements"], col["output_elements"])
-    half = np.isin(col["math_mode"], HALF_MATH) & (col["waves"] >= MIN_WAVES)
+    half = np.isin(col["math_mode"], HALF_MATH)
+    if min_waves > 0:
+        half &= values[:, names.index("waves")].astype(np.float64) >= min_waves
     return half & (k > 0) & (n > 0) & (((k % ALIGN_ELEMENTS) != 0) | ((n % ALIGN_ELEMENTS) != 0))
+
+
+def unaligned_products(values: np.ndarray, feature_names: Sequence[str],
+                       kinds: np.ndarray) -> list[tuple[int, int, int]]:
+    """(row, K, N) of every half-precision product with an unaligned weight among operations
+    (``values`` over gpurec.ops.features.FEATURE_NAMES, whatever their size): what a user can pad."""
+    rows = np.flatnonzero(np.isin(np.asarray(kinds, dtype=object), KINDS))
+    if not len(rows):
+        return []
+    names = list(feature_names)
+    rows = rows[_unaligned_half_products(values[rows], names, min_waves=0.0)]
+    col = {c: values[rows, names.index(c)].astype(np.float64) for c in ("flops", "input_elements", "output_elements")}
+    _, k, n = gemm_dims(col["flops"], col["input_elements"], col["output_elements"])
+    return [(int(r), int(a), int(b)) for r, a, b in zip(rows, k, n, strict=True)]
+
+
+def unaligned_note(unaligned: Sequence[dict[str, Any]]) -> str:
+    """What to do about half-precision products with an unaligned weight: records of
+    Estimate.unaligned_products (name, k, n, time_share)."""
+    share = sum(float(u["time_share"]) for u in unaligned) * 100
+    shown = ", ".join(f"{u['name']} ({u['k']} x {u['n']})" for u in unaligned[:3])
+    more = f" and {len(unaligned) - 3} more" if len(unaligned) > 3 else ""
+    what = "1 half-precision product" if len(unaligned) == 1 else f"{len(unaligned)} half-precision products"
+    return (f"{what} with a weight dimension that is not a multiple of {ALIGN_ELEMENTS}: {shown}{more}, "
+            f"{share:.0f}% of the predicted operation time. cuBLAS runs them on its unaligned kernels (a 50,257-word "
+            f"LM head at about a tenth of the bf16 peak on an H100); padding the dimension to a multiple of "
+            f"{ALIGN_ELEMENTS} lets them use the tensor cores' aligned kernels.")
 
 
 @dataclass(frozen=True)

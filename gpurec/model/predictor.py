@@ -247,6 +247,25 @@ class Estimate:
         return self._per_op
 
     @property
+    def unaligned_products(self) -> pd.DataFrame:
+        """Half-precision products (``nn.Linear``, ``F.linear``) whose weight has a dimension that is
+        not a multiple of gpurec.model.gemm.ALIGN_ELEMENTS: cuBLAS runs them on its unaligned kernels
+        (a 50,257-word LM head at about a tenth of the H100's bf16 peak), so padding the dimension
+        is worth it.  Columns: name, kind, k, n, time_ms, time_share."""
+        import pandas as pd
+
+        from gpurec.model.gemm import unaligned_products
+
+        df = self.per_op
+        d = self._ops
+        found = unaligned_products(d.entry.block.values, FEATURE_NAMES, d.entry.block.kinds) if d is not None else []
+        rows = [r for r, _, _ in found]
+        out = df.loc[rows, ["name", "kind", "time_ms", "time_share"]].reset_index(drop=True)
+        out.insert(2, "k", [k for _, k, _ in found])
+        out.insert(3, "n", [n for _, _, n in found])
+        return pd.DataFrame(out)
+
+    @property
     def uncovered(self) -> pd.DataFrame:
         """Operations the models do not cover, with why and their share of FLOPs and time."""
         df = self.per_op

@@ -196,7 +196,7 @@ class Ranking:
     advice: BoundAdvice | None = None
     band: str = BAND
     estimates: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    notes: tuple[str, ...] = ()  # how ambiguous GPU names were resolved
+    notes: tuple[str, ...] = ()  # how ambiguous GPU names were resolved; unaligned half-precision products
     evidence_source: str = ""  # where the evidence levels were read
     tie_rule: str = ""  # how ties were decided, with the source of the errors
     precision: str = "fp32"  # the math mode every row is predicted at (gpurec.ops.precision)
@@ -387,6 +387,11 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
     ranked = _rank(rows, objective, spreads)
     host_name = next((r["_host"] for r in rows if r["_host"]), None) or _host_label(host)
     first = next(iter(estimates.values()), None)
+    unaligned = getattr(first, "unaligned_products", None)
+    if unaligned is not None and len(unaligned):  # the same operations on every GPU
+        from gpurec.model.gemm import unaligned_note
+
+        notes.append(unaligned_note(unaligned.to_dict("records")))
     advice = None
     if ranked and ranked[0].fits and ranked[0].bound == "host" and not cuda_graphs:
         advice = _bound_advice(ranked, predictor, model, shape, mode, host, dtype, batch_search, say, memory,
