@@ -10,6 +10,7 @@ import pytest
 
 from gpurec.model.fitting.gemm_fit import fit_floor
 from gpurec.model.gemm import ModeFloor, UnalignedGemmFloor, gemm_dims, unaligned_half
+from gpurec.model.persist import IncompatibleModel
 
 NAMES = ["flops", "input_elements", "output_elements", "math_mode", "flops_mode", "peak_tflops_used", "waves",
          "kind=Linear", "kind=linear", "kind=Conv2d"]
@@ -87,7 +88,7 @@ def test_the_floor_raises_only_what_is_below_it_and_survives_a_round_trip() -> N
     again = UnalignedGemmFloor.from_dict(floor.as_dict(), NAMES)
     assert again is not None and again.fits == floor.fits
     assert UnalignedGemmFloor.from_dict(None, NAMES) is None
-    with pytest.raises(ValueError, match="alignment"):
+    with pytest.raises(IncompatibleModel, match="alignment"):
         UnalignedGemmFloor.from_dict(floor.as_dict() | {"align_elements": 4}, NAMES)
 
 

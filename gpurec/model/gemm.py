@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from gpurec.model.persist import IncompatibleModel
+
 KINDS: tuple[str, ...] = ("Linear", "linear")  # products with a weight: (M x K) @ (K x N)
 ALIGN_ELEMENTS = 8  # 16 bytes of a half-precision element: cuBLAS's vector load
 HALF_MATH = (2.0, 3.0)  # math_mode codes of fp16 and bf16 (gpurec.ops.features.MATH_MODES)
@@ -138,10 +140,11 @@ class UnalignedGemmFloor:
         if not d or not d.get("by_mode"):
             return None
         if int(d.get("align_elements", ALIGN_ELEMENTS)) != ALIGN_ELEMENTS or tuple(d.get("kinds", KINDS)) != KINDS:
-            raise ValueError("the saved unaligned-GEMM floor was fitted with another alignment rule: refit it "
-                             "(gpurec tools fit-gemm-floor)")
+            raise IncompatibleModel("the saved unaligned-GEMM floor was fitted with another alignment rule: refit it "
+                                    "(gpurec tools fit-gemm-floor)")
         if not all(c in feature_names for c in _COLUMNS):
-            raise ValueError("the unaligned-GEMM floor needs features the models do not build: refit it")
+            raise IncompatibleModel("the unaligned-GEMM floor needs features these models do not build: refit it "
+                                    "(gpurec tools fit-gemm-floor)")
         return cls({m: ModeFloor.from_dict(f) for m, f in d["by_mode"].items()}, feature_names)
 
     def floor_ms(self, X: np.ndarray, mode: str) -> np.ndarray:
