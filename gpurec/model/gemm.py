@@ -57,20 +57,21 @@ def unaligned_half(values: np.ndarray, feature_names: Sequence[str], kinds: np.n
     out = np.zeros(len(kinds), dtype=bool)
     rows = np.flatnonzero(np.isin(np.asarray(kinds, dtype=object), KINDS))
     if len(rows):
-        out[rows] = _unaligned_half_products(values[rows], list(feature_names))
+        out[rows] = _unaligned_half_products(values[rows], list(feature_names))[0]
     return out
 
 
-def _unaligned_half_products(values: np.ndarray, names: list[str], min_waves: float = MIN_WAVES) -> np.ndarray:
+def _unaligned_half_products(values: np.ndarray, names: list[str],
+                             min_waves: float = MIN_WAVES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """unaligned_half of rows already known to be products with a weight (``min_waves`` 0: any size,
-    and no ``waves`` column needed)."""
+    and no ``waves`` column needed), with each row's K and N."""
     col = {c: values[:, names.index(c)].astype(np.float64)
            for c in ("flops", "input_elements", "output_elements", "math_mode")}
     _, k, n = gemm_dims(col["flops"], col["input_elements"], col["output_elements"])
     half = np.isin(col["math_mode"], HALF_MATH)
     if min_waves > 0:
         half &= values[:, names.index("waves")].astype(np.float64) >= min_waves
-    return half & (k > 0) & (n > 0) & (((k % ALIGN_ELEMENTS) != 0) | ((n % ALIGN_ELEMENTS) != 0))
+    return half & (k > 0) & (n > 0) & (((k % ALIGN_ELEMENTS) != 0) | ((n % ALIGN_ELEMENTS) != 0)), k, n
 
 
 def unaligned_products(values: np.ndarray, feature_names: Sequence[str],
@@ -80,11 +81,8 @@ def unaligned_products(values: np.ndarray, feature_names: Sequence[str],
     rows = np.flatnonzero(np.isin(np.asarray(kinds, dtype=object), KINDS))
     if not len(rows):
         return []
-    names = list(feature_names)
-    rows = rows[_unaligned_half_products(values[rows], names, min_waves=0.0)]
-    col = {c: values[rows, names.index(c)].astype(np.float64) for c in ("flops", "input_elements", "output_elements")}
-    _, k, n = gemm_dims(col["flops"], col["input_elements"], col["output_elements"])
-    return [(int(r), int(a), int(b)) for r, a, b in zip(rows, k, n, strict=True)]
+    found, k, n = _unaligned_half_products(values[rows], list(feature_names), min_waves=0.0)
+    return [(int(r), int(a), int(b)) for r, a, b in zip(rows[found], k[found], n[found], strict=True)]
 
 
 def unaligned_note(unaligned: Sequence[dict[str, Any]]) -> str:
@@ -156,7 +154,7 @@ class UnalignedGemmFloor:
         rows = np.flatnonzero(X[:, self._kind_cols].max(axis=1) > 0.5)
         if not len(rows):
             return out
-        sel = rows[_unaligned_half_products(X[rows], self.feature_names)]
+        sel = rows[_unaligned_half_products(X[rows], self.feature_names)[0]]
         if not len(sel):
             return out
         flops_mode, peak = X[sel, self._cols[4]], X[sel, self._cols[5]]

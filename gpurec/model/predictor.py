@@ -252,18 +252,14 @@ class Estimate:
         not a multiple of gpurec.model.gemm.ALIGN_ELEMENTS: cuBLAS runs them on its unaligned kernels
         (a 50,257-word LM head at about a tenth of the H100's bf16 peak), so padding the dimension
         is worth it.  Columns: name, kind, k, n, time_ms, time_share."""
-        import pandas as pd
-
         from gpurec.model.gemm import unaligned_products
 
-        df = self.per_op
         d = self._ops
         found = unaligned_products(d.entry.block.values, FEATURE_NAMES, d.entry.block.kinds) if d is not None else []
-        rows = [r for r, _, _ in found]
-        out = df.loc[rows, ["name", "kind", "time_ms", "time_share"]].reset_index(drop=True)
+        out = self.per_op.loc[[r for r, _, _ in found], ["name", "kind", "time_ms", "time_share"]].reset_index(drop=True)
         out.insert(2, "k", [k for _, k, _ in found])
         out.insert(3, "n", [n for _, _, n in found])
-        return pd.DataFrame(out)
+        return out
 
     @property
     def uncovered(self) -> pd.DataFrame:

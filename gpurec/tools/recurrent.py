@@ -23,16 +23,11 @@ from gpurec.ops.precision import precision_or_default
 def recurrent_rows(data_root: Path | str | None, builder: Any) -> tuple[Any, dict[str, np.ndarray], Any]:
     """The recurrent operation rows usable as training rows (test architectures never), their
     feature matrices per target, and the (reference host, rows by run) for host scales."""
-    from gpurec.model.features import SetExtractor, hardware_matrix, masked, operations_of_rows, target_mask
-    from gpurec.model.fitting.data import RECURRENT_KINDS, load_tables, reference_host, with_targets
+    from gpurec.model.features import masked, target_mask
+    from gpurec.model.fitting.data import RECURRENT_KINDS, kind_rows, reference_host
 
-    raw_ops, raw_nets, in_net = load_tables(data_root)
-    ops, nets, _, _ = with_targets(raw_ops, raw_nets, in_net, "auto", "in_network")
-    rows = ops[ops["op_kind"].isin(RECURRENT_KINDS)].reset_index(drop=True)
-    matched = operations_of_rows(rows, SetExtractor(None))
-    rows = rows.iloc[matched.row_index].reset_index(drop=True)
-    feats = builder.build(matched.block, hardware_matrix(rows["gpu"].tolist()))
-    X = {t: masked(feats.X, target_mask(t, builder.feature_names)) for t in ("time", "power", "host")}
+    rows, X_all, ops, nets = kind_rows(data_root, RECURRENT_KINDS, builder)
+    X = {t: masked(X_all, target_mask(t, builder.feature_names)) for t in ("time", "power", "host")}
     return rows, X, reference_host(data_root, ops, nets)
 
 

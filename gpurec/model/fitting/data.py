@@ -219,6 +219,18 @@ def check_models(model_dir: Path | str | None = None, data_root: Path | str | No
     return out
 
 
+def kind_rows(data_root: Path | str | None, kinds: Any, builder: FeatureBuilder) -> tuple[Any, np.ndarray, Any, Any]:
+    """The operation rows of ``kinds`` with the targets training gives them (with_targets: never a
+    test architecture's), matched to their operations, with an ``_kind`` column; their unmasked
+    feature rows; and the operation and network tables they came from."""
+    raw_ops, raw_nets, in_net = load_tables(data_root)
+    ops, nets, _, _ = with_targets(raw_ops, raw_nets, in_net, "auto", "in_network")
+    rows = ops[ops["op_kind"].isin(kinds)].reset_index(drop=True)
+    matched = operations_of_rows(rows, SetExtractor(None))
+    rows = rows.iloc[matched.row_index].reset_index(drop=True).assign(_kind=matched.block.kinds)
+    return rows, builder.build(matched.block, hardware_matrix(rows["gpu"].tolist())).X, ops, nets
+
+
 def reference_host(data_root: Path | str | None, ops: Any, nets: Any) -> tuple[Any, str, dict[str, list[Any]]]:
     """The reference host profile, where it comes from, and the profiles by run.
 

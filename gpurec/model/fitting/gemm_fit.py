@@ -51,32 +51,15 @@ def fit_floor(X: np.ndarray, kinds: np.ndarray, time_ms: np.ndarray, modes: np.n
     return (UnalignedGemmFloor(fits, names) if fits else None), report
 
 
-def gemm_rows(data_root: Path | str | None, builder: Any) -> tuple[Any, np.ndarray]:
-    """The Linear / F.linear operation rows usable as training rows (never a test architecture's),
-    with the targets training gives them (gpurec.model.fitting.data.with_targets), and their
-    unmasked feature rows: the floor reads ``waves``, which the time boosters' matrices hide."""
-    from gpurec.model._sets import test_arch_names
-    from gpurec.model.features import SetExtractor, hardware_matrix, operations_of_rows
-    from gpurec.model.fitting.data import load_tables, with_targets
+def fit_floor_on_data(data_root: Path | str | None, builder: Any) -> tuple[UnalignedGemmFloor | None, dict[str, Any]]:
+    """fit_floor on the training rows of Linear and F.linear (fitting.data.kind_rows: unmasked
+    features, since the floor reads ``waves``, which the time boosters' matrices hide), with
+    architectures as groups; the report says how many rows it read."""
+    from gpurec.model.fitting.data import kind_rows
     from gpurec.model.fitting.evaluate import arch_of
     from gpurec.model.gemm import KINDS
 
-    raw_ops, raw_nets, in_net = load_tables(data_root)
-    ops, _, _, _ = with_targets(raw_ops, raw_nets, in_net, "auto", "in_network")
-    test = set(test_arch_names())
-    rows = ops[ops["op_kind"].isin(KINDS) & ~ops["set_key"].map(lambda k: arch_of(str(k)) in test)]
-    rows = rows.reset_index(drop=True)
-    matched = operations_of_rows(rows, SetExtractor(None))
-    rows = rows.iloc[matched.row_index].reset_index(drop=True)
-    feats = builder.build(matched.block, hardware_matrix(rows["gpu"].tolist()))
-    return rows.assign(_kind=matched.block.kinds), feats.X
-
-
-def fit_floor_on_data(data_root: Path | str | None, builder: Any) -> tuple[UnalignedGemmFloor | None, dict[str, Any]]:
-    """fit_floor on gemm_rows (architectures as groups); the report says how many rows it read."""
-    from gpurec.model.fitting.evaluate import arch_of
-
-    rows, X = gemm_rows(data_root, builder)
+    rows, X, _, _ = kind_rows(data_root, KINDS, builder)
     floor, report = fit_floor(X, rows["_kind"].to_numpy(dtype=object), rows["_t_gpu"].to_numpy(dtype=np.float64),
                               rows["mode"].to_numpy(dtype=object), [arch_of(str(k)) for k in rows["set_key"]],
                               builder.feature_names)
