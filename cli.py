@@ -1208,7 +1208,8 @@ def tools_plan(out: Path = typer.Option(None, "--out",
                                           "(the sequence models at bf16-mixed: held-out networks, then the "
                                           "training sets' operations and networks), 'seq-kinds-fp16-mixed' "
                                           "(the held-out sequence networks and the sequence training sets' "
-                                          "attention, embedding and recurrent operations at fp16-mixed)"),
+                                          "attention, embedding and recurrent operations at fp16-mixed), 'lm-heads' "
+                                          "(the language-model head sweep's heads at bf16-mixed and fp32)"),
                subset_of: Path = typer.Option(None, "--subset-of", help="a committed plan to copy the items of "
                                               "--archs from, verbatim (needs --out): a short lease measures "
                                               "them first and the full plan skips them when it resumes"),

@@ -88,6 +88,24 @@ class RecurrentSweepSpec:
     dropout: float = 0.1
 
 
+@dataclass(frozen=True)
+class HeadSweepSpec:
+    """Language-model heads side by side, each its own operation: (width K, vocabulary N) per
+    branch, every branch over the tokens embedded at its width."""
+
+    branches: tuple[tuple[int, int], ...]
+    vocab: int = 1000  # of the token ids (the embedding tables), not of the heads
+
+
+def _head_branches() -> tuple[tuple[int, int], ...]:
+    """Widths beside the training decoders' (512, 1024, 1536) but none of the held-out models'
+    (768, 384), by vocabularies users train: padded to a multiple of 8 or more (32,000; 32,768;
+    50,304, GPT-2's padded to 64; 128,256) and not (30,522, BERT's; 50,257, GPT-2's).  Why: the
+    training rows hold large half-precision heads at 10,000 words (aligned) and 50,257 (not), so
+    an aligned 50,304-word head fell between them (DEVELOPERS.md, session 46)."""
+    return tuple((k, n) for k in (512, 1024, 2048) for n in (30522, 32000, 32768, 50257, 50304, 128256))
+
+
 def _sweep_branches() -> tuple[tuple[int, int, int, bool], ...]:
     """Hidden sizes around and beyond the training models' (256-1024) but none of the held-out
     models' (768, 384), one to three layers; the widest take a 512-wide input; a few bidirectional."""
@@ -95,7 +113,7 @@ def _sweep_branches() -> tuple[tuple[int, int, int, bool], ...]:
     return uni + tuple((256, h, n, True) for h in (192, 448, 576) for n in (1, 2))
 
 
-SPECS: dict[str, EncoderSpec | DecoderSpec | RecurrentSpec | RecurrentSweepSpec] = {
+SPECS: dict[str, EncoderSpec | DecoderSpec | RecurrentSpec | RecurrentSweepSpec | HeadSweepSpec] = {
     # training architectures
     "bert_d256_post": EncoderSpec(256, 4, 4, norm_first=False, attention="torch"),
     "bert_d512_pre": EncoderSpec(512, 8, 6, norm_first=True, attention="manual"),
@@ -120,6 +138,8 @@ SPECS: dict[str, EncoderSpec | DecoderSpec | RecurrentSpec | RecurrentSweepSpec]
     # recurrent operation sweeps (measured per operation only)
     "lstm_sweep": RecurrentSweepSpec("LSTM", _sweep_branches()),
     "gru_sweep": RecurrentSweepSpec("GRU", _sweep_branches()),
+    # language-model head sweep (measured per operation only)
+    "gpt_heads": HeadSweepSpec(_head_branches()),
 }
 
 
@@ -145,6 +165,8 @@ def build(arch: str) -> nn.Module:
         return Decoder(spec)
     if isinstance(spec, RecurrentSweepSpec):
         return RecurrentSweep(spec)
+    if isinstance(spec, HeadSweepSpec):
+        return HeadSweep(spec)
     return Recurrent(spec)
 
 
@@ -365,3 +387,23 @@ class RecurrentSweep(nn.Module):
         embedded = {d: emb(ids) for d, emb in self.tok.items()}
         last = [rnn(embedded[str(b[0])])[0][:, -1] for rnn, b in zip(self.rnns, self.spec.branches, strict=True)]
         return torch.cat(last, dim=1)
+
+
+class HeadSweep(nn.Module):
+    """An operation sweep (gpurec.sets.SEQ_SWEEP_ARCHS): one language-model head (``nn.Linear(K,
+    N)``) per branch of the spec, each over the tokens embedded at its width; the output is each
+    head's mean logit, so training reaches each head's backward (its input's gradient included, as
+    in a model whose head follows trained layers).  Not a network anyone runs: only its operations
+    are measured."""
+
+    def __init__(self, spec: HeadSweepSpec) -> None:
+        super().__init__()
+        self.spec, self.vocab_size = spec, spec.vocab
+        widths = sorted({k for k, _ in spec.branches})
+        self.tok = nn.ModuleDict({str(k): nn.Embedding(spec.vocab, k) for k in widths})
+        self.heads = nn.ModuleList(nn.Linear(k, n) for k, n in spec.branches)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        embedded = {k: emb(ids) for k, emb in self.tok.items()}
+        return torch.stack([head(embedded[str(k)]).mean(dim=-1)
+                            for head, (k, _) in zip(self.heads, self.spec.branches, strict=True)], dim=-1)

@@ -126,7 +126,12 @@ SEQ_TEST_SHAPES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 # Recurrent operation sweeps: LSTM or GRU layers of many sizes side by side over token ids,
 # measured per operation only, at the training sets' shapes (SEQ_SHAPES["rnn"]).  Without them
 # the recurrent models saw five hidden sizes; the sweeps' sizes avoid the held-out ones (768, 384).
-SEQ_SWEEP_ARCHS: tuple[str, ...] = ("lstm_sweep", "gru_sweep")
+RNN_SWEEP_ARCHS: tuple[str, ...] = ("lstm_sweep", "gru_sweep")
+# Language-model heads of many widths and vocabularies side by side (gpurec.seqmodels.HeadSweep),
+# measured per operation only, at these (batch sizes, sequence lengths): 256 to 8,192 tokens.
+HEAD_SWEEP_ARCHS: tuple[str, ...] = ("gpt_heads",)
+SEQ_SWEEP_ARCHS: tuple[str, ...] = RNN_SWEEP_ARCHS + HEAD_SWEEP_ARCHS
+HEAD_SWEEP_SHAPES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {"gpt": ((1, 8), (256, 1024))}
 
 
 def seq_family(arch: str) -> str:

@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$NAME" in
   *H100*)
-    PLANS_H100="datasets/plans/seq_bf16_mixed.json@0.1,datasets/plans/bf16_mixed_operations.json@0.6,datasets/plans/targeted.json@0.9,datasets/plans/precision.json" \
+    PLANS_H100="datasets/plans/lm_heads.json@0.35,datasets/plans/seq_bf16_mixed.json@0.4,datasets/plans/bf16_mixed_operations.json@0.6,datasets/plans/targeted.json@0.9,datasets/plans/precision.json" \
       bash scripts/device_round2.sh "$BUDGET_S"; exit $? ;;
 esac
 COL="out/recard-$(date -u +%Y%m%dT%H%M%S)"; mkdir -p "$COL"

@@ -17,6 +17,7 @@ from gpurec.collect import CollectConfig, WindowConfig, build_plan, run_worker
 from gpurec.dataset.store import read_jsonl
 from gpurec.ops.extract import extract_operations, sdpa_backend
 from gpurec.sets import (
+    RNN_SWEEP_ARCHS,
     SEQ_DATASET_ARCHS,
     SEQ_SHAPES,
     SEQ_SWEEP_ARCHS,
@@ -70,8 +71,8 @@ def test_recurrent_sweeps_add_sizes_without_the_held_out_models_layers() -> None
             return {(spec.cell, spec.embed or spec.hidden, spec.hidden, spec.layers, spec.bidirectional)}
         return set()
 
-    swept = set().union(*(layers(a) for a in SEQ_SWEEP_ARCHS))
-    assert len(swept) == sum(len(seqmodels.SPECS[a].branches) for a in SEQ_SWEEP_ARCHS) >= 40
+    swept = set().union(*(layers(a) for a in RNN_SWEEP_ARCHS))
+    assert len(swept) == sum(len(seqmodels.SPECS[a].branches) for a in RNN_SWEEP_ARCHS) >= 40
     assert not swept & set().union(*(layers(a) for a in SEQ_TEST_ARCHS))
     assert not swept & set().union(*(layers(a) for a in SEQ_DATASET_ARCHS))
     held_out_hidden = {h for a in SEQ_TEST_ARCHS for _, _, h, _, _ in layers(a)}
@@ -96,10 +97,43 @@ def test_rnn_sweep_plan_holds_operations_only(tmp_path) -> None:
     kinds = {w["kind"] for w in items}
     assert {"LSTM", "GRU"} <= kinds
     archs = {k.split(":")[0] for w in items for k in w["model_sets"]}
-    assert archs == set(SEQ_SWEEP_ARCHS)
+    assert archs == set(RNN_SWEEP_ARCHS)
     batches, lengths = SEQ_SHAPES["rnn"]
     assert {w["set_key"] for w in items if w["kind"] == "LSTM"} == {
         f"lstm_sweep:b{b}:s{s}" for b in batches for s in lengths}
+
+
+def test_head_sweep_holds_each_head_once_and_none_of_the_held_out_widths(tmp_path) -> None:
+    """The language-model head sweep: one Linear operation per (width, vocabulary) branch at each
+    shape, with its input gradient in training; aligned and unaligned vocabularies; no width of a
+    held-out model; its plan holds those heads alone, at bf16-mixed and fp32, in both modes."""
+    import json
+
+    from gpurec.ops import extract_operations
+    from gpurec.sets import HEAD_SWEEP_ARCHS, HEAD_SWEEP_SHAPES
+    from gpurec.tools.plan import write_preset_plan
+
+    spec = seqmodels.SPECS["gpt_heads"]
+    assert isinstance(spec, seqmodels.HeadSweepSpec) and seqmodels.build("gpt_heads").vocab_size == spec.vocab
+    widths = {k for k, _ in spec.branches}
+    held_out = {getattr(seqmodels.SPECS[a], "d", None) or seqmodels.SPECS[a].hidden for a in SEQ_TEST_ARCHS}
+    assert held_out == {384, 768} and not widths & held_out
+    assert {n % 8 == 0 for _, n in spec.branches} == {True, False}
+    for mode in ("inference", "training"):
+        heads = [o for o in extract_operations("gpt_heads", (8, 256), mode=mode) if o.kind == "Linear"]
+        assert sorted((o.settings["in_features"], o.settings["out_features"]) for o in heads) == sorted(spec.branches)
+        assert all(tuple(o.input_shapes[0]) == (8, 256, o.settings["in_features"]) for o in heads)
+        if mode == "training":
+            assert all(o.features()["input_requires_grad"] == 1 for o in heads)
+
+    counts = write_preset_plan("lm-heads", tmp_path / "heads.json")
+    items = json.loads((tmp_path / "heads.json").read_text())["items"]
+    assert counts["items"] == len(items) == counts["op"] and {w["kind"] for w in items} == {"Linear"}
+    batches, lengths = HEAD_SWEEP_SHAPES["gpt"]
+    assert {w["set_key"] for w in items} == {f"{a}:b{b}:s{s}" for a in HEAD_SWEEP_ARCHS for b in batches for s in lengths}
+    assert {w.get("precision", "fp32") for w in items} == {"bf16-mixed", "fp32"}
+    assert {w["mode"] for w in items} == {"inference", "training"}
+    assert len(items) == len(spec.branches) * len(batches) * len(lengths) * 2 * 2
 
 
 # -- extraction ---------------------------------------------------------------------------------

@@ -122,11 +122,22 @@ def _seq_kinds_fp16_mixed_parts() -> list[PlanPart]:
                      op_kinds=SEQUENCE_KINDS)]
 
 
+def _lm_heads_parts() -> list[PlanPart]:
+    """The language-model head sweep (gpurec.sets.HEAD_SWEEP_ARCHS): its heads alone, at bf16-mixed
+    (what Hopper users train and serve at, where a head's alignment decides its kernel) and fp32,
+    both modes; no network rows (a sweep is not a network anyone runs)."""
+    from gpurec.sets import HEAD_SWEEP_ARCHS, HEAD_SWEEP_SHAPES
+
+    return [PlanPart(p, HEAD_SWEEP_ARCHS, (), networks=False, seq_shapes=HEAD_SWEEP_SHAPES, op_kinds=("Linear",))
+            for p in ("bf16-mixed", "fp32")]
+
+
 PRESETS: dict[str, Callable[[], list[PlanPart]]] = {"precision": _issue21_parts,
                                                     "precision-networks": _precision_networks_parts,
                                                     "bf16-mixed-operations": _bf16_mixed_operations_parts,
                                                     "seq-bf16-mixed": _seq_bf16_mixed_parts,
-                                                    "seq-kinds-fp16-mixed": _seq_kinds_fp16_mixed_parts}
+                                                    "seq-kinds-fp16-mixed": _seq_kinds_fp16_mixed_parts,
+                                                    "lm-heads": _lm_heads_parts}
 
 
 def build_parts_plan(parts: Sequence[PlanPart], extract: Any = None,
@@ -195,12 +206,12 @@ RNN_SWEEP_PLAN = Path("datasets") / "plans" / "rnn_sweep.json"
 
 def write_rnn_sweep_plan(out: Path | str = RNN_SWEEP_PLAN) -> dict[str, int]:
     """Write the recurrent sweep plan: operation rows of the LSTM and GRU sweeps
-    (gpurec.sets.SEQ_SWEEP_ARCHS) at the recurrent training sets' shapes, both modes; no network
+    (gpurec.sets.RNN_SWEEP_ARCHS) at the recurrent training sets' shapes, both modes; no network
     rows (a sweep is not a network anyone runs).  Returns how many items of each kind it holds."""
     from gpurec.collect.plan import MODES, SEQ_SHAPES, build_plan, sequence_input_sets
-    from gpurec.sets import SEQ_SWEEP_ARCHS
+    from gpurec.sets import RNN_SWEEP_ARCHS
 
-    sets = sequence_input_sets(SEQ_SWEEP_ARCHS, SEQ_SHAPES)  # both sweeps are of the "rnn" family
+    sets = sequence_input_sets(RNN_SWEEP_ARCHS, SEQ_SHAPES)  # both sweeps are of the "rnn" family
     return _write(out, build_plan(sets, MODES, networks=False, operations=True))
 
 
