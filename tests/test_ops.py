@@ -781,6 +781,60 @@ def test_one_d_convolutions_and_pools_are_their_height_one_2d_kernels(mode: str)
     assert unbatched.kind == "Conv1d" and unbatched.input_shapes == [[16, 100]]
 
 
+class _ConvPoolNet(nn.Module):
+    """A hand-written CNN in module form, or the same network in functional form (F.conv2d on its
+    parameters, F.max_pool2d and F.avg_pool2d, and their 1-D forms), as users write both."""
+
+    def __init__(self, functional: bool) -> None:
+        super().__init__()
+        self.functional = functional
+        self.c1, self.c2 = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 32, 3, stride=2, groups=2, bias=False)
+        self.p1, self.p2 = nn.MaxPool2d(2), nn.AvgPool2d(3, stride=1, padding=1)
+        self.c3, self.p3 = nn.Conv1d(32, 8, 5, padding="same"), nn.MaxPool1d(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.functional:
+            x = F.max_pool2d(F.conv2d(x, self.c1.weight, self.c1.bias, padding=1), 2)
+            x = F.avg_pool2d(F.conv2d(x, self.c2.weight, None, 2, 0, 1, 2), kernel_size=3, stride=1, padding=1)
+            return F.max_pool1d(F.conv1d(x.flatten(2), self.c3.weight, self.c3.bias, padding="same"), 3, 2)
+        return self.p3(self.c3(self.p2(self.c2(self.p1(self.c1(x)))).flatten(2)))
+
+
+class _StandardisedConv(nn.Module):
+    """A weight-standardised convolution: F.conv2d of a weight computed in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 4, 3, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight - self.weight.mean((1, 2, 3), keepdim=True)
+        return F.conv2d(x, w, stride=2)
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_functional_convolutions_and_pools_are_their_modules_with_its_settings(mode: str) -> None:
+    """F.conv2d, F.max_pool2d, F.avg_pool2d (and the 1-D forms) run their modules' kernels: they
+    take the module's kind and the settings it would hold, read from the call's arguments, so their
+    feature rows are the module network's and the models predict them from those kinds' rows (they
+    were unknown kinds: inception_v3 calls F.max_pool2d and F.avg_pool2d).  A weight computed in
+    forward counts as the convolution's second input."""
+    from gpurec.ops.features import operation_feature_row
+
+    def kept(net: nn.Module) -> list[Operation]:
+        return [op for op in extract_operations(net, (2, 3, 32, 32), mode=mode) if op.kind != "flatten"]
+
+    functional, modules = kept(_ConvPoolNet(True)), kept(_ConvPoolNet(False))
+    assert [op.kind for op in functional] == [op.kind for op in modules] == [
+        "Conv2d", "MaxPool2d", "Conv2d", "AvgPool2d", "Conv2d", "MaxPool2d"]
+    assert [(operation_feature_row(op), op.output_shapes, op.params) for op in functional] == \
+        [(operation_feature_row(op), op.output_shapes, op.params) for op in modules]
+    conv = next(op for op in extract_operations(_StandardisedConv(), (2, 4, 16, 16), mode=mode) if op.kind == "Conv2d")
+    assert (conv.settings["in_channels"], conv.settings["out_channels"], conv.settings["kernel_size"],
+            conv.settings["stride"]) == (4, 8, [3, 3], [2, 2])
+    assert conv.input_shapes == [[2, 4, 16, 16], [8, 4, 3, 3]]
+
+
 class _EinsumAttention(nn.Module):
     """Attention scores and mix as einsum users write them, or as the bmm ATen runs them as."""
 

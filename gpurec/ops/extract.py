@@ -1004,6 +1004,63 @@ def _linear_settings(args: Any, kwargs: Any) -> dict[str, int] | None:
     return {"in_features": int(weight.shape[0]), "out_features": int(weight.shape[1])}
 
 
+# Functional convolutions and pools run their torch.nn module's kernels, but their features read
+# the module's settings (a convolution's channels and kernel, a pool's window and stride): so they
+# are named as the module with the settings it would hold, read from the call's arguments
+# (_functional_module_settings), and predicted from its measured rows (a hand-written network's
+# F.max_pool2d(x, 2) or a weight-standardised convolution's F.conv2d).
+_FUNCTIONAL_MODULES: dict[str, str] = {"conv1d": "Conv1d", "conv2d": "Conv2d", "max_pool1d": "MaxPool1d",
+                                       "max_pool2d": "MaxPool2d", "avg_pool1d": "AvgPool1d",
+                                       "avg_pool2d": "AvgPool2d"}
+# each function's arguments after its input, in order, with their defaults
+_FUNCTIONAL_ARGS: dict[str, tuple[tuple[str, Any], ...]] = {
+    "conv": (("weight", None), ("bias", None), ("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)),
+    "max_pool": (("kernel_size", None), ("stride", None), ("padding", 0), ("dilation", 1), ("ceil_mode", False),
+                 ("return_indices", False)),
+    "avg_pool": (("kernel_size", None), ("stride", None), ("padding", 0), ("ceil_mode", False),
+                 ("count_include_pad", True), ("divisor_override", None)),
+}
+
+
+def _functional_module_settings(kind: str, args: Any, kwargs: Any,
+                                act_shapes: Sequence[tuple[int, ...]]) -> tuple[str, dict[str, Any]] | None:
+    """(module kind, the settings that module would hold) of a functional convolution or pool
+    (_FUNCTIONAL_MODULES), from its argument templates (``act_shapes``: the activations' shapes, by
+    ActRef index, for a weight computed in ``forward``); None where the call does not read as one."""
+    module = _FUNCTIONAL_MODULES.get(kind)
+    if module is None or not isinstance(args, (tuple, list)) or not args or not isinstance(args[0], ActRef) \
+            or not isinstance(kwargs, dict):
+        return None
+    spec = _FUNCTIONAL_ARGS[kind[:-2] if "pool" in kind else "conv"]  # max_pool2d -> max_pool
+    names = [n for n, _ in spec]
+    if len(args) - 1 > len(spec) or set(kwargs) - set(names) or set(kwargs) & set(names[:len(args) - 1]):
+        return None
+    v = {**dict(spec), **dict(zip(names, args[1:], strict=False)), **kwargs}
+    if "pool" in kind:
+        if v["kernel_size"] is None:
+            return None
+        if v["stride"] is None or v["stride"] == []:
+            v["stride"] = v["kernel_size"]  # as the module and the function default it
+        return module, {k: canonical_value(x) for k, x in v.items()} | {"param_shapes": {}}
+    weight, bias, groups = v["weight"], v["bias"], v["groups"]
+    shape = tuple(weight.shape) if isinstance(weight, ParamRef) else act_shapes[weight.index] \
+        if isinstance(weight, ActRef) else None
+    dims = 1 if kind == "conv1d" else 2
+    if shape is None or len(shape) != dims + 2 or not isinstance(groups, int) or isinstance(groups, bool):
+        return None
+
+    def per_dim(x: Any) -> Any:  # as nn.Conv1d/nn.Conv2d hold them (_single, _pair); "same"/"valid" kept
+        return x if isinstance(x, str) else [int(x)] * dims if isinstance(x, int) else canonical_value(x)
+
+    settings = {"in_channels": int(shape[1]) * groups, "out_channels": int(shape[0]),
+                "kernel_size": [int(k) for k in shape[2:]], "stride": per_dim(v["stride"]),
+                "padding": per_dim(v["padding"]), "dilation": per_dim(v["dilation"]), "groups": groups,
+                "output_padding": [0] * dims, "padding_mode": "zeros", "transposed": False,
+                "param_shapes": {"weight": list(shape)} | ({"bias": list(bias.shape)}
+                                                           if isinstance(bias, ParamRef) else {})}
+    return module, settings
+
+
 def _cell_linear_settings(args: Any) -> dict[str, int] | None:
     """A Linear layer's settings for cell_linear(x, weight, bias) of a weight parameter (out, in)."""
     weight = args[1] if isinstance(args, (tuple, list)) and len(args) == 3 else None
@@ -1780,6 +1837,11 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
                          else _cell_linear_settings(arg_template) if kind == "cell_linear" else None)
         if twin_settings is not None:
             kind = "Linear"
+        elif kind in _FUNCTIONAL_MODULES:
+            twin = _functional_module_settings(kind, arg_template, kwarg_template,
+                                               [_shape(t) for t in split.act_values])
+            if twin is not None:
+                kind, twin_settings = twin
         act_nodes, act_values = split.act_nodes, split.act_values
         has_params = has_params or split.has_params
         out_tensors = [t for t in _leaves(out) if _is_tensor(t)]
