@@ -86,6 +86,22 @@ def test_recurrent_sweeps_add_sizes_without_the_held_out_models_layers() -> None
     assert seqmodels.build("lstm_sweep").vocab_size == seqmodels.SPECS["lstm_sweep"].vocab
 
 
+def test_head_sweep_operations_run_through_the_runner(tmp_path: Path, fast_worker: FakeNVML) -> None:
+    """The head sweep's heads measure as the device will measure them: built by name, each head
+    found by its key, forward and backward (its input's gradient too), no failure."""
+    plan = build_plan([SequenceInputSet("gpt_heads", 1, 2)], networks=False)
+    heads = [w for w in plan if w.kind == "Linear"]
+    assert len(heads) == 2 * len(seqmodels.SPECS["gpt_heads"].branches)  # every branch, both modes
+    # the first two heads of each mode (in execution order: width 512, the smallest vocabularies)
+    items = [w for m in ("inference", "training") for w in [h for h in heads if h.mode == m][:2]]
+    cfg = CollectConfig(window=FAST, repeat_every=0, max_consecutive_failures=5, host_bench_blocks=0)
+    summary = run_worker(items, tmp_path, cfg, shard_name="heads", device="cpu", log=lambda _: None)
+    rows = [r for r in read_jsonl(tmp_path / "rows-heads.jsonl") if r["item"] != "idle"]
+    assert summary["failed"] == 0, [r.get("error") for r in rows if r["status"] != "ok"]
+    assert sorted(r["id"] for r in rows) == sorted(w.id for w in items)
+    assert {r["backward"] for r in rows if r["mode"] == "training"} == {True}
+
+
 def test_rnn_sweep_plan_holds_operations_only(tmp_path) -> None:
     import json
 
