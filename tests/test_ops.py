@@ -835,6 +835,29 @@ def test_functional_convolutions_and_pools_are_their_modules_with_its_settings(m
     assert conv.input_shapes == [[2, 4, 16, 16], [8, 4, 3, 3]]
 
 
+class _StopGradient(nn.Module):
+    """A head over a detached (stop-gradient) body output, as a target network or a probe is."""
+
+    def __init__(self, detach: bool) -> None:
+        super().__init__()
+        self.detach = detach
+        self.body, self.head = nn.Linear(32, 64), nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.body(x))
+        return self.head(h.detach() if self.detach else h)
+
+
+def test_a_detached_tensor_carries_no_gradient_into_what_reads_it() -> None:
+    """x.detach() cuts the graph: in training the head reading it computes its weight's gradient
+    only (no input gradient, half the backward FLOPs), as PyTorch runs it; without the detach the
+    head's input carries a gradient."""
+    (cut,) = [op for op in extract_operations(_StopGradient(True), (4, 32), mode="training") if op.name == "head"]
+    (whole,) = [op for op in extract_operations(_StopGradient(False), (4, 32), mode="training") if op.name == "head"]
+    assert cut.input_requires_grad == [False] and whole.input_requires_grad == [True]
+    assert cut.flops_bwd == whole.flops_bwd // 2 == cut.flops
+
+
 class _EinsumAttention(nn.Module):
     """Attention scores and mix as einsum users write them, or as the bmm ATen runs them as."""
 

@@ -863,6 +863,10 @@ class _NodeTrace(_NodeFlops):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
+# Operations whose output never carries a gradient, whatever their input does.
+_GRADIENT_STOPS = frozenset({"detach", "detach_"})
+
+
 def _is_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor)
 
@@ -1849,8 +1853,9 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             grad[node.name] = in_grad(node)
             continue
         requires_grad = [bool(training and grad.get(n, False)) for n in act_nodes]
-        # Only floating-point outputs carry gradients (a bool mask made from a float tensor does not).
-        grad[node.name] = bool(training and (has_params or any(requires_grad))
+        # Only floating-point outputs carry gradients (a bool mask made from a float tensor does not),
+        # and never a detached one (a stop-gradient: what reads it has no backward through it).
+        grad[node.name] = bool(training and (has_params or any(requires_grad)) and kind not in _GRADIENT_STOPS
                                and any(t.is_floating_point() or t.is_complex() for t in out_tensors))
         in_numel = sum(t.numel() for t in act_values)
         out_numel = sum(t.numel() for t in out_tensors)
