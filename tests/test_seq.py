@@ -150,6 +150,7 @@ def test_head_sweep_holds_each_head_once_and_none_of_the_held_out_widths(tmp_pat
     assert {w.get("precision", "fp32") for w in items} == {"bf16-mixed", "fp32"}
     assert {w["mode"] for w in items} == {"inference", "training"}
     assert len(items) == len(spec.branches) * len(batches) * len(lengths) * 2 * 2
+    assert not set(batches) & set(SEQ_TEST_SHAPES["gpt"][0])  # never a held-out decoder's batch
 
 
 # -- extraction ---------------------------------------------------------------------------------
