@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gpurec.model.fitting.gemm_fit import fit_floor
-from gpurec.model.gemm import ModeFloor, UnalignedGemmFloor, gemm_dims, unaligned_half
+from gpurec.model.gemm import ModeFloor, UnalignedGemmFloor, gemm_dims, unaligned_half, unaligned_products
 from gpurec.model.persist import IncompatibleModel
 
 NAMES = ["flops", "input_elements", "output_elements", "math_mode", "flops_mode", "peak_tflops_used", "waves",
@@ -33,13 +33,18 @@ def test_dims_are_recovered_from_flops_and_element_counts() -> None:
 def test_only_half_precision_unaligned_products_of_a_full_wave_are_found() -> None:
     rows = [_row(6144, 768, 50257),                    # GPT head, bf16: found
             _row(6144, 768, 50257, kind="linear"),     # F.linear, no in/out features needed: found
-            _row(6144, 770, 4096, math=2.0),           # fp16, unaligned K: found
+            _row(6144, 771, 4096, math=2.0),           # fp16, odd K: found
             _row(6144, 768, 50304),                    # aligned: not
             _row(6144, 768, 50257, math=0.0),          # fp32: not (no tensor-core alignment rule)
             _row(64, 1024, 2, waves=0.01),             # a 2-way classifier head: latency-bound, not
-            _row(6144, 768, 50257, kind="Conv2d")]     # not a product with a weight
-    kinds = np.array(["Linear", "linear", "Linear", "Linear", "Linear", "Linear", "Conv2d"], dtype=object)
-    assert unaligned_half(np.array(rows), NAMES, kinds).tolist() == [True, True, True, False, False, False, False]
+            _row(6144, 768, 50257, kind="Conv2d"),     # not a product with a weight
+            _row(6144, 768, 30522)]                    # BERT's vocabulary: a multiple of 2, not of 8: not floored
+    kinds = np.array(["Linear", "linear", "Linear", "Linear", "Linear", "Linear", "Conv2d", "Linear"], dtype=object)
+    assert unaligned_half(np.array(rows), NAMES, kinds).tolist() == [
+        True, True, True, False, False, False, False, False]
+    # ... though it is listed for the user to pad (it ran at a quarter of the aligned heads' rate)
+    assert [(k, n) for _, k, n in unaligned_products(np.array(rows), NAMES, kinds)] == [
+        (768, 50257), (768, 50257), (771, 4096), (1024, 2), (768, 30522)]
 
 
 def _fitted_rows(eff: dict[str, float], rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray,

@@ -13,7 +13,10 @@ feature for alignment and their rows mix both, so they put an unaligned head bet
 
 with ``efficiency`` (achieved / the GPU's dense peak for the operation's math mode) the median
 over the training architectures' unaligned half-precision Linear rows, per mode
-(gpurec.model.fitting.gemm_fit).  It is a floor, not a replacement, and only for products of at least one wave of
+(gpurec.model.fitting.gemm_fit).  The floor holds only where a weight dimension is odd (its
+rows are 2-byte aligned, FLOOR_ALIGN_ELEMENTS): the H100's head sweep (session 47) ran a
+50,257-word head at 86-121 TFLOPS, a 30,522-word one (a multiple of 2, not of 8) at 186-278 and the
+aligned ones at 392-720, so a floor fitted on odd heads held an even, unaligned one 2-3x too slow.  It is a floor, not a replacement, and only for products of at least one wave of
 output tiles: a small unaligned product (a classifier head with 2 outputs) is latency-bound and
 keeps the boosters' time.  Read from the time feature matrix (FLOPs, input and output elements, math mode), so
 ``F.linear(x, weight)``, whose row carries no in/out features, is found as well as ``nn.Linear``.
@@ -31,6 +34,10 @@ from gpurec.model.persist import IncompatibleModel
 
 KINDS: tuple[str, ...] = ("Linear", "linear")  # products with a weight: (M x K) @ (K x N)
 ALIGN_ELEMENTS = 8  # 16 bytes of a half-precision element: cuBLAS's vector load
+# The floor's rule: a weight dimension that is not a multiple of 2 elements (odd: 2-byte aligned, cuBLAS's
+# slowest kernels).  Products aligned to 2 or 4 elements run 2-3x faster (module docstring) and are only
+# listed (unaligned_products), not floored.
+FLOOR_ALIGN_ELEMENTS = 2
 HALF_MATH = (2.0, 3.0)  # math_mode codes of fp16 and bf16 (gpurec.ops.features.MATH_MODES)
 GEMM_FLOOR_KEY = "unaligned_gemm_floor"  # its manifest entry
 _COLUMNS = ("flops", "input_elements", "output_elements", "math_mode", "flops_mode", "peak_tflops_used", "waves")
@@ -50,28 +57,30 @@ def gemm_dims(flops: np.ndarray, input_elements: np.ndarray,
 
 
 def unaligned_half(values: np.ndarray, feature_names: Sequence[str], kinds: np.ndarray) -> np.ndarray:
-    """Which rows (``values`` over ``feature_names``; ``kinds`` their operation kinds) are
-    half-precision products with a weight dimension that is not a multiple of ALIGN_ELEMENTS and
-    enough output tiles for at least MIN_WAVES waves over the GPU's SMs (``waves``): smaller ones
-    (a classifier head with 2 outputs) are latency-bound, and no throughput speaks for them."""
+    """Which rows (``values`` over ``feature_names``; ``kinds`` their operation kinds) the floor
+    speaks for: half-precision products with a weight dimension that is not a multiple of
+    FLOOR_ALIGN_ELEMENTS (odd) and enough output tiles for at least MIN_WAVES waves over the GPU's SMs
+    (``waves``): smaller ones (a classifier head with 2 outputs) are latency-bound, and no throughput
+    speaks for them."""
     out = np.zeros(len(kinds), dtype=bool)
     rows = np.flatnonzero(np.isin(np.asarray(kinds, dtype=object), KINDS))
     if len(rows):
-        out[rows] = _unaligned_half_products(values[rows], list(feature_names))[0]
+        out[rows] = _unaligned_half_products(values[rows], list(feature_names), align=FLOOR_ALIGN_ELEMENTS)[0]
     return out
 
 
-def _unaligned_half_products(values: np.ndarray, names: list[str],
-                             min_waves: float = MIN_WAVES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """unaligned_half of rows already known to be products with a weight (``min_waves`` 0: any size,
-    and no ``waves`` column needed), with each row's K and N."""
+def _unaligned_half_products(values: np.ndarray, names: list[str], min_waves: float = MIN_WAVES,
+                             align: int = ALIGN_ELEMENTS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which rows already known to be products with a weight are half-precision with K or N not a
+    multiple of ``align`` and at least ``min_waves`` waves (0: any size, and no ``waves`` column
+    needed), with each row's K and N."""
     col = {c: values[:, names.index(c)].astype(np.float64)
            for c in ("flops", "input_elements", "output_elements", "math_mode")}
     _, k, n = gemm_dims(col["flops"], col["input_elements"], col["output_elements"])
     half = np.isin(col["math_mode"], HALF_MATH)
     if min_waves > 0:
         half &= values[:, names.index("waves")].astype(np.float64) >= min_waves
-    return half & (k > 0) & (n > 0) & (((k % ALIGN_ELEMENTS) != 0) | ((n % ALIGN_ELEMENTS) != 0)), k, n
+    return half & (k > 0) & (n > 0) & (((k % align) != 0) | ((n % align) != 0)), k, n
 
 
 def unaligned_products(values: np.ndarray, feature_names: Sequence[str],
@@ -94,7 +103,8 @@ def unaligned_note(unaligned: Sequence[dict[str, Any]]) -> str:
     what = "1 half-precision product" if len(unaligned) == 1 else f"{len(unaligned)} half-precision products"
     return (f"{what} with a weight dimension that is not a multiple of {ALIGN_ELEMENTS}: {shown}{more}, "
             f"{share:.0f}% of the predicted operation time. cuBLAS runs them on its unaligned kernels (a 50,257-word "
-            f"LM head at about a tenth of the bf16 peak on an H100); padding the dimension to a multiple of "
+            f"LM head at about a tenth of the bf16 peak on an H100, a 30,522-word one at about a quarter); padding the "
+            f"dimension to a multiple of "
             f"{ALIGN_ELEMENTS} lets them use the tensor cores' aligned kernels.")
 
 
@@ -129,7 +139,7 @@ class UnalignedGemmFloor:
         self._kind_cols = [names.index(f"kind={k}") for k in KINDS if f"kind={k}" in names]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"model": "time >= flops_mode / (efficiency x peak)", "align_elements": ALIGN_ELEMENTS,
+        return {"model": "time >= flops_mode / (efficiency x peak)", "align_elements": FLOOR_ALIGN_ELEMENTS,
                 "kinds": list(KINDS), "by_mode": {m: f.as_dict() for m, f in self.fits.items()}}
 
     @classmethod
@@ -137,7 +147,7 @@ class UnalignedGemmFloor:
         """None for models without it (the boosters alone predict every product)."""
         if not d or not d.get("by_mode"):
             return None
-        if int(d.get("align_elements", ALIGN_ELEMENTS)) != ALIGN_ELEMENTS or tuple(d.get("kinds", KINDS)) != KINDS:
+        if int(d.get("align_elements", ALIGN_ELEMENTS)) != FLOOR_ALIGN_ELEMENTS or tuple(d.get("kinds", KINDS)) != KINDS:
             raise IncompatibleModel("the saved unaligned-GEMM floor was fitted with another alignment rule: refit it "
                                     "(gpurec tools fit-gemm-floor)")
         if not all(c in feature_names for c in _COLUMNS):
@@ -154,7 +164,7 @@ class UnalignedGemmFloor:
         rows = np.flatnonzero(X[:, self._kind_cols].max(axis=1) > 0.5)
         if not len(rows):
             return out
-        sel = rows[_unaligned_half_products(X[rows], self.feature_names)[0]]
+        sel = rows[_unaligned_half_products(X[rows], self.feature_names, align=FLOOR_ALIGN_ELEMENTS)[0]]
         if not len(sel):
             return out
         flops_mode, peak = X[sel, self._cols[4]], X[sel, self._cols[5]]

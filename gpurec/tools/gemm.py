@@ -22,14 +22,17 @@ def fit_gemm_floor_into(model_dir: Path | str, data_root: Path | str | None = No
     from gpurec.model.features import FeatureBuilder, FeatureConfig
     from gpurec.model.fitting.gemm_fit import fit_floor_on_data
     from gpurec.model.gemm import GEMM_FLOOR_KEY
-    from gpurec.model.persist import read_manifest, write_manifest
+    from gpurec.model.persist import IncompatibleModel, read_manifest, write_manifest
     from gpurec.tools.recurrent import evaluate_held_out
 
     manifest = read_manifest(model_dir)
     builder = FeatureBuilder(manifest["kind_categories"], FeatureConfig.from_dict(manifest["feature_config"]),
                              manifest.get("extra_columns", []))
     floor, report = fit_floor_on_data(data_root, builder)
-    before = evaluate_held_out(model_dir, data_root) if evaluate else None
+    try:
+        before = evaluate_held_out(model_dir, data_root) if evaluate else None
+    except IncompatibleModel as e:  # a floor saved under another rule: the refit is what mends it
+        before = {"not evaluated": str(e)}
     manifest = dict(manifest)
     manifest[GEMM_FLOOR_KEY] = floor.as_dict() if floor is not None else None
     manifest[AFTER_TRAINING_KEY] = True
