@@ -103,7 +103,7 @@ def unaligned_note(unaligned: Sequence[dict[str, Any]]) -> str:
     what = "1 half-precision product" if len(unaligned) == 1 else f"{len(unaligned)} half-precision products"
     return (f"{what} with a weight dimension that is not a multiple of {ALIGN_ELEMENTS}: {shown}{more}, "
             f"{share:.0f}% of the predicted operation time. cuBLAS runs them on its unaligned kernels (a 50,257-word "
-            f"LM head at about a tenth of the bf16 peak on an H100, a 30,522-word one at about a quarter); padding the "
+            f"LM head at about a tenth of the bf16 peak on an H100, a 30,522-word one at a fifth to a quarter); padding the "
             f"dimension to a multiple of "
             f"{ALIGN_ELEMENTS} lets them use the tensor cores' aligned kernels.")
 
