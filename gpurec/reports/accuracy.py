@@ -1817,10 +1817,11 @@ def gemm_floor_lines(precision: str, p: dict[str, Any]) -> list[str]:
         return []
     fits = p["gemm_floor_fit"]["by_mode"]
     L = [f"At {precision}, a product with a weight (`nn.Linear`, `F.linear`) whose inner or outer dimension is "
-         "not a multiple of 8 elements, and that fills the GPU at least once, is held at or above a throughput "
+         "odd (2-byte aligned), and that fills the GPU at least once, is held at or above a throughput "
          "floor: time ≥ FLOPs / (efficiency × the GPU's dense half-precision peak) (`gpurec.model.gemm`): cuBLAS "
-         "runs such products (a 50,257-word LM head) on its unaligned kernels, and the boosters have no feature "
-         "for alignment. Efficiency per mode, the median over the training architectures' unaligned rows, with "
+         "runs such products (a 50,257-word LM head) on its slowest unaligned kernels, and the boosters have no "
+         "feature for alignment (products aligned to 2 or 4 elements, such as a 30,522-word head, run 2-3x faster "
+         "and are not floored). Efficiency per mode, the median over the training architectures' odd rows, with "
          "its leave-one-architecture-out error: "
          + "; ".join(f"{m} {f['efficiency']:.4f} ({f['rows']} rows of {', '.join(f['archs'])}; "
                      f"{100 * f['loao_mape']:.1f}%)" for m, f in fits.items()) + ".", ""]
