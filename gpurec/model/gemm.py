@@ -17,8 +17,9 @@ over the training architectures' unaligned half-precision Linear rows, per mode
 rows are 2-byte aligned, FLOOR_ALIGN_ELEMENTS): the H100's head sweep (session 47) ran a
 50,257-word head at 86-121 TFLOPS, a 30,522-word one (a multiple of 2, not of 8) at 186-278 and the
 aligned ones at 392-720, so a floor fitted on odd heads held an even, unaligned one 2-3x too slow.
-It is a floor, not a replacement, and only for products of at least one wave of output tiles: a small unaligned product (a classifier head with 2 outputs) is latency-bound and
-keeps the boosters' time.  Read from the time feature matrix (FLOPs, input and output elements, math mode), so
+It is a floor, not a replacement, and only for products of at least one wave of output tiles: a
+small unaligned product (a classifier head with 2 outputs) is latency-bound and keeps the boosters'
+time.  Read from the time feature matrix (FLOPs, input and output elements, math mode), so
 ``F.linear(x, weight)``, whose row carries no in/out features, is found as well as ``nn.Linear``.
 """
 

@@ -1013,17 +1013,18 @@ def _linear_settings(args: Any, kwargs: Any) -> dict[str, int] | None:
 # are named as the module with the settings it would hold, read from the call's arguments
 # (_functional_module_settings), and predicted from its measured rows (a hand-written network's
 # F.max_pool2d(x, 2) or a weight-standardised convolution's F.conv2d).
-_FUNCTIONAL_MODULES: dict[str, str] = {"conv1d": "Conv1d", "conv2d": "Conv2d", "max_pool1d": "MaxPool1d",
-                                       "max_pool2d": "MaxPool2d", "avg_pool1d": "AvgPool1d",
-                                       "avg_pool2d": "AvgPool2d"}
-# each function's arguments after its input, in order, with their defaults
-_FUNCTIONAL_ARGS: dict[str, tuple[tuple[str, Any], ...]] = {
-    "conv": (("weight", None), ("bias", None), ("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)),
-    "max_pool": (("kernel_size", None), ("stride", None), ("padding", 0), ("dilation", 1), ("ceil_mode", False),
-                 ("return_indices", False)),
-    "avg_pool": (("kernel_size", None), ("stride", None), ("padding", 0), ("ceil_mode", False),
-                 ("count_include_pad", True), ("divisor_override", None)),
-}
+_CONV_ARGS: tuple[tuple[str, Any], ...] = (("weight", None), ("bias", None), ("stride", 1), ("padding", 0),
+                                           ("dilation", 1), ("groups", 1))
+_MAX_POOL_ARGS: tuple[tuple[str, Any], ...] = (("kernel_size", None), ("stride", None), ("padding", 0), ("dilation", 1),
+                                               ("ceil_mode", False), ("return_indices", False))
+_AVG_POOL_ARGS: tuple[tuple[str, Any], ...] = (("kernel_size", None), ("stride", None), ("padding", 0),
+                                               ("ceil_mode", False), ("count_include_pad", True),
+                                               ("divisor_override", None))
+# function -> (its module, the function's arguments after its input, in order, with their defaults)
+_FUNCTIONAL_MODULES: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
+    "conv1d": ("Conv1d", _CONV_ARGS), "conv2d": ("Conv2d", _CONV_ARGS),
+    "max_pool1d": ("MaxPool1d", _MAX_POOL_ARGS), "max_pool2d": ("MaxPool2d", _MAX_POOL_ARGS),
+    "avg_pool1d": ("AvgPool1d", _AVG_POOL_ARGS), "avg_pool2d": ("AvgPool2d", _AVG_POOL_ARGS)}
 
 
 def _functional_module_settings(kind: str, args: Any, kwargs: Any,
@@ -1031,16 +1032,15 @@ def _functional_module_settings(kind: str, args: Any, kwargs: Any,
     """(module kind, the settings that module would hold) of a functional convolution or pool
     (_FUNCTIONAL_MODULES), from its argument templates (``act_shapes``: the activations' shapes, by
     ActRef index, for a weight computed in ``forward``); None where the call does not read as one."""
-    module = _FUNCTIONAL_MODULES.get(kind)
-    if module is None or not isinstance(args, (tuple, list)) or not args or not isinstance(args[0], ActRef) \
-            or not isinstance(kwargs, dict):
+    if kind not in _FUNCTIONAL_MODULES or not isinstance(args, (tuple, list)) or not args \
+            or not isinstance(args[0], ActRef) or not isinstance(kwargs, dict):
         return None
-    spec = _FUNCTIONAL_ARGS[kind[:-2] if "pool" in kind else "conv"]  # max_pool2d -> max_pool
+    module, spec = _FUNCTIONAL_MODULES[kind]
     names = [n for n, _ in spec]
     if len(args) - 1 > len(spec) or set(kwargs) - set(names) or set(kwargs) & set(names[:len(args) - 1]):
         return None
     v = {**dict(spec), **dict(zip(names, args[1:], strict=False)), **kwargs}
-    if "pool" in kind:
+    if spec is not _CONV_ARGS:  # a pool
         if v["kernel_size"] is None:
             return None
         if v["stride"] is None or v["stride"] == []:
