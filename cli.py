@@ -1416,8 +1416,8 @@ def tools_fit_gemm_floor(
     data: Path = typer.Option(Path("datasets"), "--data", help="dataset root with one directory per GPU"),
 ) -> None:
     """Fit the throughput floor of half-precision products with an unaligned weight (a 50,257-word
-    LM head) into trained models (seconds, no boosters retrained) and print the held-out sequence
-    networks' errors before and after."""
+    LM head) and the roofline of wide ones (a 50,304-word head) into trained models (seconds, no
+    boosters retrained) and print the held-out sequence networks' errors before and after."""
     from gpurec.tools.gemm import fit_gemm_floor_into
 
     _print_json(_guard(fit_gemm_floor_into, models, data))

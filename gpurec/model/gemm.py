@@ -181,3 +181,151 @@ class UnalignedGemmFloor:
         out = np.array(log_t, dtype=np.float64, copy=True)
         out[hit] = np.maximum(out[hit], np.log(floor[hit]))
         return out
+
+
+# -- half-precision products wider than any the boosters learnt from ------------------------------
+#
+# Why: the widest half-precision products among the training architectures' rows are recurrent
+# language models' 10,000-word heads, whose in-network time (their training target) runs 1.6-2.5x their
+# graph-replayed time at bf16-mixed.  The boosters carry that to every wider product: over the head
+# sweep's aligned heads (32,000-128,256 words) they predict 3.7-4.3x the measured time.  In that regime
+# cuBLAS's time is a roofline of the product's work and traffic, and the sweep's rows fit it within a
+# few per cent: time = a x flops_mode / peak + b x bytes_mode / bandwidth, with (a, b) per mode and
+# alignment class (gpurec.model.fitting.gemm_fit.fit_wide), fitted on the GPUs with rows and carried to
+# others by their own peak and bandwidth.  Odd products keep the floor above (a separate, slower regime).
+WIDE_MIN_N = 16384  # output width at and above which a half-precision product is "wide" (vocabulary-sized)
+WIDE_KEY = "wide_half_gemm"  # its manifest entry
+WIDE_CLASSES = ("aligned", "even")  # K and N multiples of ALIGN_ELEMENTS; both even, not both multiples of 8
+WIDE_M_TOLERANCE = 2.0  # applied down to half the fewest tokens (rows M) fitted: below, weight streaming decides
+_CLASS_COLUMNS = ("flops", "input_elements", "output_elements", "math_mode", "waves")
+_ROOFLINE_COLUMNS = ("flops_mode", "peak_tflops_used", "bytes_mode", "hw_memory_bandwidth_gbs")
+_WIDE_COLUMNS = _CLASS_COLUMNS + _ROOFLINE_COLUMNS
+
+
+def wide_half_class(values: np.ndarray, feature_names: Sequence[str], kinds: np.ndarray) -> np.ndarray:
+    """Each row's wide-product class ("aligned", "even"), or "" where the wide model does not speak:
+    not a product with a weight, not half precision, narrower than WIDE_MIN_N, under MIN_WAVES waves,
+    or with an odd dimension (the floor's regime)."""
+    out = np.full(len(kinds), "", dtype=object)
+    rows = np.flatnonzero(np.isin(np.asarray(kinds, dtype=object), KINDS))
+    if len(rows):
+        names = list(feature_names)
+        cls, _ = _wide_classes(values[rows], {c: names.index(c) for c in _CLASS_COLUMNS})
+        out[rows] = cls
+    return out
+
+
+def _wide_classes(v: np.ndarray, col: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """wide_half_class of rows known to be products with a weight (``col``: feature -> column of
+    ``v``), and each row's M (rows, tokens)."""
+    cls = np.full(len(v), "", dtype=object)
+    m = np.zeros(len(v))
+    cand = np.flatnonzero(np.isin(v[:, col["math_mode"]], HALF_MATH) & (v[:, col["waves"]] >= MIN_WAVES))
+    if not len(cand):
+        return cls, m
+    w = v[cand].astype(np.float64)
+    mm, k, n = gemm_dims(w[:, col["flops"]], w[:, col["input_elements"]], w[:, col["output_elements"]])
+    m[cand] = mm
+    wide = (k > 0) & (n >= WIDE_MIN_N) & (k % FLOOR_ALIGN_ELEMENTS == 0) & (n % FLOOR_ALIGN_ELEMENTS == 0)
+    aligned = (k % ALIGN_ELEMENTS == 0) & (n % ALIGN_ELEMENTS == 0)
+    cls[cand[wide & aligned]] = "aligned"
+    cls[cand[wide & ~aligned]] = "even"
+    return cls, m
+
+
+def roofline_terms_ms(values: np.ndarray, feature_names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(compute, memory) time in ms of each row at the GPU's dense peak for its math mode and at its
+    DRAM bandwidth: flops_mode / peak and bytes_mode / bandwidth (0 where the GPU's figure is 0)."""
+    names = list(feature_names)
+    return _roofline_terms(values, {c: names.index(c) for c in _ROOFLINE_COLUMNS})
+
+
+def _roofline_terms(v: np.ndarray, col: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    peak = v[:, col["peak_tflops_used"]].astype(np.float64)
+    bw = v[:, col["hw_memory_bandwidth_gbs"]].astype(np.float64)
+    compute = np.where(peak > 0, v[:, col["flops_mode"]] / (np.maximum(peak, 1e-9) * 1e9), 0.0)
+    memory = np.where(bw > 0, v[:, col["bytes_mode"]] / (np.maximum(bw, 1e-9) * 1e6), 0.0)
+    return compute, memory
+
+
+@dataclass(frozen=True)
+class WideFit:
+    """One (mode, class)'s roofline coefficients and what they rest on."""
+
+    compute_scale: float  # a: time per peak-time of the FLOPs (1 / compute efficiency)
+    memory_scale: float  # b: time per bandwidth-time of the bytes
+    rows: int
+    gpus: tuple[str, ...]
+    widths: tuple[int, ...]  # the fitted products' inner dimensions K
+    m_min: float  # the fewest rows (tokens) M fitted
+    mape: float  # in sample
+    cv_mape: float  # leaving each inner dimension K out in turn
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"compute_scale": self.compute_scale, "memory_scale": self.memory_scale, "rows": self.rows,
+                "gpus": list(self.gpus), "widths": list(self.widths), "m_min": self.m_min, "mape": self.mape,
+                "cv_mape": self.cv_mape}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> WideFit:
+        return cls(float(d["compute_scale"]), float(d["memory_scale"]), int(d["rows"]), tuple(d["gpus"]),
+                   tuple(int(w) for w in d["widths"]), float(d["m_min"]), float(d["mape"]), float(d["cv_mape"]))
+
+
+class WideHalfGemm:
+    """The roofline time of wide half-precision products, per mode and class, over a frozen
+    feature-name list (the time feature matrix's); it replaces the boosters' time on those rows."""
+
+    def __init__(self, fits: dict[str, dict[str, WideFit]], feature_names: Sequence[str]) -> None:
+        self.fits = {m: dict(f) for m, f in fits.items()}
+        self.feature_names = list(feature_names)
+        self._kind_cols = [self.feature_names.index(f"kind={k}") for k in KINDS if f"kind={k}" in self.feature_names]
+        self._cols = {c: self.feature_names.index(c) for c in _WIDE_COLUMNS if c in self.feature_names}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": "time = a x flops_mode / peak + b x bytes_mode / bandwidth", "min_n": WIDE_MIN_N,
+                "kinds": list(KINDS),
+                "by_mode": {m: {c: f.as_dict() for c, f in by.items()} for m, by in self.fits.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None, feature_names: Sequence[str]) -> WideHalfGemm | None:
+        """None for models without it (the boosters alone predict every product)."""
+        if not d or not d.get("by_mode"):
+            return None
+        if int(d.get("min_n", WIDE_MIN_N)) != WIDE_MIN_N or tuple(d.get("kinds", KINDS)) != KINDS:
+            raise IncompatibleModel("the saved wide half-precision product model was fitted with another rule: refit "
+                                    "it (gpurec tools fit-gemm-floor)")
+        if not all(c in feature_names for c in _WIDE_COLUMNS):
+            raise IncompatibleModel("the wide half-precision product model needs features these models do not build: "
+                                    "refit it (gpurec tools fit-gemm-floor)")
+        return cls({m: {c: WideFit.from_dict(f) for c, f in by.items()} for m, by in d["by_mode"].items()},
+                   feature_names)
+
+    def time_ms(self, X: np.ndarray, mode: str) -> np.ndarray:
+        """Each row's modelled time in ms (NaN where the model does not speak for it: outside its
+        classes, or with fewer than half the fewest rows M it was fitted on)."""
+        out = np.full(len(X), np.nan)
+        by = self.fits.get(mode)
+        if not by or not self._kind_cols or not len(X):
+            return out
+        rows = np.flatnonzero(X[:, self._kind_cols].max(axis=1) > 0.5)
+        if not len(rows):
+            return out
+        cls, m = _wide_classes(X[rows], self._cols)
+        if not (cls != "").any():
+            return out
+        compute, memory = _roofline_terms(X[rows], self._cols)
+        for name, fit in by.items():
+            hit = (cls == name) & (m >= fit.m_min / WIDE_M_TOLERANCE)
+            out[rows[hit]] = fit.compute_scale * compute[hit] + fit.memory_scale * memory[hit]
+        return out
+
+    def apply(self, log_t: np.ndarray, X: np.ndarray, mode: str) -> np.ndarray:
+        """``log_t`` (log ms per row of ``X``) with the wide products' rows replaced by the model's."""
+        t = self.time_ms(X, mode)
+        hit = np.isfinite(t) & (t > 0)
+        if not hit.any():
+            return log_t
+        out = np.array(log_t, dtype=np.float64, copy=True)
+        out[hit] = np.log(t[hit])
+        return out

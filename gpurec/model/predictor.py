@@ -56,7 +56,7 @@ from gpurec.model.features import (
     masked,
     target_mask,
 )
-from gpurec.model.gemm import GEMM_FLOOR_KEY, UnalignedGemmFloor
+from gpurec.model.gemm import GEMM_FLOOR_KEY, WIDE_KEY, UnalignedGemmFloor, WideHalfGemm
 from gpurec.model.host_model import HostDispatch, NetworkCalibration
 from gpurec.model.memory import load_memory_fit
 from gpurec.model.network import (
@@ -487,6 +487,9 @@ class Predictor:
         # (gpurec.model.gemm; None: models without it, the boosters alone)
         self.gemm_floor: UnalignedGemmFloor | None = UnalignedGemmFloor.from_dict(
             manifest.get(GEMM_FLOOR_KEY), self.builder.feature_names)
+        # half-precision products wider than the boosters learnt from (vocabulary-sized heads)
+        self.wide_gemm: WideHalfGemm | None = WideHalfGemm.from_dict(manifest.get(WIDE_KEY),
+                                                                     self.builder.feature_names)
         self.crossgpu: CrossGPUModel | None = load_crossgpu(self.model_dir)
         # fitted peak-memory terms (models/memory.json); None: the analytic lower bound alone
         self.memory_fit: MemoryFit | None = load_memory_fit(self.model_dir)
@@ -779,12 +782,14 @@ class Predictor:
 
     def _time_log_ms(self, feats: Any, mode: str) -> np.ndarray:
         """log GPU time (ms) per feature row: the time booster (the mode's booster of each row's kind
-        group, where the model has kind groups), raised to the unaligned-GEMM floor, recurrent
-        layers by their own model."""
+        group, where the model has kind groups), raised to the unaligned-GEMM floor, wide
+        half-precision products and recurrent layers by their own models."""
         X = masked(feats.X, self._masks["time"])
         log_t = self._boosters["time"][mode].predict(X, feats.margin_time)
         if self.gemm_floor is not None:
             log_t = self.gemm_floor.apply(log_t, feats.X, mode)
+        if self.wide_gemm is not None:
+            log_t = self.wide_gemm.apply(log_t, feats.X, mode)
         return log_t if self.recurrent is None else self.recurrent.apply(log_t, X, mode)
 
     def _cross_time(self, distinct: OpBlock, spread: Any, block: OpBlock, offsets: np.ndarray, mode: str,

@@ -1637,6 +1637,9 @@ def precision_tables(models_dir: Path, data_root: Path | str | None,
         if predictor.gemm_floor is not None and precision != "fp32":
             p["gemm_floor"] = gemm_floor_effect(predictor, rec, data_root)
             p["gemm_floor_fit"] = predictor.gemm_floor.as_dict()
+        if predictor.wide_gemm is not None and precision != "fp32":
+            p["wide_gemm"] = wide_gemm_effect(predictor, rec, data_root)
+            p["wide_gemm_fit"] = predictor.wide_gemm.as_dict()
     return out
 
 
@@ -1662,6 +1665,15 @@ def gemm_floor_effect(predictor: Any, records: Any, data_root: Path | str | None
 
     plain = load_predictor(predictor.model_dir, data_root=data_root, check_data=False)
     plain.gemm_floor = None
+    return effect_of(plain, records, data_root, moved_only=True)
+
+
+def wide_gemm_effect(predictor: Any, records: Any, data_root: Path | str | None) -> list[dict[str, Any]]:
+    """As gemm_floor_effect, for the wide half-precision product model."""
+    from gpurec.model import load_predictor
+
+    plain = load_predictor(predictor.model_dir, data_root=data_root, check_data=False)
+    plain.wide_gemm = None
     return effect_of(plain, records, data_root, moved_only=True)
 
 
@@ -1837,6 +1849,38 @@ def gemm_floor_lines(precision: str, p: dict[str, Any]) -> list[str]:
     return L
 
 
+def wide_gemm_lines(precision: str, p: dict[str, Any]) -> list[str]:
+    """The wide half-precision product model's fit and what it does to this precision's networks."""
+    if not p.get("wide_gemm_fit"):
+        return []
+    fit = p["wide_gemm_fit"]
+    L = [f"At {precision}, a product with a weight whose output is at least {fit['min_n']:,} wide and whose "
+         "dimensions are even (a 50,304- or 32,000-word LM head; odd ones keep the floor above), and that fills the "
+         "GPU at least once, takes its time from a roofline instead of the boosters: time = a × FLOPs / the GPU's "
+         "dense half-precision peak + b × bytes / its DRAM bandwidth (`gpurec.model.gemm.WideHalfGemm`). The "
+         "boosters never saw such a product: the widest half-precision ones among the training architectures are "
+         "recurrent language models' 10,000-word heads, whose in-network time (their training target) runs well above "
+         "their graph-replayed time at bf16-mixed, and they put the head sweep's aligned heads at several times their "
+         "measured time (DEVELOPERS.md, session 48). Fitted on "
+         "the head sweep's rows per mode and alignment class (K and N multiples of 8, or even only), with the "
+         "error in sample and leaving each inner dimension K out:", ""]
+    L += table(["mode", "class", "a", "b", "rows", "GPUs", "inner dimensions", "MAPE", "leave-one-K-out MAPE"],
+               [row([mode, cls, f"{f['compute_scale']:.3f}", f"{f['memory_scale']:.3f}", str(f["rows"]),
+                     ", ".join(short(g) for g in f["gpus"]), ", ".join(str(w) for w in f["widths"]),
+                     _f(100 * f["mape"]), _f(100 * f["cv_mape"])])
+                for mode, by in fit["by_mode"].items() for cls, f in by.items()]) + [""]
+    if p.get("wide_gemm"):
+        L += ["Host-free MAPE of the networks it moves, without it and with it:", ""]
+        L += table(["GPU", "architectures", "mode", "networks", "which", "time without", "time with",
+                    "energy without", "energy with"],
+                   [row([short(t["gpu"]), t["archs"], t["mode"], str(t["n"]), ", ".join(t["which"]),
+                         _f(t["time_before"]), _f(t["time_after"]), _f(t["energy_before"]), _f(t["energy_after"])])
+                    for t in p["wide_gemm"]]) + [""]
+    else:
+        L += ["It moves none of the networks measured at this precision (none has such a product).", ""]
+    return L
+
+
 def precision_section(prec: dict[str, Any] | None) -> list[str]:
     """Host-free accuracy per precision other than fp32: unseen test architectures against the
     targets, training architectures for contrast, and every network's row."""
@@ -1871,6 +1915,7 @@ def precision_section(prec: dict[str, Any] | None) -> list[str]:
         n_all = sum(g["n_time"] for g in p["groups"])
         L += [""]
         L += gemm_floor_lines(precision, p)
+        L += wide_gemm_lines(precision, p)
         if p.get("bf16_twins"):
             L += [f"At {precision}, operations of the kinds the training rows held at bf16 and never at fp16 "
                   "are read as their bf16 twins on GPUs with equal fp16 and bf16 peaks "

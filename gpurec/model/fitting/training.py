@@ -190,14 +190,15 @@ def train(data_root: Path | str | None = None, out_dir: Path | str = "models", t
     manifest = build_manifest(p, cfg, models, correction, band, band_source, report, gpus_measured,
                               band_unmeasured, report["host_dispatch"], waiting, host_band)
     manifest["recurrent_host"] = host.recurrent.as_dict() if host.recurrent is not None else None
-    # half-precision products with an unaligned weight (gpurec.model.gemm): fitted on the rows'
-    # unmasked features, after the boosters (it only raises their time); the test-set scoring above
-    # is without it
-    from gpurec.model.fitting.gemm_fit import fit_floor_on_data
-    from gpurec.model.gemm import GEMM_FLOOR_KEY
+    # half-precision products with an unaligned weight, and wide ones (gpurec.model.gemm): fitted on
+    # the rows' unmasked features, after the boosters; the test-set scoring above is without them
+    from gpurec.model.fitting.gemm_fit import fit_floor_on_data, fit_wide_on_data
+    from gpurec.model.gemm import GEMM_FLOOR_KEY, WIDE_KEY
 
     floor, report["unaligned_gemm_floor"] = fit_floor_on_data(data_root, p.builder)
     manifest[GEMM_FLOOR_KEY] = floor.as_dict() if floor is not None else None
+    wide, report["wide_half_gemm"] = fit_wide_on_data(data_root, p.builder)
+    manifest[WIDE_KEY] = wide.as_dict() if wide is not None else None
     save_model(Path(out_dir), models, manifest, report, lookup)
     log(f"saved to {out_dir} in {report['seconds']:.0f} s (host dispatch: {host.kind})")
     return report
