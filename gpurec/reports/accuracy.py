@@ -1837,16 +1837,20 @@ def gemm_floor_lines(precision: str, p: dict[str, Any]) -> list[str]:
          "its leave-one-architecture-out error: "
          + "; ".join(f"{m} {f['efficiency']:.4f} ({f['rows']} rows of {', '.join(f['archs'])}; "
                      f"{100 * f['loao_mape']:.1f}%)" for m, f in fits.items()) + ".", ""]
-    if p.get("gemm_floor"):
-        L += ["Host-free MAPE of the networks the floor moves, without it and with it:", ""]
-        L += table(["GPU", "architectures", "mode", "networks", "which", "time without", "time with",
-                    "energy without", "energy with"],
-                   [row([short(t["gpu"]), t["archs"], t["mode"], str(t["n"]), ", ".join(t["which"]),
-                         _f(t["time_before"]), _f(t["time_after"]), _f(t["energy_before"]), _f(t["energy_after"])])
-                    for t in p["gemm_floor"]]) + [""]
-    else:
-        L += ["It moves none of the networks measured at this precision.", ""]
-    return L
+    return L + effect_lines(p.get("gemm_floor"), "Host-free MAPE of the networks the floor moves, without it and "
+                            "with it:", "It moves none of the networks measured at this precision.")
+
+
+def effect_lines(effect: list[dict[str, Any]] | None, intro: str, none: str) -> list[str]:
+    """A part's effect_of table (host-free MAPE of the networks it moves, without and with it)
+    under ``intro``, or ``none`` where it moves no network."""
+    if not effect:
+        return [none, ""]
+    return [intro, ""] + table(
+        ["GPU", "architectures", "mode", "networks", "which", "time without", "time with", "energy without",
+         "energy with"],
+        [row([short(t["gpu"]), t["archs"], t["mode"], str(t["n"]), ", ".join(t["which"]), _f(t["time_before"]),
+              _f(t["time_after"]), _f(t["energy_before"]), _f(t["energy_after"])]) for t in effect]) + [""]
 
 
 def wide_gemm_lines(precision: str, p: dict[str, Any]) -> list[str]:
@@ -1869,16 +1873,8 @@ def wide_gemm_lines(precision: str, p: dict[str, Any]) -> list[str]:
                      ", ".join(short(g) for g in f["gpus"]), ", ".join(str(w) for w in f["widths"]),
                      _f(100 * f["mape"]), _f(100 * f["cv_mape"])])
                 for mode, by in fit["by_mode"].items() for cls, f in by.items()]) + [""]
-    if p.get("wide_gemm"):
-        L += ["Host-free MAPE of the networks it moves, without it and with it:", ""]
-        L += table(["GPU", "architectures", "mode", "networks", "which", "time without", "time with",
-                    "energy without", "energy with"],
-                   [row([short(t["gpu"]), t["archs"], t["mode"], str(t["n"]), ", ".join(t["which"]),
-                         _f(t["time_before"]), _f(t["time_after"]), _f(t["energy_before"]), _f(t["energy_after"])])
-                    for t in p["wide_gemm"]]) + [""]
-    else:
-        L += ["It moves none of the networks measured at this precision (none has such a product).", ""]
-    return L
+    return L + effect_lines(p.get("wide_gemm"), "Host-free MAPE of the networks it moves, without it and with it:",
+                            "It moves none of the networks measured at this precision (none has such a product).")
 
 
 def precision_section(prec: dict[str, Any] | None) -> list[str]:
