@@ -3,7 +3,7 @@
 
 Why: `gpurec train` fits them with everything else (over an hour here); this fits only them, in
 seconds, from the training architectures' rows with the targets training gives them, and writes
-it into the manifest.  The boosters, the lookup and the network correction stay as trained.
+them into the manifest.  The boosters, the lookup and the network correction stay as trained.
 Returns the held-out sequence networks' errors before and after
 (gpurec.tools.recurrent.evaluate_held_out).
 """
