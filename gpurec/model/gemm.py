@@ -70,18 +70,29 @@ def unaligned_half(values: np.ndarray, feature_names: Sequence[str], kinds: np.n
     return out
 
 
+def _half_products(values: np.ndarray, names: Sequence[str],
+                   min_waves: float = MIN_WAVES) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Which rows already known to be products with a weight are half-precision with at least
+    ``min_waves`` waves (0: any size, and no ``waves`` column needed), with each row's M, K and N."""
+    half = np.isin(values[:, names.index("math_mode")], HALF_MATH)
+    if min_waves > 0:
+        half &= values[:, names.index("waves")].astype(np.float64) >= min_waves
+    m, k, n = (np.zeros(len(values)) for _ in range(3))
+    rows = np.flatnonzero(half)  # the dimensions of the others are not needed: fp32 networks skip the work
+    if len(rows):
+        v = values[rows]
+        m[rows], k[rows], n[rows] = gemm_dims(*(v[:, names.index(c)].astype(np.float64)
+                                                for c in ("flops", "input_elements", "output_elements")))
+    return half & (k > 0) & (n > 0), m, k, n
+
+
 def _unaligned_half_products(values: np.ndarray, names: list[str], min_waves: float = MIN_WAVES,
                              align: int = ALIGN_ELEMENTS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Which rows already known to be products with a weight are half-precision with K or N not a
     multiple of ``align`` and at least ``min_waves`` waves (0: any size, and no ``waves`` column
     needed), with each row's K and N."""
-    col = {c: values[:, names.index(c)].astype(np.float64)
-           for c in ("flops", "input_elements", "output_elements", "math_mode")}
-    _, k, n = gemm_dims(col["flops"], col["input_elements"], col["output_elements"])
-    half = np.isin(col["math_mode"], HALF_MATH)
-    if min_waves > 0:
-        half &= values[:, names.index("waves")].astype(np.float64) >= min_waves
-    return half & (k > 0) & (n > 0) & (((k % align) != 0) | ((n % align) != 0)), k, n
+    half, _, k, n = _half_products(values, names, min_waves)
+    return half & (((k % align) != 0) | ((n % align) != 0)), k, n
 
 
 def unaligned_products(values: np.ndarray, feature_names: Sequence[str],
@@ -197,9 +208,8 @@ WIDE_MIN_N = 16384  # output width at and above which a half-precision product i
 WIDE_KEY = "wide_half_gemm"  # its manifest entry
 WIDE_CLASSES = ("aligned", "even")  # K and N multiples of ALIGN_ELEMENTS; both even, not both multiples of 8
 WIDE_M_TOLERANCE = 2.0  # applied down to half the fewest tokens (rows M) fitted: below, weight streaming decides
-_CLASS_COLUMNS = ("flops", "input_elements", "output_elements", "math_mode", "waves")
 _ROOFLINE_COLUMNS = ("flops_mode", "peak_tflops_used", "bytes_mode", "hw_memory_bandwidth_gbs")
-_WIDE_COLUMNS = _CLASS_COLUMNS + _ROOFLINE_COLUMNS
+_WIDE_COLUMNS = ("flops", "input_elements", "output_elements", "math_mode", "waves") + _ROOFLINE_COLUMNS
 
 
 def wide_half_class(values: np.ndarray, feature_names: Sequence[str], kinds: np.ndarray) -> np.ndarray:
@@ -209,27 +219,18 @@ def wide_half_class(values: np.ndarray, feature_names: Sequence[str], kinds: np.
     out = np.full(len(kinds), "", dtype=object)
     rows = np.flatnonzero(np.isin(np.asarray(kinds, dtype=object), KINDS))
     if len(rows):
-        names = list(feature_names)
-        cls, _ = _wide_classes(values[rows], {c: names.index(c) for c in _CLASS_COLUMNS})
-        out[rows] = cls
+        out[rows] = _wide_classes(values[rows], list(feature_names))[0]
     return out
 
 
-def _wide_classes(v: np.ndarray, col: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
-    """wide_half_class of rows known to be products with a weight (``col``: feature -> column of
-    ``v``), and each row's M (rows, tokens)."""
-    cls = np.full(len(v), "", dtype=object)
-    m = np.zeros(len(v))
-    cand = np.flatnonzero(np.isin(v[:, col["math_mode"]], HALF_MATH) & (v[:, col["waves"]] >= MIN_WAVES))
-    if not len(cand):
-        return cls, m
-    w = v[cand].astype(np.float64)
-    mm, k, n = gemm_dims(w[:, col["flops"]], w[:, col["input_elements"]], w[:, col["output_elements"]])
-    m[cand] = mm
-    wide = (k > 0) & (n >= WIDE_MIN_N) & (k % FLOOR_ALIGN_ELEMENTS == 0) & (n % FLOOR_ALIGN_ELEMENTS == 0)
+def _wide_classes(v: np.ndarray, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """wide_half_class of rows known to be products with a weight, and each row's M (rows, tokens)."""
+    half, m, k, n = _half_products(v, names)
+    wide = half & (n >= WIDE_MIN_N) & (k % FLOOR_ALIGN_ELEMENTS == 0) & (n % FLOOR_ALIGN_ELEMENTS == 0)
     aligned = (k % ALIGN_ELEMENTS == 0) & (n % ALIGN_ELEMENTS == 0)
-    cls[cand[wide & aligned]] = "aligned"
-    cls[cand[wide & ~aligned]] = "even"
+    cls = np.full(len(v), "", dtype=object)
+    cls[wide & aligned] = "aligned"
+    cls[wide & ~aligned] = "even"
     return cls, m
 
 
@@ -280,7 +281,7 @@ class WideHalfGemm:
         self.fits = {m: dict(f) for m, f in fits.items()}
         self.feature_names = list(feature_names)
         self._kind_cols = [self.feature_names.index(f"kind={k}") for k in KINDS if f"kind={k}" in self.feature_names]
-        self._cols = {c: self.feature_names.index(c) for c in _WIDE_COLUMNS if c in self.feature_names}
+        self._cols = {c: self.feature_names.index(c) for c in _ROOFLINE_COLUMNS if c in self.feature_names}
 
     def as_dict(self) -> dict[str, Any]:
         return {"model": "time = a x flops_mode / peak + b x bytes_mode / bandwidth", "min_n": WIDE_MIN_N,
@@ -311,7 +312,7 @@ class WideHalfGemm:
         rows = np.flatnonzero(X[:, self._kind_cols].max(axis=1) > 0.5)
         if not len(rows):
             return out
-        cls, m = _wide_classes(X[rows], self._cols)
+        cls, m = _wide_classes(X[rows], self.feature_names)
         if not (cls != "").any():
             return out
         compute, memory = _roofline_terms(X[rows], self._cols)
