@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterator
 from functools import cache, lru_cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -906,6 +907,48 @@ class _Einsum(nn.Module):
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.einsum(self.equation, [a, b]) if self.listed else torch.einsum(self.equation, a, b)
+
+
+class _WeightProduct(nn.Module):
+    """An activation times a weight parameter, as an einsum (either operand order) or as the
+    matmul or F.linear it equals."""
+
+    def __init__(self, how: str, weight_shape: tuple[int, int], equation: str = "") -> None:
+        super().__init__()
+        self.weight, self.how, self.equation = nn.Parameter(torch.randn(*weight_shape)), how, equation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "einsum":
+            return torch.einsum(self.equation, x, self.weight)
+        if self.how == "einsum, weight first":
+            return torch.einsum(self.equation, self.weight, x)
+        return x @ self.weight if self.how == "matmul" else F.linear(x, self.weight)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_an_einsum_with_a_weight_is_the_matmul_or_linear_it_equals(mode: str, precision: str) -> None:
+    """``einsum("bij,jk->bik", x, W)`` is ``x @ W`` and ``einsum("bij,kj->bik", x, W)`` is
+    ``F.linear(x, W)``: the same signature and features, so their rows predict it (it was an
+    uncovered kind of its own); an einsum that contracts another index keeps its kind."""
+    from gpurec.ops.features import operation_feature_row
+
+    def product(module: nn.Module) -> Any:
+        (op,) = [op for op in extract_operations(module, (4, 6, 8), mode=mode, precision=precision)
+                 if op.kind != "autocast_cast"]
+        return op
+
+    def described(op: Any) -> tuple[Any, ...]:
+        return (op.kind, op.signature, operation_feature_row(op), op.flops, op.flops_bwd, op.output_shapes)
+
+    cases = [("einsum", (8, 5), "bij,jk->bik", "matmul"), ("einsum", (5, 8), "bij,kj->bik", "linear"),
+             ("einsum", (8, 5), "...j,jk->...k", "matmul"), ("einsum, weight first", (5, 8), "kj,bij->bik", "linear"),
+             ("einsum, weight first", (8, 5), "jk,bij->bik", "matmul")]
+    for how, shape, equation, twin in cases:
+        assert described(product(_WeightProduct(how, shape, equation))) == \
+            described(product(_WeightProduct(twin, shape))), equation
+    for equation, shape in (("bij,jk->bki", (8, 5)), ("bij,ik->bjk", (6, 5)), ("bij,jk->bijk", (8, 5))):
+        assert product(_WeightProduct("einsum", shape, equation)).kind == "einsum", equation
 
 
 @pytest.mark.parametrize("mode", ["inference", "training"])

@@ -929,10 +929,14 @@ def _as_height_one(op: Operation) -> None:
 # sumproduct_pair), a bmm of its operands permuted and reshaped to (batch, rows, contracted) and
 # (batch, contracted, columns), so it is predicted from bmm's rows as that bmm.  Not counted: the
 # copies ATen makes of operands whose permuted layout is not a view (a few elementwise-sized
-# kernels beside the product).  Other einsums (one or three operands, diagonals, an index summed
-# within one operand, no contracted index: a broadcast multiply) keep their own kind.
-def _einsum_as_bmm(equation: Any, shapes: list[list[int]]) -> tuple[int, int, int, int] | None:
-    """(batch, rows, contracted, columns) of the bmm a two-operand einsum runs, or None."""
+# kernels beside the product).  An einsum of an activation and a 2-D weight parameter that is
+# ``x @ W`` or ``F.linear(x, W)`` (the activation's last index contracted, the output the
+# activation's other indices in order, then the weight's free one) is that matmul or linear, so
+# their rows predict it.  Other einsums (one or three operands, diagonals, an index summed within
+# one operand, no contracted index: a broadcast multiply) keep their own kind.
+def _einsum_terms(equation: Any, shapes: list[list[int]]) -> tuple[list[str], str, dict[str, int]] | None:
+    """A two-operand einsum's operand terms and output with ``...`` spelt out as letters, and each
+    letter's size; None for anything else, a diagonal or a broadcast size-1 dimension."""
     if not isinstance(equation, str) or len(shapes) != 2:
         return None
     lhs, arrow, out = equation.replace(" ", "").partition("->")
@@ -954,9 +958,17 @@ def _einsum_as_bmm(equation: Any, shapes: list[list[int]]) -> tuple[int, int, in
         for c, size in zip(term, shape, strict=True):
             if sizes.setdefault(c, int(size)) != int(size):
                 return None  # a broadcast size-1 dimension: not one bmm
-    a, b = full
     if len(set(out)) != len(out) or any(c not in sizes for c in out):
         return None
+    return full, out, sizes
+
+
+def _einsum_as_bmm(equation: Any, shapes: list[list[int]]) -> tuple[int, int, int, int] | None:
+    """(batch, rows, contracted, columns) of the bmm a two-operand einsum runs, or None."""
+    parsed = _einsum_terms(equation, shapes)
+    if parsed is None:
+        return None
+    (a, b), out, sizes = parsed
     groups = {"batch": 1, "rows": 1, "contracted": 1, "columns": 1}
     for c in sizes:
         in_a, in_b, in_out = c in a, c in b, c in out
@@ -970,14 +982,43 @@ def _einsum_as_bmm(equation: Any, shapes: list[list[int]]) -> tuple[int, int, in
     return groups["batch"], groups["rows"], groups["contracted"], groups["columns"]
 
 
-def _as_bmm(op: Operation) -> None:
-    """``op``, a two-operand einsum of two activations, made the bmm it runs as (_einsum_as_bmm);
+def _einsum_weight_kind(equation: Any, shapes: list[list[int]], weight_index: int) -> str | None:
+    """``matmul`` where an einsum of an activation and a 2-D weight (operand ``weight_index``) is
+    ``x @ W``, ``linear`` where it is ``F.linear(x, W)``, else None."""
+    if len(shapes[weight_index]) != 2 or len(shapes[1 - weight_index]) < 2:
+        return None
+    parsed = _einsum_terms(equation, shapes)
+    if parsed is None:
+        return None
+    terms, out, _ = parsed
+    x, w = terms[1 - weight_index], terms[weight_index]
+    contracted, free = x[-1], (set(w) - {x[-1]})
+    if contracted not in w or len(free) != 1 or out != x[:-1] + next(iter(free)):
+        return None
+    return "matmul" if w[0] == contracted else "linear"
+
+
+def _einsum_as_product(op: Operation) -> None:
+    """``op``, a two-operand einsum, made the product ATen runs it as: the bmm of two activations
+    (_einsum_as_bmm), or the matmul or linear of an activation and a weight (_einsum_weight_kind);
     FLOPs and bytes stay as counted.  Any other einsum is left as it is."""
     args = op.settings.get("args") or []
     operands = args[1] if len(args) == 2 and isinstance(args[1], list) else args[1:]  # (eq, a, b) or (eq, [a, b])
+    equation = args[0] if args else None
+    if len(op.input_shapes) == 1 and len(operands) == 2 and "$0" in operands:
+        weight_index = 1 - operands.index("$0")
+        weight = operands[weight_index]
+        if not (isinstance(weight, dict) and "param" in weight):
+            return
+        shapes = [op.input_shapes[0], list(weight["param"])]
+        kind = _einsum_weight_kind(equation, shapes[::-1] if weight_index == 0 else shapes, weight_index)
+        if kind is not None:
+            op.kind = kind
+            op.settings = {"args": ["$0", weight], "kwargs": {}}
+        return
     if op.params or len(op.input_shapes) != 2 or operands != ["$0", "$1"]:
-        return  # a parameter operand, or operands given otherwise
-    dims = _einsum_as_bmm(args[0] if args else None, op.input_shapes)
+        return  # operands given otherwise
+    dims = _einsum_as_bmm(equation, op.input_shapes)
     if dims is None:
         return
     batch, rows, contracted, columns = dims
@@ -1903,7 +1944,7 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         if kind in _HEIGHT_ONE_TWINS and op.input_shapes:
             _as_height_one(op)
         elif kind == "einsum":
-            _as_bmm(op)
+            _einsum_as_product(op)
         if any(d != dtype_name for d in in_dtypes):
             op.input_dtypes = in_dtypes
         # A view launches no kernel, but in training the backward of one that splits its input
