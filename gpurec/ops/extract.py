@@ -1010,8 +1010,9 @@ def _einsum_as_product(op: Operation) -> None:
         weight = operands[weight_index]
         if not (isinstance(weight, dict) and "param" in weight):
             return
-        shapes = [op.input_shapes[0], list(weight["param"])]
-        kind = _einsum_weight_kind(equation, shapes[::-1] if weight_index == 0 else shapes, weight_index)
+        shapes = [op.input_shapes[0], op.input_shapes[0]]  # in the equation's operand order
+        shapes[weight_index] = list(weight["param"])
+        kind = _einsum_weight_kind(equation, shapes, weight_index)
         if kind is not None:
             op.kind = kind
             op.settings = {"args": ["$0", weight], "kwargs": {}}
