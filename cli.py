@@ -858,6 +858,9 @@ def predict(
         typer.echo(f"  bound  {f['bound']}: the eager step takes {_fmt(f['time_ms'])} ms, "
                    f"{f['time_ms'] / f['gpu_time_ms']:.3f}x the GPU's own {_fmt(f['gpu_time_ms'])} ms "
                    f"(host issue {_fmt(f['host_time_ms'])} ms); rule: {f['bound_rule']}")
+    if f.get("recomputed_ops"):
+        typer.echo(f"  checkpointing: backward runs the forward of {f['recomputed_ops']} checkpointed operations "
+                   f"again, {_fmt(f['recompute_gpu_time_ms'])} ms of the GPU time (memory counts their inputs only)")
     typer.echo(f"  bands: {f['band']}")
     if per_op is not None and len(per_op) and "time_share" in per_op:
         top = per_op.groupby("kind", as_index=False)[["time_share", "energy_share"]].sum()

@@ -26,7 +26,7 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,6 +132,8 @@ class _OpsEntry:
     covered: np.ndarray
     reason: np.ndarray  # '' when covered
     precision: str = "fp32"
+    # training: the checkpointed operations' forward that backward runs again (Operation.recomputed)
+    recompute: _OpsEntry | None = None
 
 
 @dataclass
@@ -191,6 +193,10 @@ class Estimate:
     measured_share: float = 0.0  # share of operations whose values are measurements, not predictions
     precision: str = "fp32"  # the math mode of the step (gpurec.ops.precision)
     precision_measured: bool = True  # the training data held rows at this precision (else extrapolated)
+    # training with activation checkpointing: the operations whose forward backward runs again, and
+    # that forward's GPU time (inside gpu_time_ms; per_op lists each operation once, without it)
+    recomputed_ops: int = 0
+    recompute_gpu_time_ms: float = 0.0
     _ops: _OpDetail | None = field(default=None, init=False, repr=False, compare=False)
     _per_op: Any = field(default=None, init=False, repr=False, compare=False)
 
@@ -578,6 +584,10 @@ class Predictor:
                                "nn.Sequential): there is no GPU work to estimate")
         entry = self._make_entry(label, OpBlock.from_operations(ops, mode), mode)
         entry.precision = precision
+        again = [op.recomputation() for op in ops if op.recomputed]
+        if again:
+            entry.recompute = self._make_entry(label, OpBlock.from_operations(again, "inference"), "inference")
+            entry.recompute.precision = precision
         self._cache[key] = entry
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
@@ -672,8 +682,15 @@ class Predictor:
                     self._answer(candidates, mode, dtype, example_inputs, precision, entries, results, young_collection)
                 finally:
                     self._sessions = None
-            estimates = iter(self._estimate(entries, mode, nvml, hw, profile))
-            return [next(estimates) if r is None else r for r in results]
+            estimates = self._estimate(entries, mode, nvml, hw, profile)
+            again = [i for i, (e, _) in enumerate(entries) if e.recompute is not None]
+            if again:  # activation checkpointing: backward runs those forwards again
+                forwards = self._estimate([(entries[i][0].recompute, entries[i][1]) for i in again], "inference",
+                                          nvml, hw, profile)
+                for i, forward in zip(again, forwards, strict=True):
+                    estimates[i] = _with_recomputation(estimates[i], forward)
+            answers = iter(estimates)
+            return [next(answers) if r is None else r for r in results]
 
     def _answer(self, candidates: Iterable[Any], mode: str, dtype: Any, example_inputs: Any, precision: str | None,
                 entries: list[tuple[_OpsEntry, tuple[int, ...]]], results: list[Estimate | CandidateError | None],
@@ -875,6 +892,30 @@ class Predictor:
 # to spread one collection over many candidates, few enough to bound the garbage held meanwhile
 # (a MobileNet-sized candidate leaves a few thousand objects in reference cycles: the fx graph).
 _GC_EVERY_CANDIDATES = 32
+
+
+def _with_recomputation(step: Estimate, forward: Estimate) -> Estimate:
+    """A training step with activation checkpointing: ``step`` (forward and backward of every
+    operation) plus ``forward``, the checkpointed operations' forward that backward runs again,
+    host and GPU alike, in sequence (it sits inside backward, which waits on it)."""
+    t, e = step.time_ms + forward.time_ms, step.energy_mj + forward.energy_mj
+    g_t = step.gpu_time_ms + forward.gpu_time_ms
+    out = replace(
+        step, time_ms=t, energy_mj=e, power_w=e / t if t > 0 else 0.0, gpu_time_ms=g_t,
+        gpu_energy_mj=step.gpu_energy_mj + forward.gpu_energy_mj,
+        host_time_ms=step.host_time_ms + forward.host_time_ms, bound=bound_of(t, g_t),
+        time_low_ms=step.time_low_ms + forward.time_low_ms, time_high_ms=step.time_high_ms + forward.time_high_ms,
+        energy_low_mj=step.energy_low_mj + forward.energy_low_mj,
+        energy_high_mj=step.energy_high_mj + forward.energy_high_mj,
+        gpu_time_low_ms=step.gpu_time_low_ms + forward.gpu_time_low_ms,
+        gpu_time_high_ms=step.gpu_time_high_ms + forward.gpu_time_high_ms,
+        gpu_energy_low_mj=step.gpu_energy_low_mj + forward.gpu_energy_low_mj,
+        gpu_energy_high_mj=step.gpu_energy_high_mj + forward.gpu_energy_high_mj,
+        op_sum_time_ms=step.op_sum_time_ms + forward.op_sum_time_ms,
+        op_sum_energy_mj=step.op_sum_energy_mj + forward.op_sum_energy_mj,
+        recomputed_ops=forward.n_ops, recompute_gpu_time_ms=forward.gpu_time_ms)
+    out._ops = step._ops
+    return out
 
 
 @contextlib.contextmanager

@@ -71,12 +71,28 @@ def _tensor_leaves(out: Any, path: tuple[int, ...] = ()) -> list[tuple[tuple[int
     return []
 
 
+class _MarkingGraph(torch.fx.Graph):
+    """An fx graph whose nodes carry the activation-checkpointed region they are made in, as the
+    tracer's do (gpurec.ops.extract.CheckpointRegions)."""
+
+    def __init__(self) -> None:
+        from gpurec.ops.extract import CheckpointRegions
+
+        super().__init__()
+        self.checkpoints = CheckpointRegions()
+
+    def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        node = super().create_node(*args, **kwargs)
+        self.checkpoints.mark(node)
+        return node
+
+
 class _Recorder(TorchFunctionMode):
     """Records torch functions and tensor methods called outside leaf modules into ``graph``."""
 
     def __init__(self, root: nn.Module) -> None:
         super().__init__()
-        self.graph = torch.fx.Graph()
+        self.graph: torch.fx.Graph = _MarkingGraph()
         self.root = root
         self.node_of: dict[int, torch.fx.Node] = {}
         self.alive: list[Any] = []  # keeps recorded tensors alive so their ids are never reused

@@ -21,6 +21,7 @@ import numbers
 import operator
 import re
 import string
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -156,6 +157,52 @@ def _leaf_types() -> tuple[type, ...]:
     return tuple(types)
 
 
+@functools.cache
+def _checkpoint_code() -> Any:
+    """The code of torch.utils.checkpoint.checkpoint under its decorators (checkpoint_sequential and
+    checkpoint wrappers call it): both of its ways (reentrant or not) run the region's function
+    inside it, so a frame of it above the tracer means that the operation is checkpointed."""
+    import inspect
+
+    from torch.utils import checkpoint
+
+    return inspect.unwrap(checkpoint.checkpoint).__code__
+
+
+def checkpoint_frame(stop: Any = None) -> Any:
+    """The outermost torch.utils.checkpoint.checkpoint call the caller runs inside (its frame; None:
+    none), looking up the Python stack no further than the frame ``stop`` (the trace's own: a
+    checkpoint around the whole extraction is not the model's)."""
+    code = _checkpoint_code()
+    found = None
+    frame = sys._getframe(1)
+    while frame is not None and frame is not stop:
+        if frame.f_code is code:  # by identity: a code object's hash reads its whole body
+            found = frame
+        frame = frame.f_back
+    return found
+
+
+class CheckpointRegions:
+    """Numbers the checkpoint calls that a trace's nodes are made in, from 1 in the order met, and
+    marks each such node's ``meta["checkpoint_region"]`` (Operation.checkpoint_region)."""
+
+    def __init__(self) -> None:
+        self.frames: list[Any] = []  # held, so that a finished call's frame is never taken for a new one
+        self.stop: Any = None
+
+    def mark(self, node: torch.fx.Node) -> None:
+        frame = checkpoint_frame(self.stop)
+        if frame is None:
+            return
+        for i, seen in enumerate(self.frames):
+            if seen is frame:
+                node.meta["checkpoint_region"] = i + 1
+                return
+        self.frames.append(frame)
+        node.meta["checkpoint_region"] = len(self.frames)
+
+
 class _Tracer(torch.fx.Tracer):
     """torch.nn modules (and StochasticDepth) are leaves; everything else is traced through.
 
@@ -189,6 +236,8 @@ class _Tracer(torch.fx.Tracer):
         """fx's trace; inside tracing_session() (this thread's), nn.Module's call and attribute
         lookup reach this tracer through the session's hooks instead of being patched on
         nn.Module and restored for this one trace (see tracing_session)."""
+        self.checkpoints = CheckpointRegions()
+        self.checkpoints.stop = sys._getframe()  # where the model's code ends
         session = _SESSION
         if session is None or session.thread != threading.get_ident():
             return super().trace(root, concrete_args)
@@ -201,8 +250,19 @@ class _Tracer(torch.fx.Tracer):
             _patched_for_fx(prior[0] is not None)
             session.tracer, session.parameter_proxies = prior
 
+    checkpoints: CheckpointRegions | None = None  # trace() sets this trace's own
+
     def create_node(self, kind: str, target: Any, args: Any, kwargs: Any, name: str | None = None,
                     type_expr: Any = None) -> torch.fx.Node:
+        """fx's node, with the activation-checkpointed region it is made in, if any
+        (torch.utils.checkpoint: backward runs it again)."""
+        node = self._lean_node(kind, target, args, kwargs, name, type_expr)
+        if self.checkpoints is not None:
+            self.checkpoints.mark(node)
+        return node
+
+    def _lean_node(self, kind: str, target: Any, args: Any, kwargs: Any, name: str | None = None,
+                   type_expr: Any = None) -> torch.fx.Node:
         """fx's node creation without what extraction never reads: the scope table
         (``node_name_to_scope``) and Graph.create_node's scan of every argument for raw SymInts
         (arguments made here are proxies' nodes and constants, never symbolic values), together
@@ -1846,6 +1906,7 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
                 op = Operation.__new__(Operation)  # copy.copy of the dataclass, without its reduce protocol
                 op.__dict__.update(template.__dict__)
                 op.name, op.node, op.input_nodes = str(node.target), node.name, act_names
+                op.checkpoint_region = node.meta.get("checkpoint_region", 0) if training else 0  # where, not what
                 ops.append(op)
                 continue
         if precise is not None and node.op == "call_module" and isinstance(modules[node.target], _RECURRENT):
@@ -1954,6 +2015,7 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         op.kernel_free = (aliased and not op.in_place and "out" not in kwargs
                           and not (training and any(requires_grad) and kind in _GRAD_ASSEMBLING_VIEWS))
         op.backend = backend
+        op.checkpoint_region = node.meta.get("checkpoint_region", 0) if training else 0
         if keep_sources:
             if node.op == "call_module":
                 op.source = ("module", modules[node.target], arg_template, kwarg_template)

@@ -638,7 +638,8 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
                    needs_grad: set[str], inputs: set[str], out: str | None,
                    rnn: tuple[list[int], list[int], list[int], list[int]] | None = None,
                    param_keys: Sequence[str | None] | None = None,
-                   bwd_scratch: Sequence[int] | None = None) -> tuple[int, int]:
+                   bwd_scratch: Sequence[int] | None = None,
+                   recompute_at: dict[str, int] | None = None) -> tuple[int, int]:
     """The largest memory alive at once over a training step's forward and backward.
 
     Why: parameter gradients appear while backward frees the saved activations, so the peak is
@@ -649,6 +650,8 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
     tensor until the backward of the earliest operation that saved it, a tensor's gradient from
     the backward of its last user to that of its maker, each parameter gradient from the
     backward of its last call on, each operation's own saved buffers until its backward.
+    ``recompute_at`` (activation checkpointing): saved tensors that forward frees after their last
+    use, made again when the backward of the given operation (their region's last) starts.
 
     ``rnn`` (cuDNN RNNs only): per operation the copies PyTorch makes during its forward and
     during its backward, cuDNN's workspace (during both) and reserve space (forward to
@@ -660,12 +663,13 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
     base = params + sum(size_of[r] for r in inputs)
     if out is not None and out not in inputs:
         base += 2 * size_of.get(out, 0)  # the result and its gradient, made before the step
+    recompute_at = recompute_at or {}
     fwd = [0] * (n + 1)
     for root, size in size_of.items():
         if root in inputs or root == out:
             continue
         start = born[root]
-        end = n - 1 if root in released else last_use.get(root, start)
+        end = n - 1 if root in released and root not in recompute_at else last_use.get(root, start)
         fwd[start] += size
         fwd[max(end, start) + 1] -= size
     peak = live = with_rnn = kept = 0
@@ -685,7 +689,10 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
     for root, size in size_of.items():
         if root in inputs or root == out:
             continue
-        if root in released:
+        if root in recompute_at:
+            alloc[recompute_at[root]] += size
+            free[released[root]] += size
+        elif root in released:
             live += size
             if released[root] >= 0:
                 free[released[root]] += size
@@ -704,6 +711,19 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
         live -= free[i] + internal[i]
         kept -= reserve[i]
     return peak, max(with_rnn, peak)
+
+
+def _recompute_at(ops: Sequence[Any], recomputed: dict[str, int]) -> dict[str, int] | None:
+    """Each recomputed storage -> the index of its checkpoint region's last operation (whose
+    backward runs the region's forward again); None without checkpointing."""
+    if not recomputed:
+        return None
+    last: dict[int, int] = {}
+    for i, op in enumerate(ops):
+        region = getattr(op, "checkpoint_region", 0)
+        if region:
+            last[region] = i
+    return {root: last[region] for root, region in recomputed.items()}
 
 
 def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
@@ -736,6 +756,10 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     needs_grad: set[str] = set()  # storages that carry a gradient in backward
     index_of: dict[str, int] | None = None  # node -> index, built at the first weight cast
     training = mode == "training"
+    # activation checkpointing (Operation.checkpoint_region): storage -> the region that made it,
+    # and the saved ones among them -> their region, whose backward makes them again
+    made_in_region: dict[str, int] = {}
+    recomputed: dict[str, int] = {}
     first_reader = -1  # the first operation that reads a tensor: the step's inputs are what it reads
     for i, op in enumerate(ops):
         kind, nodes = op.kind, op.input_nodes
@@ -783,6 +807,8 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             storage_of[op.node] = op.node
             size_of[op.node] = _block(int(op.bytes_written))
             born[op.node] = i
+            if training and getattr(op, "checkpoint_region", 0):
+                made_in_region[op.node] = op.checkpoint_region
             last_use[op.node] = max(last_use.get(op.node, i), i)
         if kind in CONV_KINDS:
             io = _io_bytes(op)
@@ -844,6 +870,9 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             saved_now.append(storage_of[op.node])
         for root in saved_now:
             released.setdefault(root, i)  # backward frees it after the earliest operation that saved it
+            region = getattr(op, "checkpoint_region", 0) if training else 0
+            if region and made_in_region.get(root) == region:
+                recomputed[root] = region  # made and saved inside a checkpoint: made again in backward
         if kind == "autocast_cast" and not nodes:
             # a weight's low-precision copy, made for the operation after it (``conv1.cast0`` for
             # ``conv1``), which saves it for its backward; measured steps run autocast with its
@@ -853,7 +882,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             if index_of is None:
                 index_of = {str(o.node): j for j, o in enumerate(ops)}
             released[storage_of[op.node]] = _consumer_of_cast(ops, i, index_of)
-        kept_roots.update(saved_now)
+        kept_roots.update(r for r in saved_now if r not in recomputed)
     if not training:
         _hold_call_arguments(ops, storage_of, born, last_use)
     for src, dst, i in softmax_reads:
@@ -871,7 +900,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
         peak, with_rnn = _training_peak(ops, params, size_of, born, last_use, released, internal, needs_grad,
                                         inputs, storage_of.get(ops[-1].node, ops[-1].node) if ops else None,
                                         (fwd_copy, bwd_copy, rnn_during, rnn_reserve) if last_rnn >= 0 else None,
-                                        param_keys, bwd_scratch)
+                                        param_keys, bwd_scratch, _recompute_at(ops, recomputed))
         return MemoryTerms(mode, params, params, max(peak - 2 * params, 0), largest, conv_io, matmul_io, rnn,
                            saved, rnn_excess_bytes=with_rnn - peak)
     # Liveness: a tensor holds memory from the operation that makes it to its last user.

@@ -7,6 +7,7 @@ machine's torch and this one's, get the same key.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import json
@@ -104,6 +105,10 @@ class Operation:
     # derived from the identity, so not part of it; the predictor gives it no GPU time.
     kernel_free: bool = False
     backend: str = ""  # scaled_dot_product_attention: the kernel it takes (gpurec.ops.extract.sdpa_backend)
+    # Training only: the activation-checkpointed region (torch.utils.checkpoint call) it runs in,
+    # numbered from 1 in execution order; 0: none.  Backward runs a region's forward again and
+    # autograd keeps only its inputs until then.  Where it runs, not what: not part of the identity.
+    checkpoint_region: int = 0
 
     # -- identity ---------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
@@ -162,6 +167,17 @@ class Operation:
             rec["precision"] = self.precision
             rec["input_dtypes"] = json.dumps(self.input_dtypes)
         return rec
+
+    @property
+    def recomputed(self) -> bool:
+        """Backward runs its forward again (activation checkpointing)."""
+        return self.checkpoint_region > 0
+
+    def recomputation(self) -> Operation:
+        """The forward that activation checkpointing runs again in backward: this operation
+        without gradients, as inference rows measure it (same kind, settings, shapes, precision)."""
+        return dataclasses.replace(self, mode="inference", input_requires_grad=[False] * len(self.input_requires_grad),
+                                   flops_bwd=0, checkpoint_region=0, source=None)
 
     def materialize(self, device: Any = "cpu", instances: int = 1, seed: int = 0) -> Any:
         """A runnable benchmark unit; see :mod:`gpurec.ops.units`."""

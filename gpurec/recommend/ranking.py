@@ -604,4 +604,6 @@ def predict_on(model: Any, input_shape: Sequence[int], mode: str, gpu: str, pred
             "evidence_source": sets.source, "memory_gb": memory.memory_gb,
             "memory_capacity_gb": float(spec.memory_gb), "fits": memory.memory_gb <= float(spec.memory_gb),
             "cuda_graphs": bool(cuda_graphs), "bound_rule": bound_rule(), "note": note,
+            "recomputed_ops": int(getattr(est, "recomputed_ops", 0)),
+            "recompute_gpu_time_ms": float(getattr(est, "recompute_gpu_time_ms", 0.0)),
             "band": band_description(predictor) + "; " + evidence_band_rule(widening), "estimate": est}
