@@ -970,3 +970,32 @@ def test_rms_norm_runs_as_layer_norm_kernels(mode: str) -> None:
     assert len(layer_norms) == 2 and [op.params for op in layer_norms] == [64, 64]
     assert all(op.output_shapes == [[4, 16, 64]] for op in layer_norms)
     assert {"pow", "mean", "rsqrt"} <= {op.kind for op in ops}
+
+
+class _Held(nn.Module):
+    def __init__(self, m: nn.Module) -> None:
+        super().__init__()
+        self.m = m
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.m(x)
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+@pytest.mark.parametrize("parametrize", ["weight_norm", "spectral_norm"])
+@pytest.mark.parametrize("layer", ["linear", "conv1d"])
+def test_a_parametrized_module_is_the_module_it_parametrizes(mode: str, parametrize: str, layer: str) -> None:
+    """weight_norm / spectral_norm (torch.nn.utils.parametrizations) make a class of their own,
+    ``ParametrizedLinear``: a kind without rows.  Its kernel is the module's own."""
+    from torch.nn.utils import parametrizations
+
+    def make() -> nn.Module:
+        return nn.Linear(256, 512) if layer == "linear" else nn.Conv1d(64, 128, 5, padding=2)
+
+    shape = (32, 64, 256) if layer == "linear" else (16, 64, 400)
+    plain = extract_operations(_Held(make()), shape, mode=mode)
+    wrapped = getattr(parametrizations, parametrize)
+    for model in (_Held(wrapped(make())), wrapped(make())):  # as a child and as the root
+        ops = extract_operations(model, shape, mode=mode)
+        assert [op.kind for op in ops] == [op.kind for op in plain] == ["Linear" if layer == "linear" else "Conv2d"]
+        assert [op.signature for op in ops] == [op.signature for op in plain]

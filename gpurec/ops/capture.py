@@ -37,6 +37,7 @@ from gpurec.ops.extract import (
     _swapped_to_meta,
     _Traced,
     _Tracer,
+    _wrapped_as_root,
 )
 
 
@@ -264,7 +265,7 @@ def record(root: nn.Module, inputs: list[torch.Tensor]) -> _Traced:
     values and ExtractionError for anything else the forward cannot do on these inputs."""
     from gpurec.ops.extract import _Wrap1, _Wrap2, _Wrap3
 
-    if type(root) in _DECOMPOSITIONS or isinstance(root, _RECURRENT):
+    if _wrapped_as_root(root):
         wrappers = {1: _Wrap1, 2: _Wrap2, 3: _Wrap3}
         if len(inputs) not in wrappers:
             raise ExtractionError(f"{type(root).__name__} takes at most 3 example inputs here, got {len(inputs)}")

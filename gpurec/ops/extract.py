@@ -768,8 +768,14 @@ class _Wrap3(_Wrap1):
         return self.inner(x, y, z)
 
 
+def _wrapped_as_root(root: nn.Module) -> bool:
+    """A root module that is traced inside a wrapper (_Wrap1-3), so that it is handled as it is
+    as a child: written out (_DECOMPOSITIONS), or kept whole (recurrent layers, parametrized modules)."""
+    return type(root) in _DECOMPOSITIONS or isinstance(root, _RECURRENT) or _is_parametrized(root)
+
+
 def _trace(root: nn.Module, n_inputs: int = 1) -> _Traced:
-    if type(root) in _DECOMPOSITIONS or isinstance(root, _RECURRENT):
+    if _wrapped_as_root(root):
         wrappers = {1: _Wrap1, 2: _Wrap2, 3: _Wrap3}
         if n_inputs not in wrappers:
             raise ExtractionError(f"{type(root).__name__} takes at most 3 example inputs here, got {n_inputs}")
@@ -1269,11 +1275,38 @@ def _module_bookkeeping() -> frozenset[str]:
     return frozenset(nn.Module().__dict__)
 
 
+def _is_parametrized(m: nn.Module) -> bool:
+    """A module under torch.nn.utils.parametrize (weight_norm, spectral_norm, orthogonal): its class is
+    one torch made on the fly, a subclass of the module's own (``ParametrizedLinear`` of ``Linear``)."""
+    return type(m).__module__ == "torch.nn.utils.parametrize" and "parametrizations" in m._modules
+
+
+def _module_class_name(m: nn.Module) -> str:
+    """The module's class name; a parametrized module's is its own class's (it runs that kernel)."""
+    return type(m).__bases__[0].__name__ if _is_parametrized(m) else type(m).__name__
+
+
+def _parametrized_params(m: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """What a parametrized module's kernel reads: its plain parameters, and each parametrized tensor
+    under its own name, shaped as the largest of its originals (weight_norm's direction, spectral_norm's
+    weight: the weight's shape), so that it is the module's own operation, signature included."""
+    out = [(name, p) for name, p in m._parameters.items() if p is not None]
+    for name, originals in m._modules["parametrizations"].items():
+        tensors = list(originals.parameters())
+        if not tensors:
+            continue
+        largest = max(tensors, key=lambda t: t.numel())
+        out.append((name, nn.Parameter(torch.empty(largest.shape, dtype=largest.dtype, device="meta"),
+                                       requires_grad=any(t.requires_grad for t in tensors))))
+    return out
+
+
 def _named_params(m: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """``list(m.named_parameters())``; for a module without children (most leaves) read from
-    its own table, as named_parameters does, without its generator machinery."""
+    its own table, as named_parameters does, without its generator machinery; for a parametrized
+    module, what its kernel reads (_parametrized_params)."""
     if m._modules:
-        return list(m.named_parameters())
+        return _parametrized_params(m) if _is_parametrized(m) else list(m.named_parameters())
     seen: set[int] = set()
     out = []
     for name, p in m._parameters.items():
@@ -1924,7 +1957,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
                 continue
             mod_params = [p for _, p in named_params]
             has_params = any(p.requires_grad for p in mod_params)
-            kind = _KERNEL_TWINS.get(type(mod).__name__, type(mod).__name__)
+            cls_name = _module_class_name(mod)
+            kind = _KERNEL_TWINS.get(cls_name, cls_name)
         else:
             if node.op == "call_function" and _is_disabled_dropout(node.target, args, kwargs):
                 grad[node.name] = in_grad(node)  # returns its input: no kernel
