@@ -121,10 +121,14 @@ def test_a_checkpointed_step_costs_the_plain_step_and_the_forward_it_runs_again(
     assert full.energy_mj == pytest.approx(plain.energy_mj + forward.energy_mj, rel=1e-9)
     assert full.power_w == pytest.approx(full.energy_mj / full.time_ms)
     assert full.time_low_ms < full.time_ms < full.time_high_ms
-    assert len(full.per_op) == 16  # each operation once
+    assert len(full.per_op) == 16  # each operation once, with its forward again beside it
+    assert full.per_op["recompute_ms"].to_numpy() == pytest.approx(forward.per_op["time_ms"].to_numpy(), rel=1e-9)
+    assert (plain.per_op["recompute_ms"] == 0).all()
     # a partly checkpointed step recomputes its regions' operations only
     some = _predict(p, "some")
     assert some.recomputed_ops == 12
+    again = some.per_op["recompute_ms"].to_numpy()
+    assert (again[4:8] == 0).all() and (again[:4] > 0).all() and (again[8:] > 0).all()
     assert plain.gpu_time_ms < some.gpu_time_ms < full.gpu_time_ms
     # inference runs nothing again
     assert _predict(p, "all", "inference").gpu_time_ms == pytest.approx(forward.gpu_time_ms, rel=1e-9)

@@ -132,8 +132,10 @@ class _OpsEntry:
     covered: np.ndarray
     reason: np.ndarray  # '' when covered
     precision: str = "fp32"
-    # training: the checkpointed operations' forward that backward runs again (Operation.recomputed)
+    # training: the checkpointed operations' forward that backward runs again (Operation.recomputed),
+    # and where they sit among this entry's operations
     recompute: _OpsEntry | None = None
+    recompute_rows: np.ndarray | None = None
 
 
 @dataclass
@@ -146,6 +148,7 @@ class _OpDetail:
     host_ms: np.ndarray  # dispatch on the estimate's host
     measured: np.ndarray
     covered: np.ndarray
+    recompute_ms: np.ndarray | None = None  # per operation, its forward again in backward (checkpointing)
 
 
 @dataclass
@@ -222,7 +225,8 @@ class Estimate:
 
     @property
     def per_op(self) -> pd.DataFrame:
-        """One row per operation: GPU time, host dispatch, power, energy, shares, coverage (built on first access)."""
+        """One row per operation: GPU time, host dispatch, power, energy, shares, coverage (built on first access);
+        ``recompute_ms``: the GPU time of its forward again in backward, where it is checkpointed (not in ``time_ms``)."""
         if self._per_op is None:
             import pandas as pd
 
@@ -242,6 +246,7 @@ class Estimate:
                 "signature": e.block.signatures if e is not None else [],
                 "flops": flops,
                 "time_ms": t, "host_ms": d.host_ms if d is not None else np.zeros(0), "power_w": w,
+                "recompute_ms": d.recompute_ms if d is not None and d.recompute_ms is not None else np.zeros(len(t)),
                 "energy_mj": energy,
                 "time_share": t / tot_t if tot_t > 0 else 0.0,
                 "energy_share": energy / tot_e if tot_e > 0 else 0.0,
@@ -584,10 +589,12 @@ class Predictor:
                                "nn.Sequential): there is no GPU work to estimate")
         entry = self._make_entry(label, OpBlock.from_operations(ops, mode), mode)
         entry.precision = precision
-        again = [op.recomputation() for op in ops if op.recomputed]
-        if again:
+        rows = [i for i, op in enumerate(ops) if op.recomputed]
+        if rows:
+            again = [ops[i].recomputation() for i in rows]
             entry.recompute = self._make_entry(label, OpBlock.from_operations(again, "inference"), "inference")
             entry.recompute.precision = precision
+            entry.recompute_rows = np.array(rows)
         self._cache[key] = entry
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
@@ -914,7 +921,11 @@ def _with_recomputation(step: Estimate, forward: Estimate) -> Estimate:
         op_sum_time_ms=step.op_sum_time_ms + forward.op_sum_time_ms,
         op_sum_energy_mj=step.op_sum_energy_mj + forward.op_sum_energy_mj,
         recomputed_ops=forward.n_ops, recompute_gpu_time_ms=forward.gpu_time_ms)
-    out._ops = step._ops
+    if step._ops is not None:
+        again = np.zeros(len(step._ops.gpu_time_ms))
+        if forward._ops is not None and step._ops.entry.recompute_rows is not None:
+            again[step._ops.entry.recompute_rows] = forward._ops.gpu_time_ms
+        out._ops = replace(step._ops, recompute_ms=again)
     return out
 
 
