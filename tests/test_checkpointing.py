@@ -71,7 +71,19 @@ def test_each_checkpoint_call_is_a_region_of_its_operations_in_training_only(ree
     assert not any(op.recomputed for op in _ops("some", "inference", reentrant))
 
 
-def test_a_checkpoint_around_the_extraction_is_not_the_models() -> None:
+def _fx_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpurec.ops import extract as extract_mod
+
+    def refuse(root: nn.Module, n_inputs: int = 1) -> None:
+        raise extract_mod._TraceFailed("torch.fx refused (test)")
+
+    monkeypatch.setattr(extract_mod, "_trace", refuse)
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_a_checkpoint_around_the_extraction_is_not_the_models(monkeypatch: pytest.MonkeyPatch, capture: bool) -> None:
+    if capture:
+        _fx_refused(monkeypatch)
     found: list = []
 
     def extract(x: torch.Tensor) -> torch.Tensor:
@@ -83,12 +95,7 @@ def test_a_checkpoint_around_the_extraction_is_not_the_models() -> None:
 
 
 def test_the_capture_on_concrete_shapes_marks_regions_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpurec.ops import extract as extract_mod
-
-    def refuse(root: nn.Module, n_inputs: int = 1) -> None:
-        raise extract_mod._TraceFailed("torch.fx refused (test)")
-
-    monkeypatch.setattr(extract_mod, "_trace", refuse)
+    _fx_refused(monkeypatch)
     assert [op.checkpoint_region for op in _ops("some")] == [1] * 4 + [0] * 4 + [2] * 8
 
 

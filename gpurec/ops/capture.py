@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import operator
+import sys
 import warnings
 from typing import Any
 
@@ -93,7 +94,7 @@ class _Recorder(TorchFunctionMode):
 
     def __init__(self, root: nn.Module) -> None:
         super().__init__()
-        self.graph: torch.fx.Graph = _MarkingGraph()
+        self.graph = _MarkingGraph()
         self.root = root
         self.node_of: dict[int, torch.fx.Node] = {}
         self.alive: list[Any] = []  # keeps recorded tensors alive so their ids are never reused
@@ -274,6 +275,7 @@ def record(root: nn.Module, inputs: list[torch.Tensor]) -> _Traced:
     original_call = nn.Module.__call__
     with _swapped_to_meta(root):
         rec = _Recorder(root)
+        rec.graph.checkpoints.stop = sys._getframe()  # a checkpoint around the extraction is not the model's
         placeholders = [rec.graph.placeholder(f"input_{i}") for i in range(len(inputs))]
         for node, t in zip(placeholders, inputs, strict=True):
             rec.node_of[id(t)] = node
