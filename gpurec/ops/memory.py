@@ -691,7 +691,8 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
             continue
         if root in recompute_at:
             alloc[recompute_at[root]] += size
-            free[released[root]] += size
+            if released[root] >= 0:
+                free[released[root]] += size
         elif root in released:
             live += size
             if released[root] >= 0:
