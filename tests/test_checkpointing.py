@@ -99,11 +99,33 @@ def test_the_capture_on_concrete_shapes_marks_regions_too(monkeypatch: pytest.Mo
     assert [op.checkpoint_region for op in _ops("some")] == [1] * 4 + [0] * 4 + [2] * 8
 
 
+class _Gated(nn.Module):
+    """A gated unit: its chunk launches kernels in training (backward assembles the halves' gradients)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(512, 1024)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self._gate, x, use_reentrant=False)
+
+    def _gate(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.lin(x).chunk(2, dim=-1)
+        return a * torch.sigmoid(b)
+
+
 def test_the_recomputation_is_the_operation_as_inference_measures_it() -> None:
     inference = _ops("none", "inference")
     again = [op.recomputation() for op in _ops("all")]
     assert [op.signature for op in again] == [op.signature for op in inference]
     assert all(op.mode == "inference" and op.flops_bwd == 0 and not op.recomputed for op in again)
+    training = extract_operations(_Gated(), SHAPE, mode="training")
+    inference = extract_operations(_Gated(), SHAPE, mode="inference")
+    assert [op.kind for op in training] == ["Linear", "chunk", "Sigmoid", "mul"]
+    assert not training[1].kernel_free  # in training, the chunk's backward launches kernels
+    again = [op.recomputation() for op in training]
+    assert [op.signature for op in again] == [op.signature for op in inference]
+    assert [op.kernel_free for op in again] == [op.kernel_free for op in inference] == [False, True, False, False]
 
 
 @pytest.fixture(scope="module")

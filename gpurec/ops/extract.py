@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gpurec.ops.memory import contiguous_strides
-from gpurec.ops.operation import ActRef, Operation, ParamRef, canonical_value
+from gpurec.ops.operation import GRAD_ASSEMBLING_VIEWS, ActRef, Operation, ParamRef, canonical_value
 from gpurec.ops.precision import (
     CAST,
     DEFAULT_PRECISION,
@@ -70,8 +70,6 @@ _DROPOUT_FUNCTIONS: dict[Any, tuple[int, str, bool]] = {
 }
 
 
-# Views whose backward assembles the gradients of their pieces (kernels in training).
-_GRAD_ASSEMBLING_VIEWS = frozenset({"chunk", "split", "split_with_sizes", "tensor_split", "unbind"})
 
 
 def _is_disabled_dropout(target: Any, args: Any, kwargs: Any) -> bool:
@@ -2047,7 +2045,7 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
         # into pieces assembles their gradients into one tensor (a copy into zeros or a cat):
         # in-network, chunk, split and unbind launched backward kernels in every training step.
         op.kernel_free = (aliased and not op.in_place and "out" not in kwargs
-                          and not (training and any(requires_grad) and kind in _GRAD_ASSEMBLING_VIEWS))
+                          and not (training and any(requires_grad) and kind in GRAD_ASSEMBLING_VIEWS))
         op.backend = backend
         op.checkpoint_region = node.meta.get("checkpoint_region", 0) if training else 0
         if keep_sources:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SIGNATURE_VERSION = 1
+# Views whose backward assembles the gradients of their pieces (kernels in training, none in inference).
+GRAD_ASSEMBLING_VIEWS = frozenset({"chunk", "split", "split_with_sizes", "tensor_split", "unbind"})
 
 
 @dataclass(frozen=True)
@@ -175,9 +177,11 @@ class Operation:
 
     def recomputation(self) -> Operation:
         """The forward that activation checkpointing runs again in backward: this operation
-        without gradients, as inference rows measure it (same kind, settings, shapes, precision)."""
+        without gradients, as inference rows measure it (same kind, settings, shapes, precision;
+        a view that launched kernels only for its backward launches none)."""
         return dataclasses.replace(self, mode="inference", input_requires_grad=[False] * len(self.input_requires_grad),
-                                   flops_bwd=0, checkpoint_region=0, source=None)
+                                   flops_bwd=0, checkpoint_region=0, source=None,
+                                   kernel_free=self.kernel_free or self.kind in GRAD_ASSEMBLING_VIEWS)
 
     def materialize(self, device: Any = "cpu", instances: int = 1, seed: int = 0) -> Any:
         """A runnable benchmark unit; see :mod:`gpurec.ops.units`."""
