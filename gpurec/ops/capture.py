@@ -322,6 +322,7 @@ def record(root: nn.Module, inputs: list[torch.Tensor]) -> _Traced:
                                   f"{str(exc).splitlines()[0][:200]}") from exc
         finally:
             nn.Module.__call__ = original_call  # type: ignore[method-assign]
+            rec.graph.checkpoints.frames.clear()  # the calls' frames, and what they hold, go with them
             for attr, value in saved.items():
                 if attr in own_attrs:
                     setattr(torch.Tensor, attr, value)

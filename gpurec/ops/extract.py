@@ -70,8 +70,6 @@ _DROPOUT_FUNCTIONS: dict[Any, tuple[int, str, bool]] = {
 }
 
 
-
-
 def _is_disabled_dropout(target: Any, args: Any, kwargs: Any) -> bool:
     """A functional dropout called with training=False (e.g. ``F.dropout(x, p, self.training)`` in eval)."""
     spec = _DROPOUT_FUNCTIONS.get(target) if callable(target) else None
