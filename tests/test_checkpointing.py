@@ -173,3 +173,48 @@ def test_checkpointing_keeps_only_each_regions_input_until_backward_makes_the_re
     one_block = plain.saved_bytes // 4
     assert full.activations_bytes == plain.activations_bytes - 3 * (one_block - BLOCK_INPUT_BYTES)
     assert some.activations_bytes == plain.activations_bytes - (one_block - BLOCK_INPUT_BYTES)
+
+
+_USER_FILE = '''
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class Net(nn.Module):
+    def __init__(self, ckpt=True):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 64, 3, padding=1)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.ReLU()) for _ in range(3))
+        self.ckpt = ckpt
+
+    def forward(self, x):
+        x = self.stem(x)
+        for b in self.blocks:
+            x = checkpoint(b, x, use_reentrant=False) if self.ckpt else b(x)
+        return x.mean((2, 3))
+
+
+def Plain():
+    return Net(False)
+'''
+
+
+def test_gpurec_predict_says_what_checkpointing_adds(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from typer.testing import CliRunner
+
+    import cli
+
+    path = tmp_path / "ckpt.py"
+    path.write_text(_USER_FILE)
+    args = ["predict", "-b", "8", "-r", "64", "--mode", "training", "--gpu", "H100"]
+    runner = CliRunner()
+    out = {name: json.loads(runner.invoke(cli.app, [*args, "--model", f"{path}:{name}", "--format", "json"]).stdout)
+           for name in ("Net", "Plain")}
+    assert out["Net"]["recomputed_ops"] == 6 and out["Plain"]["recomputed_ops"] == 0
+    assert out["Net"]["gpu_time_ms"] == pytest.approx(out["Plain"]["gpu_time_ms"] + out["Net"]["recompute_gpu_time_ms"])
+    assert out["Net"]["memory_gb"] < out["Plain"]["memory_gb"]
+    table = runner.invoke(cli.app, [*args, "--model", f"{path}:Net"]).output
+    assert "checkpointing: backward runs the forward of 6 checkpointed operations again" in table
