@@ -901,26 +901,20 @@ class Predictor:
 _GC_EVERY_CANDIDATES = 32
 
 
+# Estimate fields that add up when backward runs a forward again after the step's own work.
+_ADDITIVE_FIELDS = ("time_ms", "energy_mj", "gpu_time_ms", "gpu_energy_mj", "host_time_ms", "time_low_ms",
+                    "time_high_ms", "energy_low_mj", "energy_high_mj", "gpu_time_low_ms", "gpu_time_high_ms",
+                    "gpu_energy_low_mj", "gpu_energy_high_mj", "op_sum_time_ms", "op_sum_energy_mj")
+
+
 def _with_recomputation(step: Estimate, forward: Estimate) -> Estimate:
     """A training step with activation checkpointing: ``step`` (forward and backward of every
     operation) plus ``forward``, the checkpointed operations' forward that backward runs again,
     host and GPU alike, in sequence (it sits inside backward, which waits on it)."""
-    t, e = step.time_ms + forward.time_ms, step.energy_mj + forward.energy_mj
-    g_t = step.gpu_time_ms + forward.gpu_time_ms
-    out = replace(
-        step, time_ms=t, energy_mj=e, power_w=e / t if t > 0 else 0.0, gpu_time_ms=g_t,
-        gpu_energy_mj=step.gpu_energy_mj + forward.gpu_energy_mj,
-        host_time_ms=step.host_time_ms + forward.host_time_ms, bound=bound_of(t, g_t),
-        time_low_ms=step.time_low_ms + forward.time_low_ms, time_high_ms=step.time_high_ms + forward.time_high_ms,
-        energy_low_mj=step.energy_low_mj + forward.energy_low_mj,
-        energy_high_mj=step.energy_high_mj + forward.energy_high_mj,
-        gpu_time_low_ms=step.gpu_time_low_ms + forward.gpu_time_low_ms,
-        gpu_time_high_ms=step.gpu_time_high_ms + forward.gpu_time_high_ms,
-        gpu_energy_low_mj=step.gpu_energy_low_mj + forward.gpu_energy_low_mj,
-        gpu_energy_high_mj=step.gpu_energy_high_mj + forward.gpu_energy_high_mj,
-        op_sum_time_ms=step.op_sum_time_ms + forward.op_sum_time_ms,
-        op_sum_energy_mj=step.op_sum_energy_mj + forward.op_sum_energy_mj,
-        recomputed_ops=forward.n_ops, recompute_gpu_time_ms=forward.gpu_time_ms)
+    summed = {name: getattr(step, name) + getattr(forward, name) for name in _ADDITIVE_FIELDS}
+    t, e = summed["time_ms"], summed["energy_mj"]
+    out = replace(step, **summed, power_w=e / t if t > 0 else 0.0, bound=bound_of(t, summed["gpu_time_ms"]),
+                  recomputed_ops=forward.n_ops, recompute_gpu_time_ms=forward.gpu_time_ms)
     if step._ops is not None:
         again = np.zeros(len(step._ops.gpu_time_ms))
         if forward._ops is not None and step._ops.entry.recompute_rows is not None:

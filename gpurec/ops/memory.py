@@ -764,6 +764,7 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     first_reader = -1  # the first operation that reads a tensor: the step's inputs are what it reads
     for i, op in enumerate(ops):
         kind, nodes = op.kind, op.input_nodes
+        region = getattr(op, "checkpoint_region", 0) if training else 0
         if nodes and first_reader < 0:
             # under autocast the step opens with weight casts that read no activation
             # (``conv1.cast0``), so the input arrives at the operation after them; taking the
@@ -808,8 +809,8 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             storage_of[op.node] = op.node
             size_of[op.node] = _block(int(op.bytes_written))
             born[op.node] = i
-            if training and getattr(op, "checkpoint_region", 0):
-                made_in_region[op.node] = op.checkpoint_region
+            if region:
+                made_in_region[op.node] = region
             last_use[op.node] = max(last_use.get(op.node, i), i)
         if kind in CONV_KINDS:
             io = _io_bytes(op)
@@ -871,7 +872,6 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
             saved_now.append(storage_of[op.node])
         for root in saved_now:
             released.setdefault(root, i)  # backward frees it after the earliest operation that saved it
-            region = getattr(op, "checkpoint_region", 0) if training else 0
             if region and made_in_region.get(root) == region:
                 recomputed[root] = region  # made and saved inside a checkpoint: made again in backward
         if kind == "autocast_cast" and not nodes:
