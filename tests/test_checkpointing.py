@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from test_capture import _fx_refused  # fx refuses, so the capture on concrete shapes runs
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
@@ -69,15 +70,6 @@ def test_each_checkpoint_call_is_a_region_of_its_operations_in_training_only(ree
     # where an operation runs is not what it is: the same signatures as without checkpointing
     assert [op.signature for op in some] == [op.signature for op in plain]
     assert not any(op.recomputed for op in _ops("some", "inference", reentrant))
-
-
-def _fx_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpurec.ops import extract as extract_mod
-
-    def refuse(root: nn.Module, n_inputs: int = 1) -> None:
-        raise extract_mod._TraceFailed("torch.fx refused (test)")
-
-    monkeypatch.setattr(extract_mod, "_trace", refuse)
 
 
 @pytest.mark.parametrize("capture", [False, True])
@@ -149,6 +141,8 @@ def test_a_checkpointed_step_costs_the_plain_step_and_the_forward_it_runs_again(
     assert full.time_ms == pytest.approx(plain.time_ms + forward.time_ms, rel=1e-9)
     assert full.energy_mj == pytest.approx(plain.energy_mj + forward.energy_mj, rel=1e-9)
     assert full.power_w == pytest.approx(full.energy_mj / full.time_ms)
+    assert full.op_sum_time_ms == pytest.approx(plain.op_sum_time_ms + forward.op_sum_time_ms, rel=1e-9)
+    assert full.op_sum_energy_mj == pytest.approx(plain.op_sum_energy_mj + forward.op_sum_energy_mj, rel=1e-9)
     assert full.time_low_ms < full.time_ms < full.time_high_ms
     assert len(full.per_op) == 16  # each operation once, with its forward again beside it
     assert full.per_op["recompute_ms"].to_numpy() == pytest.approx(forward.per_op["time_ms"].to_numpy(), rel=1e-9)
