@@ -64,6 +64,9 @@ MODEL_HELP = ("a torchvision classifier, one of gpurec's sequence models (`gpure
 SEQ_LEN_HELP = ("tokens per sequence, for gpurec's sequence models (BERT-, GPT-, LSTM- and GRU-like; "
                 "`gpurec ops --list-models`); default 128")
 DEFAULT_SEQ_LEN = 128
+CHECKPOINT_HELP = ("run every repeated block (a ResNet's bottlenecks, a transformer's layers) inside "
+                   "torch.utils.checkpoint, as gradient checkpointing does: training time and energy with the "
+                   "recomputation, memory without the blocks' activations")
 
 
 def _check_input(model: str, batch_size: int, resolution: int, seq_len: int | None) -> tuple[int, ...]:
@@ -101,6 +104,20 @@ def _network(model: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
     import torch
 
     return _guard(load_user_module, model), (torch.long if len(shape) == 2 else None)
+
+
+def _checkpointed(net: Any, shape: tuple[int, ...], dtype: Any) -> tuple[Any, Any, list[str]]:
+    """``--checkpoint-blocks``: the network (a name is built on meta) with every repeated block run
+    inside torch.utils.checkpoint (gpurec.ops.checkpointing), its input dtype and the blocks."""
+    from gpurec.ops.checkpointing import checkpoint_blocks
+    from gpurec.ops.extract import resolve_model
+
+    if isinstance(net, str):
+        import torch
+
+        net = _guard(resolve_model, net)[1]
+        dtype = torch.long if len(shape) == 2 else dtype
+    return net, dtype, _guard(checkpoint_blocks, net)
 
 
 def _check_precision(precision: str) -> str:
@@ -809,6 +826,7 @@ def predict(
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
     precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP),
     seq_len: int = typer.Option(None, "--seq-len", "-s", help=SEQ_LEN_HELP),
+    checkpoint: bool = typer.Option(False, "--checkpoint-blocks", help=CHECKPOINT_HELP),
 ) -> None:
     """Predict one step's time, energy and power on one GPU, with its uncertainty band."""
     fmt = _check_format(fmt, ("table", "json"))
@@ -823,6 +841,9 @@ def predict(
         say("loading the predictors")
         p = _predictor(models)
         net, dtype = _network(model, shape)
+        blocks = _checkpointed(net, shape, dtype) if checkpoint else None
+        if blocks is not None:
+            net, dtype, blocks = blocks
         say(f"predicting {model} on {spec.short_name}")
         f = _guard(predict_on, net, shape, mode, gpu, p, host, cuda_graphs, dtype=dtype,
                    precision=None if precision == "fp32" else precision)
@@ -832,7 +853,7 @@ def predict(
     unaligned = _records(getattr(est, "unaligned_products", None))
     if fmt == "json":
         _print_json({"model": model, "input_shape": list(shape), "mode": mode, "energy_per": "step (one batch)",
-                     **f,
+                     **({"checkpointed_blocks": blocks} if blocks is not None else {}), **f,
                      "per_op": per_op.to_dict("records") if per_op is not None else [], "uncovered": unc,
                      "unaligned_products": unaligned})
         return
@@ -858,6 +879,9 @@ def predict(
         typer.echo(f"  bound  {f['bound']}: the eager step takes {_fmt(f['time_ms'])} ms, "
                    f"{f['time_ms'] / f['gpu_time_ms']:.3f}x the GPU's own {_fmt(f['gpu_time_ms'])} ms "
                    f"(host issue {_fmt(f['host_time_ms'])} ms); rule: {f['bound_rule']}")
+    if blocks is not None:
+        typer.echo(f"  --checkpoint-blocks: {len(blocks)} blocks run inside torch.utils.checkpoint "
+                   f"({blocks[0]} ... {blocks[-1]})")
     if f.get("recomputed_ops"):
         typer.echo(f"  checkpointing: backward runs the forward of {f['recomputed_ops']} checkpointed operations "
                    f"again, {_fmt(f['recompute_gpu_time_ms'])} ms of the GPU time (memory counts their inputs only)")
@@ -1048,6 +1072,7 @@ def validate(
     models: Path = typer.Option(None, "--models", help=MODELS_HELP + " (with --complete)"),
     seq_len: int = typer.Option(None, "--seq-len", "-s", help=SEQ_LEN_HELP),
     precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP),
+    checkpoint: bool = typer.Option(False, "--checkpoint-blocks", help=CHECKPOINT_HELP),
 ) -> None:
     """Measure a whole network on this GPU and compare with the prediction and the op sum."""
     fmt = _check_format(fmt, ("table", "json"))
@@ -1071,11 +1096,14 @@ def validate(
         import torch
 
         net, dtype = _network(model, shape)
+        if checkpoint:
+            net, dtype, _ = _checkpointed(net, shape, dtype)
         inputs = torch.zeros(shape, dtype=dtype) if dtype is not None else torch.randn(shape)
         record = _guard(validate_module, net, (inputs,), mode, gpu_index, precision=precision, label=model)
     else:
         record = _guard(run_validate, model, batch_size, resolution, mode, gpu_index, log,
-                        seq_len=shape[1] if len(shape) == 2 else None, precision=precision)
+                        seq_len=shape[1] if len(shape) == 2 else None, precision=precision,
+                        checkpoint_blocks=checkpoint)
     if fmt == "json":
         _print_json(record)
     else:

@@ -11,7 +11,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["CompiledModuleWarning", "LowCoverageWarning", "PackedSequenceWarning", "extract_operations", "load_dataset", "load_predictor", "recommend", "__version__"]
+__all__ = ["CompiledModuleWarning", "LowCoverageWarning", "PackedSequenceWarning", "checkpoint_blocks", "extract_operations",
+           "load_dataset", "load_predictor", "recommend", "__version__"]
 
 
 def extract_operations(model: Any, input_shape: Any = None, mode: str = "inference", dtype: Any = None,
@@ -27,6 +28,14 @@ def extract_operations(model: Any, input_shape: Any = None, mode: str = "inferen
     if dtype is not None:
         kwargs["dtype"] = dtype
     return _extract(model, input_shape, mode=mode, example_inputs=example_inputs, **kwargs)
+
+
+def checkpoint_blocks(model: Any) -> list[str]:
+    """Run every repeated block of ``model`` inside torch.utils.checkpoint (in place), as gradient
+    checkpointing does; returns the blocks' names.  See gpurec.ops.checkpointing."""
+    from gpurec.ops.checkpointing import checkpoint_blocks as _wrap
+
+    return _wrap(model)
 
 
 def __getattr__(name: str) -> Any:

@@ -6,6 +6,7 @@
 # H200 the language-model head sweep (datasets/plans/lm_heads.json, which the H200 has not measured:
 # the wide half-precision product model is fitted on the H100's rows alone) runs first, through
 # scripts/device_round2.sh (resumable; a finished plan returns at once), and the re-card gets the rest.
+# On an H100 the time the plans leave (150 s or more) goes to scripts/device_checkpoint.sh.
 #   bash scripts/device_recard.sh BUDGET_S
 set -u
 BUDGET_S="${1:-440}"
@@ -14,8 +15,13 @@ mkdir -p "$OUT"
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$NAME" in
   *H100*)
+    START=$(date +%s)
     PLANS_H100="datasets/plans/lm_heads.json@0.35,datasets/plans/seq_bf16_mixed.json@0.4,datasets/plans/bf16_mixed_operations.json@0.6,datasets/plans/targeted.json@0.9,datasets/plans/precision.json" \
-      bash scripts/device_round2.sh "$BUDGET_S"; exit $? ;;
+      bash scripts/device_round2.sh "$BUDGET_S"; RC=$?
+    # once the plans are done, what is left measures activation checkpointing (scripts/device_checkpoint.sh)
+    LEFT=$(( BUDGET_S - ( $(date +%s) - START ) - 10 ))
+    [ "$LEFT" -ge 150 ] && bash scripts/device_checkpoint.sh "$LEFT" > "$OUT/checkpoint_run.txt" 2>&1
+    exit $RC ;;
   *H200*)
     START=$(date +%s)
     PLANS_H200="datasets/plans/lm_heads.json" bash scripts/device_round2.sh "$BUDGET_S"

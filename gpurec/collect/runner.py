@@ -153,13 +153,14 @@ class NetworkUnit:
 
     A torchvision architecture takes a random float image batch; a sequence architecture
     (gpurec.seqmodels) takes random int64 token ids in [0, vocab), shape (batch, seq_len).
+    With ``checkpoint_blocks`` every repeated block runs inside torch.utils.checkpoint.
 
     At a cast precision ("bf16", "fp16") the model and its input are in that dtype; a mixed
     precision or "tf32" is the :meth:`scope` its calls run inside (entered once around the
     timing, as a user enters autocast once around the step)."""
 
     def __init__(self, arch: str, input_shape: tuple[int, ...], mode: str, device: Any, seed: int = 0,
-                 precision: str = DEFAULT_PRECISION):
+                 precision: str = DEFAULT_PRECISION, checkpoint_blocks: bool = False):
         import torch
 
         from gpurec.sets import is_sequence_arch
@@ -185,6 +186,10 @@ class NetworkUnit:
                 model = (build_synthetic(arch) if arch in SYNTH_BUILDERS
                          else tvm.get_model(arch, weights=None, **kwargs))
             self.x = torch.randn(input_shape, device=device, generator=gen)
+        if checkpoint_blocks:  # gpurec.ops.checkpointing, as `predict --checkpoint-blocks` predicts it
+            from gpurec.ops.checkpointing import checkpoint_blocks as wrap
+
+            self.checkpointed_blocks = wrap(model)
         self._set_up(model, (self.x,), {}, mode, device, gen, precision)
 
     def _set_up(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mode: str, device: Any, gen: Any,

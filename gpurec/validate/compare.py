@@ -129,6 +129,8 @@ def measured_fields(meas: dict[str, Any]) -> dict[str, Any]:
         out["measured_bound"] = bound
     if meas.get("in_network_kernel_sum_ms") is not None:
         out["measured_kernel_sum_ms"] = meas["in_network_kernel_sum_ms"]
+    if meas.get("peak_memory_bytes") is not None:
+        out["measured_peak_memory_gb"] = meas["peak_memory_bytes"] / 1e9
     return out
 
 
@@ -197,11 +199,46 @@ def per_op_errors(est: Any, in_network: dict[str, list[Any]], top: int | None = 
 
 def predict_record(predictor: Any, record: Mapping[str, Any]) -> Any:
     """The predictor's estimate for a log record's network, input, precision, GPU and measuring
-    host (fp32 is predicted as it always was, without naming a precision)."""
+    host (fp32 is predicted as it always was, without naming a precision); a record of a
+    checkpointed step (``checkpoint_blocks``) is predicted with the same blocks checkpointed."""
     shape, precision, _ = record_input(record)
     extra = {} if precision == DEFAULT_PRECISION else {"precision": precision}
-    return predictor.predict(record["model"], input_shape=shape, mode=record["mode"], gpu=record["gpu"],
+    model, dtype = record_network(record, shape)
+    if dtype is not None:
+        extra["dtype"] = dtype
+    return predictor.predict(model, input_shape=shape, mode=record["mode"], gpu=record["gpu"],
                              host=host_of(record), **extra)
+
+
+def record_network(record: Mapping[str, Any], shape: Sequence[int]) -> tuple[Any, Any]:
+    """What a record measured, to predict: its model's name, or, for a checkpointed step, that
+    model built on meta with its repeated blocks checkpointed (and the input dtype, token ids for
+    a (batch, seq_len) input)."""
+    if not record.get("checkpoint_blocks"):
+        return record["model"], None
+    import torch
+
+    from gpurec.ops.checkpointing import checkpoint_blocks
+    from gpurec.ops.extract import resolve_model
+
+    module = resolve_model(record["model"])[1]
+    checkpoint_blocks(module)
+    return module, (torch.long if len(shape) == 2 else None)
+
+
+def memory_fields(predictor: Any, record: Mapping[str, Any]) -> dict[str, Any]:
+    """The step's estimated peak memory (gpurec.ops.memory with the predictor's fitted terms) and
+    its error against the measured peak, for a record that measured one."""
+    if record.get("measured_peak_memory_gb") is None:
+        return {}
+    from gpurec.recommend.ranking import step_memory_of
+
+    shape, precision, _ = record_input(record)
+    model, dtype = record_network(record, shape)
+    gb = float(step_memory_of(model, tuple(shape), record["mode"], dtype, precision=precision,
+                              fit=getattr(predictor, "memory_fit", None)).memory_gb)
+    return {"predicted_peak_memory_gb": gb,
+            "peak_memory_error_pct": (gb / record["measured_peak_memory_gb"] - 1.0) * 100.0}
 
 
 def load_predictor_or_none() -> Any:
@@ -232,6 +269,7 @@ def complete_log(path: Path | str, predictor: Any = None) -> int:
         est = predict_record(predictor, r)
         r.pop("prediction")
         r.update(prediction_fields(est, r["measured_time_ms"], r["measured_energy_mj"], r))
+        r.update(memory_fields(predictor, r))
     atomic_write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in recs))
     return len(pending)
 
@@ -248,6 +286,8 @@ def render(record: dict[str, Any]) -> str:
         shape, precision, _ = record_input(record)
         what = f"sequence length {shape[1]}, " if len(shape) == 2 else ""
         head = f"{record['model']} batch {record['batch_size']}, {what}{record['mode']}"
+        if record.get("checkpoint_blocks"):
+            head += ", repeated blocks checkpointed"
     at = "" if precision == DEFAULT_PRECISION else f" at {precision}"
     lines = [f"{head}{at} on {record['gpu']}",
              f"  measured : {record['measured_time_ms']:.3f} ms  {record['measured_energy_mj']:.1f} mJ  "
@@ -262,9 +302,14 @@ def render(record: dict[str, Any]) -> str:
     else:
         lines.append(f"  predicted: {record['prediction']}" + ("" if record.get("module") else
                                                                "; run `gpurec validate --complete LOG` where it is"))
+    if "predicted_peak_memory_gb" in record:
+        lines.append(f"  peak memory: measured {record['measured_peak_memory_gb']:.3f} GB, predicted "
+                     f"{record['predicted_peak_memory_gb']:.3f} GB ({record['peak_memory_error_pct']:+.1f}%)")
     if record.get("module"):
         return "\n".join(lines)
-    if "opsum_gpu_time_error_pct" in record:
+    if record.get("checkpoint_blocks"):
+        lines.append("  sum of measured operations: none (the rows are the plain network's, without the recomputation)")
+    elif "opsum_gpu_time_error_pct" in record:
         lines.append(f"  sum of host-free operations: {record['opsum_sum_gpu_time_ms']:.3f} ms "
                      f"({record['opsum_gpu_time_error_pct']:+.1f}% against the graph)"
                      + (f", {record['opsum_sum_gpu_energy_mj']:.1f} mJ ({record['opsum_gpu_energy_error_pct']:+.1f}%)"

@@ -14,6 +14,7 @@ from gpurec.validate.compare import (
     input_of,
     load_predictor_or_none,
     measured_fields,
+    memory_fields,
     predict_record,
     prediction_fields,
     set_key_of,
@@ -23,18 +24,20 @@ from gpurec.validate.compare import (
 
 def measure_network(model: str, input_shape: tuple[int, ...], mode: str, gpu_index: int = 0,
                     min_window_s: float = 1.0, in_network: bool = True,
-                    precision: str = DEFAULT_PRECISION) -> dict[str, Any]:
+                    precision: str = DEFAULT_PRECISION, checkpoint_blocks: bool = False) -> dict[str, Any]:
     """Whole-network figures on local GPU ``gpu_index``, measured the three ways collection
     measures them (eager, host-free as one CUDA graph, in-network attribution) at ``precision``
     (a mixed one inside its autocast scope, as collection runs it), plus this host's
-    ``host-bench`` profile."""
+    ``host-bench`` profile.  With ``checkpoint_blocks`` (gpurec.ops.checkpointing) the repeated
+    blocks run inside torch.utils.checkpoint and the in-network pass is left out: it attributes
+    kernels to the plain network's operations, and backward runs the blocks' forwards again."""
     from gpurec.collect.runner import NetworkUnit
 
     def unit(device: Any) -> Any:
-        return NetworkUnit(model, input_shape, mode, device, precision=precision)
+        return NetworkUnit(model, input_shape, mode, device, precision=precision, checkpoint_blocks=checkpoint_blocks)
 
     return _measure(unit, mode, gpu_index, min_window_s,
-                    set_key_of(model, input_shape) if in_network else None, precision)
+                    set_key_of(model, input_shape) if in_network and not checkpoint_blocks else None, precision)
 
 
 def measure_module(model: Any, example_inputs: Any, mode: str, gpu_index: int = 0, min_window_s: float = 1.0,
@@ -87,21 +90,25 @@ def _measure(make_unit: Any, mode: str, gpu_index: int, min_window_s: float, in_
 def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "inference", gpu_index: int = 0,
              log_path: Path | str | None = DEFAULT_LOG, predictor: Any = None,
              measurement: dict[str, Any] | None = None, seq_len: int | None = None,
-             precision: str = DEFAULT_PRECISION) -> dict[str, Any]:
+             precision: str = DEFAULT_PRECISION, checkpoint_blocks: bool = False) -> dict[str, Any]:
     """Measure (eager, host-free, in-network), predict with this host's profile, compare field
     by field; append the record to ``log_path`` (JSON lines).  A sequence model takes
-    ``batch_size`` sequences of ``seq_len`` token ids; a classifier images of ``resolution``."""
+    ``batch_size`` sequences of ``seq_len`` token ids; a classifier images of ``resolution``.
+    With ``checkpoint_blocks`` its repeated blocks run inside torch.utils.checkpoint
+    (gpurec.ops.checkpointing), measured and predicted so; the record says so and carries no sum
+    of measured operations (the rows are the plain network's, without the recomputation)."""
     from gpurec.dataset.store import JsonlShard
 
     shape = input_of(model, batch_size, resolution, seq_len)
     meas = measurement if measurement is not None else measure_network(model, shape, mode, gpu_index,
-                                                                        precision=precision)
+                                                                        precision=precision,
+                                                                        checkpoint_blocks=checkpoint_blocks)
     if predictor is None:
         predictor = load_predictor_or_none()
     size = {"seq_len": shape[1]} if len(shape) == 2 else {"resolution": resolution}
     record: dict[str, Any] = {
         "t_unix": time.time(), "model": model, "batch_size": batch_size, **size, "mode": mode,
-        "precision": precision,
+        "precision": precision, **({"checkpoint_blocks": True} if checkpoint_blocks else {}),
         "gpu": meas["gpu"], "measured_time_ms": meas["time_ms"], "measured_energy_mj": meas["energy_mj"],
         "measured_power_w": meas["power_w"], "sm_clock_mhz": meas.get("sm_clock_mhz"),
         "provenance": {k: meas.get(k) for k in ("driver", "torch", "host_cpu")},
@@ -114,9 +121,10 @@ def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "in
     if predictor is not None:
         est = predict_record(predictor, record)
         record.update(prediction_fields(est, meas["time_ms"], meas["energy_mj"], record))
+        record.update(memory_fields(predictor, record))
     else:
         record["prediction"] = "pending: the predictors need xgboost, which is not installed here"
-    sums = sum_of_measured_ops(model, shape, mode, meas["gpu"], precision=precision)
+    sums = {} if checkpoint_blocks else sum_of_measured_ops(model, shape, mode, meas["gpu"], precision=precision)
     record.update({f"opsum_{k}": v for k, v in sums.items()})
     for f in ("time_ms", "energy_mj", "gpu_time_ms", "gpu_energy_mj"):
         if f"sum_{f}" in sums and meas.get(f):
