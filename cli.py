@@ -944,6 +944,7 @@ def recommend(
     fmt: str = typer.Option("table", "--format", "-f", help="table or json"),
     precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP),
     seq_len: int = typer.Option(None, "--seq-len", "-s", help=SEQ_LEN_HELP),
+    checkpoint: bool = typer.Option(False, "--checkpoint-blocks", help=CHECKPOINT_HELP),
 ) -> None:
     """Rank GPUs for one step of a network by time, energy or energy-delay product."""
     fmt = _check_format(fmt, ("table", "json"))
@@ -959,13 +960,19 @@ def recommend(
         say("loading the predictors")
         predictor = _predictor(models)
         net, dtype = _network(model, shape)
+        blocks: list[str] | None = None
+        if checkpoint:
+            net, dtype, blocks = _checkpointed(net, shape, dtype)
         ranking = _guard(run_recommend, net, shape, mode=mode, objective=objective, gpus=gpu_list,
                          predictor=predictor, host=host, cuda_graphs=cuda_graphs, progress=say, precision=precision,
                          dtype=dtype)
     if fmt == "json":
-        _print_json(ranking.to_dict())
+        _print_json({**ranking.to_dict(), **({"checkpointed_blocks": blocks} if blocks is not None else {})})
         return
     _render_ranking(ranking)
+    if blocks is not None:
+        typer.echo(f"--checkpoint-blocks: {len(blocks)} blocks run inside torch.utils.checkpoint "
+                   f"({blocks[0]} ... {blocks[-1]}); times include their recomputation, memory keeps their inputs only.")
 
 
 EVIDENCE_SHORT = {"measured: host-free": "host-free", "measured: eager": "eager",

@@ -181,3 +181,22 @@ def test_gpurec_predict_checkpoint_blocks_prices_the_blocks_again_or_refuses() -
     assert ckpt["memory_gb"] < plain["memory_gb"]
     refused = runner.invoke(cli.app, [*args, "--model", "vgg11", "--checkpoint-blocks"])
     assert refused.exit_code != 0 and "no repeated block" in refused.output
+
+
+def test_gpurec_recommend_checkpoint_blocks_ranks_the_checkpointed_step() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    import cli
+
+    args = ["recommend", "-b", "4", "-r", "64", "--mode", "training", "--gpus", "H100,H200", "--format", "json",
+            "--model", "resnet18"]
+    runner = CliRunner()
+    plain = json.loads(runner.invoke(cli.app, args).stdout)
+    ckpt = json.loads(runner.invoke(cli.app, [*args, "--checkpoint-blocks"]).stdout)
+    assert len(ckpt["checkpointed_blocks"]) == 8 and "checkpointed_blocks" not in plain
+    assert ckpt["memory_gb"] < plain["memory_gb"]
+    assert [r["gpu"] for r in ckpt["ranking"]] == [r["gpu"] for r in plain["ranking"]]
+    for a, b in zip(ckpt["ranking"], plain["ranking"], strict=True):
+        assert a["gpu_time_ms"] > b["gpu_time_ms"]  # the recomputation costs time on every GPU
