@@ -11,7 +11,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["CompiledModuleWarning", "LowCoverageWarning", "PackedSequenceWarning", "checkpoint_blocks", "extract_operations",
+__all__ = ["ChannelsLastWarning", "CompiledModuleWarning", "LowCoverageWarning", "PackedSequenceWarning", "checkpoint_blocks", "extract_operations",
            "load_dataset", "load_predictor", "recommend", "__version__"]
 
 
@@ -43,6 +43,10 @@ def __getattr__(name: str) -> Any:
         from gpurec.ops.coverage import LowCoverageWarning
 
         return LowCoverageWarning
+    if name == "ChannelsLastWarning":
+        from gpurec.ops.extract import ChannelsLastWarning
+
+        return ChannelsLastWarning
     if name == "CompiledModuleWarning":
         from gpurec.ops.extract import CompiledModuleWarning
 

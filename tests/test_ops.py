@@ -999,3 +999,26 @@ def test_a_parametrized_module_is_the_module_it_parametrizes(mode: str, parametr
         ops = extract_operations(model, shape, mode=mode)
         assert [op.kind for op in ops] == [op.kind for op in plain] == ["Linear" if layer == "linear" else "Conv2d"]
         assert [op.signature for op in ops] == [op.signature for op in plain]
+
+
+def test_a_channels_last_network_is_estimated_as_nchw_with_a_warning() -> None:
+    import warnings
+
+    import gpurec
+
+    def caught(model: nn.Module, **kw: object) -> tuple[list, list[str]]:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ops = extract_operations(model, **kw)
+        return ops, [x.category.__name__ for x in w]
+
+    net = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 8, 3))
+    plain, said = caught(net, input_shape=(2, 3, 32, 32))
+    assert said == []
+    nhwc, said = caught(net.to(memory_format=torch.channels_last), input_shape=(2, 3, 32, 32))
+    assert said == ["ChannelsLastWarning"] and issubclass(gpurec.ChannelsLastWarning, UserWarning)
+    assert [op.signature for op in nhwc] == [op.signature for op in plain]
+    x = torch.randn(2, 3, 32, 32).to(memory_format=torch.channels_last)
+    assert caught(nn.Conv2d(3, 4, 3), example_inputs=x)[1] == ["ChannelsLastWarning"]
+    one_channel = torch.randn(2, 1, 8, 8).to(memory_format=torch.channels_last)  # NCHW and NHWC alike
+    assert caught(nn.Conv2d(1, 4, 3), example_inputs=one_channel)[1] == []

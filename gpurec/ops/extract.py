@@ -1622,6 +1622,7 @@ def extract_at_resolved_precision(model: str | nn.Module, input_shape: Sequence[
     if mode not in MODES:
         raise ExtractionError(f"mode must be one of {', '.join(MODES)}, not '{mode}'")
     model = _uncompiled(model)
+    _warn_if_channels_last(model, example_inputs)
     if isinstance(example_inputs, Mapping):
         model, example_inputs = _called_by_keyword(model, example_inputs)
     with _EXTRACTION_LOCK:
@@ -1639,6 +1640,31 @@ def _uncompiled(model: str | nn.Module) -> str | nn.Module:
                       "kernels compilation fuses are not modelled)", CompiledModuleWarning, stacklevel=3)
         return inner
     return model
+
+
+def _is_channels_last(t: Any) -> bool:
+    """A 4-D tensor laid out channels-last (NHWC) rather than contiguous (NCHW)."""
+    return isinstance(t, torch.Tensor) and t.dim() == 4 and t.stride(1) == 1 and not t.is_contiguous()
+
+
+def _warn_if_channels_last(model: str | nn.Module, example_inputs: Any) -> None:
+    """Every measured row ran on contiguous (NCHW) tensors: a network moved to
+    ``torch.channels_last`` is estimated as its NCHW step, which a warning says."""
+    if not isinstance(model, nn.Module):
+        return
+    inputs = example_inputs.values() if isinstance(example_inputs, Mapping) else (
+        example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,))
+    # ``model.to(memory_format=...)`` moves every 4-D weight: the first one tells (a walk over all
+    # of them would cost a fresh NAS candidate a few per cent of its estimate)
+    first = next((p for p in model.parameters() if p.dim() == 4), None)
+    if any(_is_channels_last(t) for t in inputs) or _is_channels_last(first):
+        warnings.warn(f"{type(model).__name__} runs in torch.channels_last: estimated as its contiguous (NCHW) step; "
+                      "every measured operation ran NCHW, and cuDNN's NHWC kernels (without the layout transposes "
+                      "half precision adds to NCHW) are not modelled", ChannelsLastWarning, stacklevel=4)
+
+
+class ChannelsLastWarning(UserWarning):
+    """A channels-last (NHWC) network or input was estimated as the contiguous (NCHW) one."""
 
 
 class CompiledModuleWarning(UserWarning):
