@@ -109,15 +109,12 @@ def _network(model: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
 def _checkpointed(net: Any, shape: tuple[int, ...], dtype: Any) -> tuple[Any, Any, list[str]]:
     """``--checkpoint-blocks``: the network (a name is built on meta) with every repeated block run
     inside torch.utils.checkpoint (gpurec.ops.checkpointing), its input dtype and the blocks."""
-    from gpurec.ops.checkpointing import checkpoint_blocks
-    from gpurec.ops.extract import resolve_model
+    import torch
 
-    if isinstance(net, str):
-        import torch
+    from gpurec.ops.checkpointing import checkpointed
 
-        net = _guard(resolve_model, net)[1]
-        dtype = torch.long if len(shape) == 2 else dtype
-    return net, dtype, _guard(checkpoint_blocks, net)
+    module, blocks = _guard(checkpointed, net)
+    return module, (torch.long if len(shape) == 2 else dtype), blocks
 
 
 def _check_precision(precision: str) -> str:
@@ -841,9 +838,9 @@ def predict(
         say("loading the predictors")
         p = _predictor(models)
         net, dtype = _network(model, shape)
-        blocks = _checkpointed(net, shape, dtype) if checkpoint else None
-        if blocks is not None:
-            net, dtype, blocks = blocks
+        blocks: list[str] | None = None
+        if checkpoint:
+            net, dtype, blocks = _checkpointed(net, shape, dtype)
         say(f"predicting {model} on {spec.short_name}")
         f = _guard(predict_on, net, shape, mode, gpu, p, host, cuda_graphs, dtype=dtype,
                    precision=None if precision == "fp32" else precision)

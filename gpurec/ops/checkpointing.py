@@ -79,3 +79,13 @@ def checkpoint_blocks(model: nn.Module) -> list[str]:
             "twice among its parent's children) to checkpoint; call torch.utils.checkpoint.checkpoint on the parts "
             "you want recomputed in your forward instead: gpurec predicts those calls as they are")
     return wrapped
+
+
+def checkpointed(model: str | nn.Module) -> tuple[nn.Module, list[str]]:
+    """``model`` with its repeated blocks checkpointed, and the blocks' names: a name (torchvision,
+    gpurec.sets) is built on meta first; a module is wrapped in place (``checkpoint_blocks``)."""
+    if isinstance(model, str):
+        from gpurec.ops.extract import resolve_model
+
+        model = resolve_model(model)[1]
+    return model, checkpoint_blocks(model)

@@ -218,12 +218,9 @@ def record_network(record: Mapping[str, Any], shape: Sequence[int]) -> tuple[Any
         return record["model"], None
     import torch
 
-    from gpurec.ops.checkpointing import checkpoint_blocks
-    from gpurec.ops.extract import resolve_model
+    from gpurec.ops.checkpointing import checkpointed
 
-    module = resolve_model(record["model"])[1]
-    checkpoint_blocks(module)
-    return module, (torch.long if len(shape) == 2 else None)
+    return checkpointed(record["model"])[0], (torch.long if len(shape) == 2 else None)
 
 
 def memory_fields(predictor: Any, record: Mapping[str, Any]) -> dict[str, Any]:
