@@ -13,7 +13,7 @@ from typing import Any
 
 _RUN = {"measure_module", "measure_network", "validate", "validate_module"}
 _COMPARE = {"DEFAULT_LOG", "complete_log", "host_of", "input_of", "load_log", "measured_fields", "memory_fields",
-            "per_op_errors", "record_network",
+            "per_op_errors", "predicted_fields", "record_network",
             "plot_log", "predict_record", "prediction_fields", "record_input", "render", "sum_of_measured_ops",
             "sum_operations"}
 

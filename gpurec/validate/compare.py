@@ -197,13 +197,14 @@ def per_op_errors(est: Any, in_network: dict[str, list[Any]], top: int | None = 
     return rows if top is None else rows[:top]
 
 
-def predict_record(predictor: Any, record: Mapping[str, Any]) -> Any:
+def predict_record(predictor: Any, record: Mapping[str, Any], network: tuple[Any, Any] | None = None) -> Any:
     """The predictor's estimate for a log record's network, input, precision, GPU and measuring
     host (fp32 is predicted as it always was, without naming a precision); a record of a
-    checkpointed step (``checkpoint_blocks``) is predicted with the same blocks checkpointed."""
+    checkpointed step (``checkpoint_blocks``) is predicted with the same blocks checkpointed.
+    ``network``: the record's ``record_network``, where the caller has it already."""
     shape, precision, _ = record_input(record)
     extra = {} if precision == DEFAULT_PRECISION else {"precision": precision}
-    model, dtype = record_network(record, shape)
+    model, dtype = network if network is not None else record_network(record, shape)
     if dtype is not None:
         extra["dtype"] = dtype
     return predictor.predict(model, input_shape=shape, mode=record["mode"], gpu=record["gpu"],
@@ -223,7 +224,16 @@ def record_network(record: Mapping[str, Any], shape: Sequence[int]) -> tuple[Any
     return checkpointed(record["model"])[0], (torch.long if len(shape) == 2 else None)
 
 
-def memory_fields(predictor: Any, record: Mapping[str, Any]) -> dict[str, Any]:
+def predicted_fields(predictor: Any, record: Mapping[str, Any]) -> dict[str, Any]:
+    """A measured record's prediction and errors (``prediction_fields``) and its peak memory
+    (``memory_fields``), the record's network built once for both."""
+    network = record_network(record, record_input(record)[0])
+    est = predict_record(predictor, record, network)
+    return {**prediction_fields(est, record["measured_time_ms"], record["measured_energy_mj"], record),
+            **memory_fields(predictor, record, network)}
+
+
+def memory_fields(predictor: Any, record: Mapping[str, Any], network: tuple[Any, Any] | None = None) -> dict[str, Any]:
     """The step's estimated peak memory (gpurec.ops.memory with the predictor's fitted terms) and
     its error against the measured peak, for a record that measured one."""
     if record.get("measured_peak_memory_gb") is None:
@@ -231,7 +241,7 @@ def memory_fields(predictor: Any, record: Mapping[str, Any]) -> dict[str, Any]:
     from gpurec.recommend.ranking import step_memory_of
 
     shape, precision, _ = record_input(record)
-    model, dtype = record_network(record, shape)
+    model, dtype = network if network is not None else record_network(record, shape)
     gb = float(step_memory_of(model, tuple(shape), record["mode"], dtype, precision=precision,
                               fit=getattr(predictor, "memory_fit", None)).memory_gb)
     return {"predicted_peak_memory_gb": gb,
@@ -263,10 +273,8 @@ def complete_log(path: Path | str, predictor: Any = None) -> int:
 
         predictor = load_predictor()
     for r in pending:
-        est = predict_record(predictor, r)
         r.pop("prediction")
-        r.update(prediction_fields(est, r["measured_time_ms"], r["measured_energy_mj"], r))
-        r.update(memory_fields(predictor, r))
+        r.update(predicted_fields(predictor, r))
     atomic_write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in recs))
     return len(pending)
 

@@ -14,8 +14,7 @@ from gpurec.validate.compare import (
     input_of,
     load_predictor_or_none,
     measured_fields,
-    memory_fields,
-    predict_record,
+    predicted_fields,
     prediction_fields,
     set_key_of,
     sum_of_measured_ops,
@@ -119,9 +118,7 @@ def validate(model: str, batch_size: int, resolution: int = 224, mode: str = "in
     if meas.get("in_network"):
         record["in_network"] = meas["in_network"]
     if predictor is not None:
-        est = predict_record(predictor, record)
-        record.update(prediction_fields(est, meas["time_ms"], meas["energy_mj"], record))
-        record.update(memory_fields(predictor, record))
+        record.update(predicted_fields(predictor, record))
     else:
         record["prediction"] = "pending: the predictors need xgboost, which is not installed here"
     sums = {} if checkpoint_blocks else sum_of_measured_ops(model, shape, mode, meas["gpu"], precision=precision)
