@@ -1458,6 +1458,18 @@ def tools_fit_gemm_floor(
     _print_json(_guard(fit_gemm_floor_into, models, data))
 
 
+@tools_app.command("public-band")
+def tools_public_band(
+    models: Path = typer.Option(Path("models"), "--models", help="model directory with crossgpu.json and its report"),
+) -> None:
+    """Write the band of the public whole models' held-out-GPU errors (crossgpu_report.json) into
+    crossgpu.json, where the predictor widens extrapolated GPUs' bands to it (`gpurec
+    train-crossgpu` does this itself; this serves cross-GPU models fitted before it did)."""
+    from gpurec.model.fitting.crossgpu_fit import store_public_band
+
+    _print_json(_guard(store_public_band, models))
+
+
 @tools_app.command("correction-floors")
 def tools_correction_floors(
     models: Path = typer.Option(Path("models"), "--models", help="trained model directory"),

@@ -942,3 +942,24 @@ def test_card_averaged_energy_error_uses_the_mean_over_the_committed_and_every_n
     text = "\n".join(_card_averaged_text(avg))
     assert "2 runs on 2 cards" in text and "sequence +5.0 -> +8.6 pp mean" in text
     assert card_averaged_energy_errors(nets, gpus=gpus, other="NVIDIA H100 80GB HBM3") is None
+
+
+def test_the_public_models_band_is_their_held_out_error_and_lands_in_the_saved_model(tmp_path: Path) -> None:
+    from gpurec.model.crossgpu import CROSSGPU_FILE, PUBLIC_BAND_KEY
+    from gpurec.model.fitting.crossgpu_fit import CROSSGPU_REPORT_FILE, public_model_band, store_public_band
+
+    ratios = np.linspace(0.6, 1.5, 20)  # measured / predicted
+    rows = [{"gpu": "Tesla T4" if i % 2 else "Tesla P4", "measured_ms": r * 10.0, "pred_ms": 10.0}
+            for i, r in enumerate(ratios)] + [{"gpu": "Tesla T4", "measured_ms": 1.0, "pred_ms": float("nan")}]
+    band = public_model_band(rows)
+    assert band is not None and band["models"] == 20 and band["gpus"] == ["Tesla P4", "Tesla T4"]
+    assert band["time_ratio"] == pytest.approx([np.quantile(ratios, 0.05), np.quantile(ratios, 0.95)])
+    assert public_model_band(rows[:4]) is None  # too few to place a 5th-95th percentile
+    assert public_model_band([{"gpu": "x", "measured_ms": 2.0, "pred_ms": 1.0}] * 5)["time_ratio"][0] == 1.0
+    (tmp_path / CROSSGPU_FILE).write_text(json.dumps({"schema": 4, "info": {"rows": 3}}))
+    (tmp_path / CROSSGPU_REPORT_FILE).write_text(json.dumps({"public_models": rows}))
+    assert store_public_band(tmp_path) == band
+    saved = json.loads((tmp_path / CROSSGPU_FILE).read_text())
+    assert saved["info"][PUBLIC_BAND_KEY] == band and saved["info"]["rows"] == 3 and saved["schema"] == 4
+    with pytest.raises(FileNotFoundError, match="train-crossgpu"):
+        store_public_band(tmp_path / "missing")

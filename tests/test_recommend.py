@@ -108,7 +108,7 @@ def test_ranking_is_typed_and_ranks_by_objective() -> None:
     assert "differences" not in out  # defect 3: a breakdown of raw operation sums that disagreed with the table
     assert out["energy_per"] == "step (one batch)"
     assert out["band"].startswith("measured GPUs: 5th-95th percentile of measured/predicted ratios in "
-                                  "leave-one-family-out errors; extrapolated GPUs: 10th-90th percentile of "
+                                  "leave-one-family-out errors; the cross-GPU error: 10th-90th percentile of "
                                   "measured/predicted ratios in leave-one-GPU-out errors; ")
     assert all("share_of_difference" not in row for row in out["ranking"])
 

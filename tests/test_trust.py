@@ -281,3 +281,54 @@ def test_memory_report_shows_measured_peaks_once_rows_carry_them(tmp_path: Path)
     nets.to_parquet(tmp_path / "h100" / "networks.parquet")
     text = "\n".join(memory_section(tmp_path, fit))
     assert "0 trusted, 1 that may include memory" in text and "### Leftover-suspect peaks" in text
+
+
+class _Anchored(FakePredictor):
+    """A predictor that says how it extrapolates: every GPU but the H100 and H200 is the H100's
+    estimate times a cross-GPU ratio whose own error is +-10%."""
+
+    def cross_band(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        return (0.9, 1.1), (0.9, 1.1)
+
+    def cross_anchor(self, gpu: str) -> str | None:
+        return None if gpu in (H100, H200) else H100
+
+
+def test_unmeasured_bands_widen_with_less_evidence_and_ties_see_only_the_ratio_error() -> None:
+    assert band_exponent(PUBLIC, "time", measured_gpu=False) == 1 < band_exponent(SPECS, "time", measured_gpu=False)
+    assert band_exponent(PUBLIC, "energy", measured_gpu=False) == band_exponent(SPECS, "energy", measured_gpu=False) > 1
+    sets = EvidenceSets(frozenset({H100}), frozenset(), frozenset({T4}))
+    kw = {"objective": "time", "gpus": ["H100", "L4", "T4"], "evidence": sets, "spreads": NO_PAIRS,
+          "cuda_graphs": True, "batch_search": False}
+    r = recommend("resnet18", (512, 3, 224, 224), predictor=_Anchored(speed={H100: 1.0, L4: 1.5, T4: 1.6}, band=0.6),
+                  **kw)
+    by = {row.gpu: row for row in r}
+    assert all(row.fits for row in r)
+    width = {g: math.log(row.high / row.low) for g, row in by.items()}
+    # specifications only, public times, measured (the fake's own band is one for all; the real
+    # predictor's compounds the cross-GPU error into an extrapolated GPU's, as the test below checks)
+    assert width[L4] > width[T4] == width[H100]
+    # the wide bands overlap, yet the L4 at +50% is resolved: the H100's own error is in both figures
+    assert not by[L4].tie_with_best and not by[T4].tie_with_best
+    plain = recommend("resnet18", (512, 3, 224, 224), predictor=FakePredictor(speed={H100: 1.0, L4: 1.5, T4: 1.6},
+                                                                              band=0.6), **kw)
+    assert all(row.tie_with_best for row in plain.rows[1:])  # no ratio band: the bands as independent errors
+
+
+def test_an_extrapolated_gpu_carries_the_measured_band_and_the_cross_gpu_error() -> None:
+    from gpurec.model import load_predictor
+    from gpurec.model.bands import compound
+
+    p = load_predictor()
+    measured, extrapolated = (p.predict("resnet18", (8, 3, 224, 224), gpu=g) for g in ("H100", "L4"))
+    for est in (measured, extrapolated):
+        assert est.gpu_time_low_ms <= est.gpu_time_ms <= est.gpu_time_high_ms
+    for v, lo, hi in (("gpu_time_ms", "gpu_time_low_ms", "gpu_time_high_ms"),
+                      ("gpu_energy_mj", "gpu_energy_low_mj", "gpu_energy_high_mj")):
+        m, x = (tuple(getattr(e, k) / getattr(e, v) for k in (lo, hi)) for e in (measured, extrapolated))
+        assert x[0] < m[0] and x[1] > m[1]
+    cross_t, _ = p.cross_band()
+    public = p.crossgpu.info["public_model_band"]["time_ratio"]
+    assert cross_t[0] <= public[0] and cross_t[1] >= public[1]
+    lo, hi = compound((0.5, 2.0), (0.5, 2.0))
+    assert lo == pytest.approx(0.5 ** math.sqrt(2)) and hi == pytest.approx(2.0 ** math.sqrt(2))

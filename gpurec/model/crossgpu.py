@@ -74,6 +74,9 @@ from gpurec.model.network import is_recurrent
 CROSSGPU_SCHEMA = 4
 _READABLE_SCHEMAS = (2, 3, 4)  # 2: the single-tile wave factor (no tile efficiencies); 3: no residual
 CROSSGPU_FILE = "crossgpu.json"
+# info key of the band of the public whole models' errors, each GPU held out of the fit
+# (gpurec.model.fitting.crossgpu_fit.public_model_band): what a GPU without rows of its own risks
+PUBLIC_BAND_KEY = "public_model_band"
 GEMM_GROUPS = ("conv", "matmul", "attention")
 GEMM_TILE = 128 * 128
 MAX_SM = 256  # wave quantisation looks at SM counts up to this

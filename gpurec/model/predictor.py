@@ -35,8 +35,10 @@ import numpy as np
 from gpurec.catalog import HARDWARE_FEATURES, load_catalog, resolve_gpu
 from gpurec.host import HostProfile, resolve_host
 from gpurec.model._sets import MODES
+from gpurec.model.bands import Band, as_band, compound, widened, widest
 from gpurec.model.config import UNMEASURED_BAND_WIDENING
 from gpurec.model.crossgpu import (
+    PUBLIC_BAND_KEY,
     CrossGPUModel,
     CrossGPUModelError,
     load_crossgpu,
@@ -455,13 +457,8 @@ class Predictor:
         self.measured = list(manifest.get("gpus_measured", []))
         unc = manifest.get("uncertainty", {})
         band = unc.get("measured_gpu", {})
-        self._band_measured = (tuple(band.get("time_ratio", (0.8, 1.25))), tuple(band.get("energy_ratio", (0.8, 1.25))))
-        widen = float(unc.get("unmeasured_gpu_widening", UNMEASURED_BAND_WIDENING))
-        cross = unc.get("unmeasured_gpu", {})
-        if "time_ratio" in cross:
-            self._band_unmeasured = (tuple(cross["time_ratio"]), tuple(cross["energy_ratio"]))
-        else:
-            self._band_unmeasured = tuple((lo**widen, hi**widen) for lo, hi in self._band_measured)
+        self._band_measured: tuple[Band, Band] = (as_band(band.get("time_ratio")) or (0.8, 1.25),
+                                                  as_band(band.get("energy_ratio")) or (0.8, 1.25))
         host_unc = unc.get("host", {})
         self._host_band = tuple(host_unc.get("ratio", (1.0, 1.0)))
         self._host_band_by_bound = {b: tuple(v["ratio"]) for b, v in host_unc.get("by_bound", {}).items()}
@@ -502,6 +499,8 @@ class Predictor:
         self.wide_gemm: WideHalfGemm | None = WideHalfGemm.from_dict(manifest.get(WIDE_KEY),
                                                                      self.builder.feature_names)
         self.crossgpu: CrossGPUModel | None = load_crossgpu(self.model_dir)
+        self._band_cross: tuple[Band, Band] | None = None
+        self._band_unmeasured = self._unmeasured_band(unc)
         # fitted peak-memory terms (models/memory.json); None: the analytic lower bound alone
         self.memory_fit: MemoryFit | None = load_memory_fit(self.model_dir)
         self.cross_anchors = self._anchors()
@@ -532,6 +531,33 @@ class Predictor:
         sources = self.crossgpu.info.get("sources", {})
         host_free = {key.split("|", 1)[1] for key in sources if key.startswith("h100_host_free|")}
         return [g for g in self.measured if g in host_free]
+
+    def _unmeasured_band(self, unc: dict[str, Any]) -> tuple[Band, Band]:
+        """(time, energy) band of a GPU without rows of its own.  Its figures are an anchor GPU's
+        estimate times the cross-GPU ratio, so they carry the measured band's error and the
+        ratio's, compounded (never narrower than a measured GPU's band).  The ratio's error is the
+        widest of what validated it: the leave-one-GPU-out network errors of training (manifest;
+        the H100 and H200, one compute die) and the public whole models on each held-out public
+        GPU (crossgpu.json, time only; energy takes it too, a transferred time's error being in
+        its energy).  Neither: the measured band widened in log space."""
+        time_m, energy_m = self._band_measured
+        cross = unc.get("unmeasured_gpu", {})
+        public = self.crossgpu.info.get(PUBLIC_BAND_KEY) if self.crossgpu is not None else None
+        public_t = as_band(public.get("time_ratio")) if isinstance(public, dict) else None
+        cross_t = widest(as_band(cross.get("time_ratio")), public_t)
+        cross_e = widest(as_band(cross.get("energy_ratio")), public_t)
+        if cross_t is None or cross_e is None:
+            self._band_cross = None
+            widen = float(unc.get("unmeasured_gpu_widening", UNMEASURED_BAND_WIDENING))
+            return widened(time_m, widen), widened(energy_m, widen)
+        self._band_cross = (cross_t, cross_e)
+        return compound(time_m, cross_t), compound(energy_m, cross_e)
+
+    def cross_band(self) -> tuple[Band, Band] | None:
+        """(time, energy) band of the cross-GPU ratio alone: the error an extrapolated GPU's figure
+        adds to its anchor's, which is all that separates the two (the anchor's own error is in
+        both).  None: no validated cross-GPU error (the unmeasured band is a widened measured one)."""
+        return self._band_cross
 
     def cross_anchor(self, gpu: str) -> str | None:
         """The anchor GPU whose time ``gpu``'s is transferred from (None: ``gpu`` uses its own)."""

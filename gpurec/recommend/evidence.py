@@ -52,17 +52,26 @@ def evidence_of(gpu: str, sets: EvidenceSets) -> str:
     return SPECS
 
 
-def band_exponent(level: str, figure: str, widening: float = UNMEASURED_WIDENING) -> float:
-    """How many times wider (in log space) than the host-free measured band a figure's band is.
+def band_exponent(level: str, figure: str, widening: float = UNMEASURED_WIDENING, measured_gpu: bool = True) -> float:
+    """How many times wider (in log space) than the predictor's band a figure's band is.
 
     ``figure`` is "time", "energy" (eager: the host's dispatch inside), "gpu_time" or
-    "gpu_energy" (host-free). A figure measured the way it is reported keeps the band (1);
-    one backed only by specifications gets the predictor's widening for unmeasured GPUs
-    (``widening``, 3); figures in between (the host-free figures of an eager-only GPU, the
-    time of a GPU with public per-operation times) get the geometric middle, sqrt(widening).
-    This is a stated rule, not a measured one: no GPU has both kinds of data to calibrate it.
+    "gpu_energy" (host-free).  For a GPU the models have rows of (``measured_gpu``), the
+    predictor's band is the host-free measured one: a figure measured the way it is reported
+    keeps it (1); one backed only by specifications gets the predictor's widening for
+    unmeasured GPUs (``widening``, 3); figures in between (the host-free figures of an eager-only
+    GPU, the time of a GPU with public per-operation times) get the geometric middle,
+    sqrt(widening).  For a GPU without rows, the predictor's band already compounds the measured
+    band with the cross-GPU model's validated error (gpurec.model.bands): public per-operation
+    times back its time (1); its energy, and every figure of a GPU with specifications only,
+    rest on nothing measured of that GPU (sqrt(widening)).  A stated rule, not a measured one:
+    no GPU has every kind of data to calibrate it.
     """
     mid = math.sqrt(widening)
+    if not measured_gpu:
+        if level in (HOST_FREE, EAGER) or (level == PUBLIC and figure in ("time", "gpu_time")):
+            return 1.0
+        return mid
     if level == HOST_FREE:
         return 1.0
     if level == EAGER:

@@ -67,7 +67,7 @@ def band_description(predictor: Any) -> str:
     if not isinstance(unc, dict) or not isinstance(unc.get("measured_gpu"), dict):
         return BAND
     parts = []
-    for key, who in (("measured_gpu", "measured GPUs"), ("unmeasured_gpu", "extrapolated GPUs")):
+    for key, who in (("measured_gpu", "measured GPUs"), ("unmeasured_gpu", "the cross-GPU error")):
         band = unc.get(key)
         if not isinstance(band, dict) or "quantiles" not in band:
             continue
@@ -75,6 +75,12 @@ def band_description(predictor: Any) -> str:
         source = band.get("source") or (unc.get("source") if key == "measured_gpu" else None)
         parts.append(f"{who}: {lo * 100:g}th-{hi * 100:g}th percentile of measured/predicted ratios"
                      + (f" in {source}" if source else ""))
+    from gpurec.model.crossgpu import PUBLIC_BAND_KEY
+
+    cross = getattr(predictor, "crossgpu", None)
+    public = getattr(cross, "info", {}).get(PUBLIC_BAND_KEY) if cross is not None else None
+    if isinstance(public, dict) and "models" in public:
+        parts.append(f"widened to the time errors of {public['models']} {public['source']}")
     return "; ".join(parts) if parts else BAND
 
 
@@ -373,16 +379,17 @@ def recommend(model: Any, input_shape: Sequence[int] | None = None, mode: str = 
         estimates[spec.nvml_name] = est
         f = estimate_fields(est)
         level = evidence_of(spec.nvml_name, evidence)
-        if f["measured_gpu"]:  # the predictor's band is its measured one: widen it to the evidence
-            f = widen_bands(f, level, widening)
+        f = widen_bands(f, level, widening)  # the predictor's band, widened to the evidence behind it
         value, lo, hi = _objective(f, objective, cuda_graphs)
+        cross_hw = _cross_half_width(predictor, f["measured_gpu"], level, objective, widening)
         rows.append({**{k: f[k] for k in _ROW_FIELDS}, "gpu": spec.nvml_name, "short_name": spec.short_name,
                      "measured": f["measured_gpu"], "edp_mj_ms": _edp(f, cuda_graphs),
                      "value": value, "low": lo, "high": hi, "memory_gb": memory_gb,
                      "memory_capacity_gb": float(spec.memory_gb), "fits": memory_gb <= float(spec.memory_gb),
                      "coverage": f["coverage"], "evidence": level,
                      "gpu_power_w": f["gpu_energy_mj"] / f["gpu_time_ms"] if f["gpu_time_ms"] > 0 else math.nan,
-                     "_host": f["host"]})
+                     "_host": f["host"], "_cross_hw": cross_hw,
+                     "_anchor": _anchor_of(predictor, spec.nvml_name) if cross_hw is not None else None})
     rows.sort(key=lambda r: (not r["fits"], r["value"]))
     ranked = _rank(rows, objective, spreads)
     host_name = next((r["_host"] for r in rows if r["_host"]), None) or _host_label(host)
@@ -424,16 +431,18 @@ def widen_bands(f: dict[str, Any], level: str, widening: float = UNMEASURED_WIDE
     (gpurec.recommend.evidence.band_exponent)."""
     out = dict(f)
     for figure, v, lo, hi in _FIGURES:
-        out[lo], out[hi] = widen(f[v], f[lo], f[hi], band_exponent(level, figure, widening))
+        out[lo], out[hi] = widen(f[v], f[lo], f[hi], band_exponent(level, figure, widening, bool(f["measured_gpu"])))
     return out
 
 
 def evidence_band_rule(widening: float = UNMEASURED_WIDENING) -> str:
     """How bands follow the evidence, in words (the README says the same)."""
-    return (f"bands of extrapolated GPUs ('{SPECS}') are the measured band widened {widening:g}x in log "
-            f"space; '{EAGER}' keeps the measured band for eager figures and widens host-free ones "
-            f"{math.sqrt(widening):.2g}x; '{PUBLIC}' widens time {math.sqrt(widening):.2g}x and energy "
-            f"{widening:g}x")
+    mid = f"{math.sqrt(widening):.2g}x"
+    return (f"bands of GPUs without rows of their own compound the measured band with the cross-GPU "
+            f"model's validated error (independent errors, in log space), and widen it {mid} where "
+            f"nothing measured of that GPU backs the figure (every figure of '{SPECS}', the energy of "
+            f"'{PUBLIC}'); '{EAGER}' keeps the measured band for eager figures and widens host-free "
+            f"ones {mid}")
 
 
 def tie_rule_text(spreads: DifferenceSpreads) -> str:
@@ -441,7 +450,9 @@ def tie_rule_text(spreads: DifferenceSpreads) -> str:
                       for (a, b), d in spreads.spreads.items())
     paired = (f" For {pairs}, the 90th percentile of the ratio's error over {spreads.source}." if pairs else "")
     return ("A tie: the predicted ratio to the best is within the error of the difference between the two GPUs."
-            + paired + " Other pairs: the two 5th-95th percentile bands combined as independent errors.")
+            + paired + " An extrapolated GPU against its anchor (the H100) or another GPU extrapolated from it: "
+            "the cross-GPU ratios' errors alone (the anchor's error is in both figures). Other pairs: the two "
+            "5th-95th percentile bands combined as independent errors.")
 
 
 def _short(nvml: str) -> str:
@@ -458,6 +469,49 @@ _ROW_FIELDS = ("time_ms", "energy_mj", "power_w", "gpu_time_ms", "gpu_energy_mj"
                "gpu_time_high_ms", "gpu_energy_low_mj", "gpu_energy_high_mj")
 
 
+def _cross_half_width(predictor: Any, measured_gpu: bool, level: str, objective: str,
+                      widening: float) -> float | None:
+    """Half the log width of the cross-GPU ratio's band for ``objective``, widened to the evidence
+    behind a GPU without rows (None for a measured GPU, or a predictor without a validated
+    cross-GPU error)."""
+    band = predictor.cross_band() if not measured_gpu and hasattr(predictor, "cross_band") else None
+    if band is None:
+        return None
+    hw = {figure: (math.log(b[1]) - math.log(b[0])) / 2.0 * band_exponent(level, figure, widening, False)
+          for figure, b in zip(("time", "energy"), band, strict=True)}
+    return hw["time"] + hw["energy"] if objective == "edp" else hw[objective]
+
+
+def _anchor_of(predictor: Any, gpu: str) -> str | None:
+    """The GPU whose estimate an extrapolated GPU's is transferred from (None: unknown)."""
+    anchor = getattr(predictor, "cross_anchor", None)
+    return anchor(gpu) if callable(anchor) else None
+
+
+def _difference_spread(a: dict[str, Any], b: dict[str, Any], objective: str,
+                       spreads: DifferenceSpreads | None) -> float:
+    """The error of the log-ratio of two rows' figures.  Measured on both GPUs: the paired spread
+    where one was measured, else the two bands as independent errors.  An extrapolated GPU's
+    figure is its anchor's times the cross-GPU ratio, so the anchor's error is in both figures and
+    cancels; what is left is each ratio's error and, between two different anchors, theirs."""
+    def paired(x: str, y: str) -> float | None:
+        return spreads.spread(x, y, objective) if spreads is not None else None
+
+    independent = combined_spread((a["value"], a["low"], a["high"]), (b["value"], b["low"], b["high"]))
+    hw_a, hw_b = a.get("_cross_hw"), b.get("_cross_hw")
+    if hw_a is None and hw_b is None:
+        found = paired(a["gpu"], b["gpu"])
+        return found if found is not None else independent
+    side_a = a.get("_anchor") if hw_a is not None else a["gpu"]
+    side_b = b.get("_anchor") if hw_b is not None else b["gpu"]
+    if side_a is None or side_b is None:
+        return independent
+    shared = 0.0 if side_a == side_b else paired(side_a, side_b)
+    if shared is None:
+        return independent
+    return math.hypot(shared, hw_a or 0.0, hw_b or 0.0)
+
+
 def _rank(rows: list[dict[str, Any]], objective: str = "time",
           spreads: DifferenceSpreads | None = None) -> list[RankedGPU]:
     if not rows:
@@ -467,10 +521,7 @@ def _rank(rows: list[dict[str, Any]], objective: str = "time",
     for i, r in enumerate(rows):
         tie = False
         if i > 0 and best["fits"] and r["fits"]:
-            spread = spreads.spread(best["gpu"], r["gpu"], objective) if spreads is not None else None
-            if spread is None:
-                spread = combined_spread((best["value"], best["low"], best["high"]), (r["value"], r["low"], r["high"]))
-            tie = is_tie(r["value"], best["value"], spread)
+            tie = is_tie(r["value"], best["value"], _difference_spread(best, r, objective, spreads))
         vs = (r["value"] / best["value"] - 1.0) * 100.0 if best["value"] > 0 else math.nan
         out.append(RankedGPU(rank=i + 1, vs_best_pct=vs, tie_with_best=bool(tie),
                              **{k: v for k, v in r.items() if not k.startswith("_")}))
@@ -595,8 +646,7 @@ def predict_on(model: Any, input_shape: Sequence[int], mode: str, gpu: str, pred
     level = evidence_of(spec.nvml_name, sets)
     f = estimate_fields(est)
     widening = float(manifest.get("uncertainty", {}).get("unmeasured_gpu_widening", UNMEASURED_WIDENING))
-    if f["measured_gpu"]:
-        f = widen_bands(f, level, widening)
+    f = widen_bands(f, level, widening)
     f["gpu_power_w"] = f["gpu_energy_mj"] / f["gpu_time_ms"] if f["gpu_time_ms"] > 0 else math.nan
     memory = step_memory_of(model, tuple(input_shape), mode, dtype, precision=precision,
                             fit=getattr(predictor, "memory_fit", None))

@@ -25,7 +25,7 @@ import ast
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from gpurec.model.crossgpu import (
     GPU_COLUMNS,
     K_MIN,
     OP_COLUMNS,
+    PUBLIC_BAND_KEY,
     SPEC_EFFICIENCIES,
     SPEC_TERMS,
     CrossGPUModel,
@@ -549,6 +550,8 @@ def fit_and_save(data_root: Path | str | None = None, out_dir: Path | str = "mod
     if validate:
         report = evaluate(table, data_root, cache_dir, log, model=model, networks=networks, predictor=predictor,
                           tiles=tiles, residual=residual)
+        model.info[PUBLIC_BAND_KEY] = public_model_band(report["public_models"])
+        atomic_write_text(out / CROSSGPU_FILE, json.dumps(model.to_dict(), indent=1, sort_keys=True) + "\n")
         report["model_info"] = model.info
         report["seconds"] = time.perf_counter() - t0
         atomic_write_text(out / CROSSGPU_REPORT_FILE, json.dumps(_json_ready(report), indent=1, sort_keys=True)
@@ -677,6 +680,40 @@ def public_model_errors(models_by_gpu: dict[str, CrossGPUModel], data_root: Path
     out = frame.groupby(["gpu", "model", "mode", "seq_len", "batch"], as_index=False).agg(
         pred_ms=("pred_ms", "sum"), measured_ms=("e2e_latency_ms", "first"), nodes=("node", "size"))
     return out.assign(ape=np.abs(out["pred_ms"] / out["measured_ms"] - 1))
+
+
+def public_model_band(rows: Sequence[dict[str, Any]], quantiles: tuple[float, float] = (0.05, 0.95)
+                      ) -> dict[str, Any] | None:
+    """The band of the public whole models' measured / predicted time, each predicted by the model
+    fitted without its GPU (``evaluate``'s ``public_models``): the error of a GPU that the fit has
+    no rows of, on GPUs far from the H100 (the H200/H100 networks validate one compute die only).
+    None with fewer than 5 models."""
+    ratios = np.array([r["measured_ms"] / r["pred_ms"] for r in rows
+                       if np.isfinite(r.get("pred_ms", np.nan)) and r.get("pred_ms", 0) > 0], dtype=np.float64)
+    if len(ratios) < 5:
+        return None
+    lo, hi = (float(np.quantile(ratios, q)) for q in quantiles)
+    return {"time_ratio": [min(lo, 1.0), max(hi, 1.0)], "quantiles": list(quantiles), "models": int(len(ratios)),
+            "gpus": sorted({str(r["gpu"]) for r in rows}),
+            "source": "public whole transformer models, each GPU left out of the cross-GPU fit"}
+
+
+def store_public_band(model_dir: Path | str) -> dict[str, Any] | None:
+    """Write the public whole models' band (``public_model_band``) of ``model_dir``'s
+    crossgpu_report.json into its crossgpu.json (the predictor widens extrapolated GPUs' bands to
+    it); returns it.  ``fit_and_save`` does this itself; this serves models fitted before."""
+    from gpurec.dataset.store import atomic_write_text
+
+    out = Path(model_dir)
+    for name in (CROSSGPU_FILE, CROSSGPU_REPORT_FILE):
+        if not (out / name).exists():
+            raise FileNotFoundError(f"no {name} in {out}: run `gpurec train-crossgpu --out {out}` (with validation)")
+    report = json.loads((out / CROSSGPU_REPORT_FILE).read_text(encoding="utf-8"))
+    saved = json.loads((out / CROSSGPU_FILE).read_text(encoding="utf-8"))
+    band = public_model_band(report.get("public_models", []))
+    saved.setdefault("info", {})[PUBLIC_BAND_KEY] = band
+    atomic_write_text(out / CROSSGPU_FILE, json.dumps(saved, indent=1, sort_keys=True) + "\n")
+    return band
 
 
 # -- H200 against H100 on whole networks ---------------------------------------------------------
