@@ -43,3 +43,19 @@ def widest(*bands: Band | None) -> Band | None:
 def widened(band: Band, exponent: float) -> Band:
     """The band with its log width multiplied by ``exponent``."""
     return band[0] ** exponent, band[1] ** exponent
+
+
+def extrapolated(measured: tuple[Band, Band], validated: tuple[Band | None, Band | None],
+                 public_time: Band | None) -> tuple[tuple[Band, Band], tuple[Band, Band]] | None:
+    """(time, energy) bands of a GPU without rows of its own, and of its cross-GPU ratio alone.
+
+    Its figures are an anchor GPU's estimate times the cross-GPU ratio, so they carry the
+    ``measured`` band's error and the ratio's, compounded.  The ratio's error is the widest of
+    what validated it: ``validated`` (leave-one-GPU-out network errors, time and energy) and
+    ``public_time`` (the public whole models, each GPU held out; energy takes it too, a transferred
+    time's error being in its energy).  None where neither validated it."""
+    cross_t = widest(validated[0], public_time)
+    cross_e = widest(validated[1], public_time)
+    if cross_t is None or cross_e is None:
+        return None
+    return (compound(measured[0], cross_t), compound(measured[1], cross_e)), (cross_t, cross_e)

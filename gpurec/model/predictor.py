@@ -35,7 +35,7 @@ import numpy as np
 from gpurec.catalog import HARDWARE_FEATURES, load_catalog, resolve_gpu
 from gpurec.host import HostProfile, resolve_host
 from gpurec.model._sets import MODES
-from gpurec.model.bands import Band, as_band, compound, widened, widest
+from gpurec.model.bands import Band, as_band, extrapolated, widened
 from gpurec.model.config import UNMEASURED_BAND_WIDENING
 from gpurec.model.crossgpu import (
     PUBLIC_BAND_KEY,
@@ -533,25 +533,19 @@ class Predictor:
         return [g for g in self.measured if g in host_free]
 
     def _unmeasured_band(self, unc: dict[str, Any]) -> tuple[Band, Band]:
-        """(time, energy) band of a GPU without rows of its own.  Its figures are an anchor GPU's
-        estimate times the cross-GPU ratio, so they carry the measured band's error and the
-        ratio's, compounded (never narrower than a measured GPU's band).  The ratio's error is the
-        widest of what validated it: the leave-one-GPU-out network errors of training (manifest;
-        the H100 and H200, one compute die) and the public whole models on each held-out public
-        GPU (crossgpu.json, time only; energy takes it too, a transferred time's error being in
-        its energy).  Neither: the measured band widened in log space."""
-        time_m, energy_m = self._band_measured
+        """(time, energy) band of a GPU without rows of its own (gpurec.model.bands.extrapolated):
+        the measured band compounded with the cross-GPU ratio's validated error, from training's
+        leave-one-GPU-out networks (manifest) and the public whole models (crossgpu.json).
+        Neither: the measured band widened in log space."""
         cross = unc.get("unmeasured_gpu", {})
         public = self.crossgpu.info.get(PUBLIC_BAND_KEY) if self.crossgpu is not None else None
-        public_t = as_band(public.get("time_ratio")) if isinstance(public, dict) else None
-        cross_t = widest(as_band(cross.get("time_ratio")), public_t)
-        cross_e = widest(as_band(cross.get("energy_ratio")), public_t)
-        if cross_t is None or cross_e is None:
-            self._band_cross = None
+        found = extrapolated(self._band_measured, (as_band(cross.get("time_ratio")), as_band(cross.get("energy_ratio"))),
+                             as_band(public.get("time_ratio")) if isinstance(public, dict) else None)
+        if found is None:
             widen = float(unc.get("unmeasured_gpu_widening", UNMEASURED_BAND_WIDENING))
-            return widened(time_m, widen), widened(energy_m, widen)
-        self._band_cross = (cross_t, cross_e)
-        return compound(time_m, cross_t), compound(energy_m, cross_e)
+            return widened(self._band_measured[0], widen), widened(self._band_measured[1], widen)
+        band, self._band_cross = found
+        return band
 
     def cross_band(self) -> tuple[Band, Band] | None:
         """(time, energy) band of the cross-GPU ratio alone: the error an extrapolated GPU's figure

@@ -1014,6 +1014,39 @@ def _fmt(v: Any, fmt: str) -> str:
     return "" if v is None else format(v, fmt)
 
 
+def uncertainty_section(unc: dict[str, Any], cross: dict[str, Any] | None) -> list[str]:
+    """The bands estimates carry: measured GPUs', and what an extrapolated GPU's compounds
+    (gpurec.model.bands.extrapolated, as the predictor does)."""
+    from gpurec.model.bands import as_band, extrapolated
+    from gpurec.model.fitting.crossgpu_fit import public_model_band
+
+    b = unc.get("measured_gpu", {})
+    u = unc.get("unmeasured_gpu", {})
+
+    def fmt(r: Sequence[float]) -> str:
+        return "[" + ", ".join(f"{x:.2f}" for x in r) + "]"
+
+    measured = (as_band(b.get("time_ratio")) or (0.8, 1.25), as_band(b.get("energy_ratio")) or (0.8, 1.25))
+    public = public_model_band((cross or {}).get("public_models", []))
+    public_t = as_band(public["time_ratio"]) if public else None
+    found = extrapolated(measured, (as_band(u.get("time_ratio")), as_band(u.get("energy_ratio"))), public_t)
+    text = (f"`Estimate.low/high` = estimate × measured/predicted ratio quantiles {b.get('quantiles')}. "
+            f"Measured GPUs, from {unc.get('source')}: time ×{fmt(measured[0])}, energy ×{fmt(measured[1])}. ")
+    if found is None:
+        text += f"GPUs without operation measurements: {u.get('source', 'the measured band widened')}."
+    else:
+        (band_t, band_e), (cross_t, cross_e) = found
+        sources = [f"{u['source']} (time ×{fmt(u['time_ratio'])}, energy ×{fmt(u['energy_ratio'])})"
+                   if "time_ratio" in u else None,
+                   f"{public['models']} {public['source']} (time ×{fmt(public['time_ratio'])})" if public else None]
+        text += ("GPUs without operation measurements (the H100's estimate times the cross-GPU ratio): the measured "
+                 "band compounded with the ratio's error (log half-widths as independent errors), the widest of "
+                 + " and ".join(x for x in sources if x) + f", time ×{fmt(cross_t)}, energy ×{fmt(cross_e)}: "
+                 f"time ×{fmt(band_t)}, energy ×{fmt(band_e)}; recommendations widen them where nothing measured "
+                 "of that GPU backs the figure (README, \"Bands\").")
+    return ["## Uncertainty band", "", text, ""]
+
+
 def crossgpu_section(cross: dict[str, Any] | None, energy_noise: list[dict[str, Any]] | None = None,
                      cards: list[dict[str, Any]] | None = None,
                      temps: dict[tuple[str, ...], float] | None = None,
@@ -1400,18 +1433,7 @@ def write(rep: dict[str, Any], manifest: dict[str, Any], out: Path, data_root: P
                           card_temperatures(gpus=datasets), datasets)
     unc = manifest.get("uncertainty", {})
     if unc:
-        b = unc.get("measured_gpu", {})
-        u = unc.get("unmeasured_gpu", {})
-
-        def fmt(r: list[float]) -> str:
-            return "[" + ", ".join(f"{x:.2f}" for x in r) + "]"
-
-        L += ["## Uncertainty band", "",
-              f"`Estimate.low/high` = estimate × measured/predicted ratio quantiles {b.get('quantiles')}. "
-              f"Measured GPUs, from {unc.get('source')}: time ×{fmt(b.get('time_ratio', []))}, "
-              f"energy ×{fmt(b.get('energy_ratio', []))}. GPUs without operation measurements: "
-              + (f"from {u['source']}: time ×{fmt(u['time_ratio'])}, energy ×{fmt(u['energy_ratio'])}."
-                 if "time_ratio" in u else f"{u.get('source', 'measured band widened')}."), ""]
+        L += uncertainty_section(unc, cross)
     L += host_gpu_section(host_gpu, rep, sources)
     L += precision_section(precision)
     L += memory_section(data_root, memory_fit)
