@@ -9,9 +9,11 @@ could come out narrower than a measured GPU's, the opposite of what the evidence
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 Band = tuple[float, float]
+DEFAULT_BAND: Band = (0.8, 1.25)  # a manifest that records no measured band
 
 
 def as_band(value: Sequence[float] | None) -> Band | None:
@@ -59,3 +61,19 @@ def extrapolated(measured: tuple[Band, Band], validated: tuple[Band | None, Band
     if cross_t is None or cross_e is None:
         return None
     return (compound(measured[0], cross_t), compound(measured[1], cross_e)), (cross_t, cross_e)
+
+
+def measured_bands(unc: Mapping[str, Any]) -> tuple[Band, Band]:
+    """(time, energy) band of a measured GPU from a manifest's ``uncertainty``."""
+    band = unc.get("measured_gpu", {})
+    return as_band(band.get("time_ratio")) or DEFAULT_BAND, as_band(band.get("energy_ratio")) or DEFAULT_BAND
+
+
+def extrapolated_from(unc: Mapping[str, Any], public: Mapping[str, Any] | None
+                      ) -> tuple[tuple[Band, Band], tuple[Band, Band]] | None:
+    """``extrapolated`` from what is stored: a manifest's ``uncertainty`` (measured band and
+    leave-one-GPU-out ``unmeasured_gpu`` band) and the public whole models' band (``time_ratio``
+    of crossgpu.json's ``public_model_band``; None: none)."""
+    cross = unc.get("unmeasured_gpu", {})
+    return extrapolated(measured_bands(unc), (as_band(cross.get("time_ratio")), as_band(cross.get("energy_ratio"))),
+                        as_band(public.get("time_ratio")) if isinstance(public, Mapping) else None)

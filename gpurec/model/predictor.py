@@ -35,7 +35,7 @@ import numpy as np
 from gpurec.catalog import HARDWARE_FEATURES, load_catalog, resolve_gpu
 from gpurec.host import HostProfile, resolve_host
 from gpurec.model._sets import MODES
-from gpurec.model.bands import Band, as_band, extrapolated, widened
+from gpurec.model.bands import Band, extrapolated_from, measured_bands, widened
 from gpurec.model.config import UNMEASURED_BAND_WIDENING
 from gpurec.model.crossgpu import (
     PUBLIC_BAND_KEY,
@@ -456,9 +456,7 @@ class Predictor:
         self.kernel_free_no_gpu_time = manifest.get("kernel_free_ops") == "no_gpu_time"
         self.measured = list(manifest.get("gpus_measured", []))
         unc = manifest.get("uncertainty", {})
-        band = unc.get("measured_gpu", {})
-        self._band_measured: tuple[Band, Band] = (as_band(band.get("time_ratio")) or (0.8, 1.25),
-                                                  as_band(band.get("energy_ratio")) or (0.8, 1.25))
+        self._band_measured: tuple[Band, Band] = measured_bands(unc)
         host_unc = unc.get("host", {})
         self._host_band = tuple(host_unc.get("ratio", (1.0, 1.0)))
         self._host_band_by_bound = {b: tuple(v["ratio"]) for b, v in host_unc.get("by_bound", {}).items()}
@@ -537,10 +535,7 @@ class Predictor:
         the measured band compounded with the cross-GPU ratio's validated error, from training's
         leave-one-GPU-out networks (manifest) and the public whole models (crossgpu.json).
         Neither: the measured band widened in log space."""
-        cross = unc.get("unmeasured_gpu", {})
-        public = self.crossgpu.info.get(PUBLIC_BAND_KEY) if self.crossgpu is not None else None
-        found = extrapolated(self._band_measured, (as_band(cross.get("time_ratio")), as_band(cross.get("energy_ratio"))),
-                             as_band(public.get("time_ratio")) if isinstance(public, dict) else None)
+        found = extrapolated_from(unc, self.crossgpu.info.get(PUBLIC_BAND_KEY) if self.crossgpu is not None else None)
         if found is None:
             widen = float(unc.get("unmeasured_gpu_widening", UNMEASURED_BAND_WIDENING))
             return widened(self._band_measured[0], widen), widened(self._band_measured[1], widen)

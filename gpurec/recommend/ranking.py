@@ -24,7 +24,13 @@ from gpurec.recommend.evidence import (
     load_evidence,
     widen,
 )
-from gpurec.recommend.ties import DifferenceSpreads, combined_spread, is_tie, load_difference_spreads
+from gpurec.recommend.ties import (
+    DifferenceSpreads,
+    combined_spread,
+    half_width,
+    is_tie,
+    load_difference_spreads,
+)
 from gpurec.results import StepCost
 
 if TYPE_CHECKING:
@@ -477,7 +483,7 @@ def _cross_half_width(predictor: Any, measured_gpu: bool, level: str, objective:
     band = predictor.cross_band() if not measured_gpu and hasattr(predictor, "cross_band") else None
     if band is None:
         return None
-    hw = {figure: (math.log(b[1]) - math.log(b[0])) / 2.0 * band_exponent(level, figure, widening, False)
+    hw = {figure: half_width(1.0, *b) * band_exponent(level, figure, widening, False)
           for figure, b in zip(("time", "energy"), band, strict=True)}
     return hw["time"] + hw["energy"] if objective == "edp" else hw[objective]
 

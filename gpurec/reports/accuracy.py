@@ -1017,7 +1017,7 @@ def _fmt(v: Any, fmt: str) -> str:
 def uncertainty_section(unc: dict[str, Any], cross: dict[str, Any] | None) -> list[str]:
     """The bands estimates carry: measured GPUs', and what an extrapolated GPU's compounds
     (gpurec.model.bands.extrapolated, as the predictor does)."""
-    from gpurec.model.bands import as_band, extrapolated
+    from gpurec.model.bands import extrapolated_from, measured_bands
     from gpurec.model.fitting.crossgpu_fit import public_model_band
 
     b = unc.get("measured_gpu", {})
@@ -1026,10 +1026,9 @@ def uncertainty_section(unc: dict[str, Any], cross: dict[str, Any] | None) -> li
     def fmt(r: Sequence[float]) -> str:
         return "[" + ", ".join(f"{x:.2f}" for x in r) + "]"
 
-    measured = (as_band(b.get("time_ratio")) or (0.8, 1.25), as_band(b.get("energy_ratio")) or (0.8, 1.25))
+    measured = measured_bands(unc)
     public = public_model_band((cross or {}).get("public_models", []))
-    public_t = as_band(public["time_ratio"]) if public else None
-    found = extrapolated(measured, (as_band(u.get("time_ratio")), as_band(u.get("energy_ratio"))), public_t)
+    found = extrapolated_from(unc, public)
     text = (f"`Estimate.low/high` = estimate × measured/predicted ratio quantiles {b.get('quantiles')}. "
             f"Measured GPUs, from {unc.get('source')}: time ×{fmt(measured[0])}, energy ×{fmt(measured[1])}. ")
     if found is None:
