@@ -7,7 +7,7 @@
 # the wide half-precision product model is fitted on the H100's rows alone) runs first, through
 # scripts/device_round2.sh (resumable; a finished plan returns at once), and the re-card gets the rest.
 # On an H100 the time the plans leave (150 s or more) goes to scripts/device_checkpoint.sh.  The H100's
-# finished plans (lm_heads, seq_bf16_mixed, bf16_mixed_operations: session 48) are no longer listed:
+# finished plans (lm_heads, seq_bf16_mixed, bf16_mixed_operations: session 48; precision: session 52) are no longer listed:
 # each cost a call about 20 s to find nothing left.
 #   bash scripts/device_recard.sh BUDGET_S
 set -u
@@ -18,7 +18,7 @@ NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$NAME" in
   *H100*)
     START=$(date +%s)
-    PLANS_H100="datasets/plans/precision.json@0.3,datasets/plans/targeted.json" \
+    PLANS_H100="datasets/plans/targeted.json" \
       bash scripts/device_round2.sh "$BUDGET_S"; RC=$?
     # once the plans are done, what is left measures activation checkpointing (scripts/device_checkpoint.sh)
     LEFT=$(( BUDGET_S - ( $(date +%s) - START ) - 10 ))
