@@ -33,9 +33,22 @@ class Checkpointed(nn.Module):
         super().__init__()
         self.block = block
 
+    def __getattr__(self, name: str) -> Any:
+        """The block's attributes read through the wrapper: a parent that looks into its children
+        (``nn.TransformerEncoder`` reads ``layers[0].self_attn``) sees the block it wrapped."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("block"), name)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.block(*args, **kwargs)
+        # backward calls the block again on the same argument objects: a list the caller appends
+        # to after this call (DenseNet's layers take the growing list of features) is copied here,
+        # so the recomputation sees what the forward saw
+        args = tuple(list(a) if isinstance(a, list) else a for a in args)
+        kwargs = {k: list(v) if isinstance(v, list) else v for k, v in kwargs.items()}
         return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
 
 
