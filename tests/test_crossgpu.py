@@ -913,9 +913,9 @@ def test_card_averaged_energy_error_uses_the_mean_over_the_committed_and_every_n
     from gpurec.reports.accuracy import _card_averaged_text, card_averaged_energy_errors
     from gpurec.reports.dataset import GpuData
 
-    def net(id_: str, set_key: str, energy: float, uuid: str) -> dict:
+    def net(id_: str, set_key: str, energy: float, uuid: str, gpu: str = "NVIDIA H200") -> dict:
         return {"id": id_, "item": "network", "mode": "inference", "set_key": set_key, "status": "ok",
-                "gpu": "NVIDIA H200", "gpu_time_ms": 2.0, "gpu_energy_mj": energy, "gpu_power_w": energy / 2.0,
+                "gpu": gpu, "gpu_time_ms": 2.0, "gpu_energy_mj": energy, "gpu_power_w": energy / 2.0,
                 "gpu_uuid": uuid}
 
     cnn, seq = ("network:resnet18:b32:r224:inference", "resnet18:b32:r224"), \
@@ -941,7 +941,21 @@ def test_card_averaged_energy_error_uses_the_mean_over_the_committed_and_every_n
     assert avg["measured_pp"] == pytest.approx(5.0) and avg["by_family"]["CNN"]["measured_bias_pp"] == 5.0
     text = "\n".join(_card_averaged_text(avg))
     assert "2 runs on 2 cards" in text and "sequence +5.0 -> +8.6 pp mean" in text
+    assert "measured each network once" in text and avg["by_family"]["CNN"]["both_bias_pp"] == pytest.approx(
+        avg["by_family"]["CNN"]["averaged_bias_pp"])
     assert card_averaged_energy_errors(nets, gpus=gpus, other="NVIDIA H100 80GB HBM3") is None
+    # the H100 measured the CNN network again on one more card, 10% above its committed row: both sides averaged
+    h100 = tmp_path / "h100"
+    (h100 / "cards").mkdir(parents=True)
+    h100_net = "NVIDIA H100 80GB HBM3"
+    with gzip.open(h100 / "cards" / "rows-z-0of1.jsonl.gz", "wt") as fh:
+        fh.write(json.dumps(net(*cnn, 110.0, "GPU-cccccccc-1", h100_net)) + "\n")
+    gpus.append(GpuData(tag="h100", path=h100, tables={"networks": pd.DataFrame([net(*cnn, 100.0, "GPU-dddd", h100_net)])}))
+    avg = card_averaged_energy_errors(nets, gpus=gpus)
+    assert (avg["anchor_runs"], avg["anchor_cards"], avg["anchor_cards_per_pair"]) == (1, 1, 1.5)
+    assert avg["by_family"]["CNN"]["both_bias_pp"] == pytest.approx(100 * (0.95 - 0.9 * cnn_mean / 1.05))
+    assert avg["by_family"]["sequence"]["both_bias_pp"] == pytest.approx(avg["by_family"]["sequence"]["averaged_bias_pp"])
+    assert "1 run(s) on 1 card(s)" in "\n".join(_card_averaged_text(avg))
 
 
 def test_the_public_models_band_is_their_held_out_error_and_lands_in_the_saved_model(tmp_path: Path) -> None:

@@ -616,27 +616,18 @@ def energy_error_by_card(nets: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for c, v in sorted(by.items())]
 
 
-def card_averaged_energy_errors(nets: list[dict[str, Any]], gpus: list[Any] | None = None,
-                                data_root: Path | None = None, other: str | None = None) -> dict[str, Any] | None:
-    """The energy-ratio error of the host-free pairs in ``nets`` (crossgpu_tables' h200_networks)
-    whose network was measured again on other cards of ``other`` (default the H200; its
-    ``cards/``, gpurec.reports.dataset.recard_runs), with that side averaged over every card that
-    measured it: the measured energy ratio times the mean over cards of energy / the committed
-    row's (the committed card counting 1).  Mean |error| and mean signed error (pp), as measured
-    and card-averaged, over those pairs and per family (CNN, sequence).  Why: one card is some
-    points off the typical card that a prediction is for; averaged over cards, what stays of a
-    family's bias is the model's or the other GPU's cards'.  None without such pairs."""
-    import numpy as np
-
-    from gpurec.model.fitting.crossgpu_fit import H200
+def _recard_energies(name: str, gpus: list[Any] | None, data_root: Path | None
+                     ) -> tuple[dict[tuple[str, str, str], list[float]], dict[tuple[str, str, str], str], int, set[str]]:
+    """GPU ``name``'s networks measured again on other cards (its ``cards/``,
+    gpurec.reports.dataset.recard_runs): per (set key, mode, precision) each new card's energy /
+    the committed row's, the network's family, the number of runs and the cards."""
     from gpurec.reports.dataset import recard_runs
 
-    other = other or H200
     ratios: dict[tuple[str, str, str], list[float]] = {}
     families: dict[tuple[str, str, str], str] = {}
     runs, cards = 0, set()
     for g in _datasets(data_root, gpus):
-        if g.name != other:
+        if g.name != name:
             continue
         for _, d, _ in recard_runs(g):
             runs += 1
@@ -645,42 +636,86 @@ def card_averaged_energy_errors(nets: list[dict[str, Any]], gpus: list[Any] | No
                                  strict=True):
                 ratios.setdefault(k, []).append(float(e))
                 families[k] = fam
+    return ratios, families, runs, cards
+
+
+def card_averaged_energy_errors(nets: list[dict[str, Any]], gpus: list[Any] | None = None,
+                                data_root: Path | None = None, other: str | None = None,
+                                anchor: str | None = None) -> dict[str, Any] | None:
+    """The energy-ratio error of the host-free pairs in ``nets`` (crossgpu_tables' h200_networks)
+    whose network was measured again on other cards of ``other`` (default the H200; its
+    ``cards/``, gpurec.reports.dataset.recard_runs), with that side averaged over every card that
+    measured it: the measured energy ratio times the mean over cards of energy / the committed
+    row's (the committed card counting 1).  Mean |error| and mean signed error (pp), as measured
+    and card-averaged, over those pairs and per family (CNN, sequence).  Where the ``anchor``
+    (default the H100) measured the network again too, ``both_*`` divide by its mean over cards
+    as well: both sides averaged.  Why: one card is some points off the typical card that a
+    prediction is for; averaged over cards, what stays of a family's bias is the model's or the
+    cards' that measured the network once.  None without such pairs."""
+    import numpy as np
+
+    from gpurec.model.fitting.crossgpu_fit import H100, H200
+
+    other, anchor = other or H200, anchor or H100
+    ratios, families, runs, cards = _recard_energies(other, gpus, data_root)
+    a_ratios, _, a_runs, a_cards = _recard_energies(anchor, gpus, data_root)
     rows = []
     for r in nets:
         k = (r.get("set_key"), r.get("mode"), r.get("precision", "fp32"))
         if (k in ratios and r.get("basis") == "host_free" and r.get("energy_ratio_error_pp") is not None
                 and r.get("measured_energy_ratio")):
             mean_card = (1.0 + sum(ratios[k])) / (1 + len(ratios[k]))
+            a_cards_k = a_ratios.get(k, [])
+            mean_anchor = (1.0 + sum(a_cards_k)) / (1 + len(a_cards_k))
             rows.append((families[k], len(ratios[k]) + 1, float(r["energy_ratio_error_pp"]),
-                         100 * (r["pred_energy_ratio"] - r["measured_energy_ratio"] * mean_card)))
+                         100 * (r["pred_energy_ratio"] - r["measured_energy_ratio"] * mean_card),
+                         100 * (r["pred_energy_ratio"] - r["measured_energy_ratio"] * mean_card / mean_anchor),
+                         len(a_cards_k) + 1))
     if not rows:
         return None
 
-    def summary(part: list[tuple[str, int, float, float]]) -> dict[str, Any]:
-        measured, averaged = np.array([x[2] for x in part]), np.array([x[3] for x in part])
+    def summary(part: list[tuple[str, int, float, float, float, int]]) -> dict[str, Any]:
+        measured, averaged, both = (np.array([x[i] for x in part]) for i in (2, 3, 4))
         return {"pairs": len(part), "measured_pp": float(np.abs(measured).mean()), "measured_bias_pp": float(measured.mean()),
-                "averaged_pp": float(np.abs(averaged).mean()), "averaged_bias_pp": float(averaged.mean())}
+                "averaged_pp": float(np.abs(averaged).mean()), "averaged_bias_pp": float(averaged.mean()),
+                "both_pp": float(np.abs(both).mean()), "both_bias_pp": float(both.mean())}
 
-    return {"gpu": other, "runs": runs, "cards": len(cards), "cards_per_pair": float(np.mean([x[1] for x in rows])), **summary(rows),
+    return {"gpu": other, "runs": runs, "cards": len(cards), "cards_per_pair": float(np.mean([x[1] for x in rows])),
+            "anchor": anchor, "anchor_runs": a_runs, "anchor_cards": len(a_cards),
+            "anchor_cards_per_pair": float(np.mean([x[5] for x in rows])), **summary(rows),
             "by_family": {f: summary([x for x in rows if x[0] == f]) for f in sorted({x[0] for x in rows})}}
 
 
 def _card_averaged_text(avg: dict[str, Any] | None) -> list[str]:
-    """The paragraph on the energy-ratio error with the H200 side averaged over cards (empty without)."""
+    """The paragraph on the energy-ratio error with the H200 side (and, where the H100 measured the
+    networks again, both sides) averaged over cards (empty without)."""
     if not avg:
         return []
     fams = "; ".join(f"{f} {v['measured_bias_pp']:+.1f} -> {v['averaged_bias_pp']:+.1f} pp mean "
                      f"({v['measured_pp']:.1f} -> {v['averaged_pp']:.1f} pp mean |error|, {v['pairs']} pairs)"
                      for f, v in avg["by_family"].items())
-    return [f"The {short(avg['gpu'])} side averaged over cards. {avg['pairs']} of the pairs' networks were measured "
-            f"again, host-free, on other {short(avg['gpu'])} cards ({avg['runs']} runs on {avg['cards']} cards, "
-            f"`datasets/h200/cards/`; {avg['cards_per_pair']:.1f} measurements per network with the committed one). With each such "
-            f"network's {short(avg['gpu'])} energy the mean over those cards, the mean |energy ratio error| on "
-            f"them goes from {avg['measured_pp']:.1f} pp (the committed card) to {avg['averaged_pp']:.1f} pp, and "
-            f"by family the mean error goes: {fams}. A family bias that stays or grows when the "
-            f"{short(avg['gpu'])}'s cards are averaged is not that card's noise: it is the model's, or the H100 "
-            "cards' (measured once each). These pairs are training architectures' (the re-card plan), so this "
-            "is a diagnostic of the measurement, not a held-out score; the target stays on the committed rows.", ""]
+    other, anchor = short(avg["gpu"]), short(avg["anchor"])
+    lines = [f"The {other} side averaged over cards. {avg['pairs']} of the pairs' networks were measured "
+             f"again, host-free, on other {other} cards ({avg['runs']} runs on {avg['cards']} cards, "
+             f"`datasets/h200/cards/`; {avg['cards_per_pair']:.1f} measurements per network with the committed one). With each such "
+             f"network's {other} energy the mean over those cards, the mean |energy ratio error| on "
+             f"them goes from {avg['measured_pp']:.1f} pp (the committed card) to {avg['averaged_pp']:.1f} pp, and "
+             f"by family the mean error goes: {fams}. A family bias that stays or grows when the "
+             f"{other}'s cards are averaged is not that card's noise: it is the model's, or the {anchor} "
+             "cards'."]
+    if avg["anchor_runs"]:
+        both = "; ".join(f"{f} {v['both_bias_pp']:+.1f} pp mean ({v['both_pp']:.1f} pp mean |error|)"
+                         for f, v in avg["by_family"].items())
+        lines[-1] += (f" The {anchor} side measured them again too ({avg['anchor_runs']} run(s) on "
+                      f"{avg['anchor_cards']} card(s), `datasets/h100/cards/`; {avg['anchor_cards_per_pair']:.1f} "
+                      f"measurements per network): with both sides the mean over their cards, the mean |energy ratio "
+                      f"error| is {avg['both_pp']:.1f} pp, by family {both}; the part of a family bias that this moves "
+                      f"is the {anchor} cards' that measured the family once.")
+    else:
+        lines[-1] += f" (The {anchor} measured each network once.)"
+    lines[-1] += (" These pairs are training architectures' (the re-card plan), so this is a diagnostic of the "
+                  "measurement, not a held-out score; the target stays on the committed rows.")
+    return lines + [""]
 
 
 CARD_MIN_NETWORKS = 5  # a card's mean power difference over fewer networks is not compared
