@@ -469,3 +469,38 @@ def test_recard_table_pairs_each_card_row_with_the_committed_row_of_its_id(tmp_p
         fh.write("".join(json.dumps(r) + "\n" for r in second))
     text = section_cards([GpuData(tag="h200", path=tmp_path, tables={"networks": committed})])
     assert "`GPU-cccccccc` (x) +2.0 pp" in text and "`GPU-cccccccc` (y) +12.3 pp" in text
+
+
+def test_the_checkpointing_section_pairs_plain_and_checkpointed_steps_and_scores_the_cost(monkeypatch) -> None:
+    """Cost = checkpointed / plain GPU time - 1, measured and predicted, per pair of one log; a step
+    whose checkpointed run failed stays in the table as plain only and out of the averages."""
+    import gpurec.validate.compare as compare
+    from gpurec.reports.validation import _checkpointing
+
+    gpu = "NVIDIA H100 80GB HBM3"
+
+    def rec(model: str, ck: bool, ms: float, mj: float, gb: float) -> dict:
+        return {"_file": "checkpoint_h100.jsonl", "gpu": gpu, "model": model, "batch_size": 32, "mode": "training",
+                "precision": "fp32", "checkpoint_blocks": ck, "measured_gpu_time_ms": ms,
+                "measured_gpu_energy_mj": mj, "measured_peak_memory_gb": gb}
+
+    recs = [rec("resnet50", False, 10.0, 100.0, 4.0), rec("resnet50", True, 13.0, 130.0, 2.0),
+            rec("vit_b_16", False, 20.0, 200.0, 5.0), rec("vit_b_16", True, 24.0, 240.0, 1.0),
+            rec("densenet121", False, 30.0, 300.0, 3.0)]
+    predicted = {("resnet50", False): (10.0, 100.0, 4.0), ("resnet50", True): (12.0, 117.0, 2.2),
+                 ("vit_b_16", False): (20.0, 200.0, 5.0), ("vit_b_16", True): (26.0, 264.0, 1.5),
+                 ("densenet121", False): (30.0, 300.0, 3.0)}
+
+    def fake(_predictor, r):
+        ms, mj, gb = predicted[(r["model"], bool(r["checkpoint_blocks"]))]
+        return {"predicted_gpu_time_ms": ms, "predicted_gpu_energy_mj": mj, "predicted_peak_memory_gb": gb,
+                "peak_memory_error_pct": 100 * (gb / r["measured_peak_memory_gb"] - 1)}
+
+    monkeypatch.setattr(compare, "predicted_fields", fake)
+    text = "\n".join(_checkpointing(recs, None, lambda m: None))
+    assert "| H100 | resnet50 | 32 | training | 10.00 -> 13.00 | +30% | +20% | -7.7% | -10.0% | 4.00 -> 2.00 | 2.20 (+10.0%) |" in text
+    assert "| H100 | vit_b_16 | 32 | training | 20.00 -> 24.00 | +20% | +30% | +8.3% | +10.0% |" in text
+    assert "| H100 | densenet121 | 32 | training | plain only | — | — | — | — | — | — |" in text
+    # cost off by |20 - 30| and |30 - 20| points; checkpointed MAPEs over the two pairs
+    assert "Over 2 pairs: the predicted cost is off by 10.0 points on average (+0.0 mean, signed)" in text
+    assert "MAPE is 8.0% in GPU time, 10.0% in GPU energy and 30.0% in peak memory" in text

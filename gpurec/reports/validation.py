@@ -30,9 +30,9 @@ FIELDS = (("gpu_time_ms", "GPU time (one CUDA graph)"), ("gpu_energy_mj", "GPU e
           ("time_ms", "eager time on the measuring host"), ("energy_mj", "eager energy on the measuring host"))
 
 
-def _records(val_dir: Path) -> list[dict[str, Any]]:
+def _records(val_dir: Path, pattern: str = "live_*.jsonl") -> list[dict[str, Any]]:
     out = []
-    for path in sorted(val_dir.glob("live_*.jsonl")):
+    for path in sorted(val_dir.glob(pattern)):
         for line in path.read_text().splitlines():
             if line.strip():
                 rec = json.loads(line)
@@ -95,13 +95,11 @@ def _collected(nets: Any, r: dict[str, Any]) -> dict[str, float] | None:
     return out
 
 
-def _predict(recs: list[dict[str, Any]], models_dir: Path, warn: Callable[[str], None]) -> list[Any]:
+def _predict(recs: list[dict[str, Any]], predictor: Any, warn: Callable[[str], None]) -> list[Any]:
     """The shipped models' estimate for each record, with the measuring host's profile (None
     where the models cannot cover it: the record stays in the tables)."""
-    from gpurec.model import load_predictor
     from gpurec.validate.compare import predict_record
 
-    predictor = load_predictor(models_dir, data_root=models_dir.parent / "datasets")
     out = []
     for r in recs:
         try:
@@ -110,6 +108,67 @@ def _predict(recs: list[dict[str, Any]], models_dir: Path, warn: Callable[[str],
             warn(f"{_label(r)} b{r['batch_size']} {r['mode']}: {exc}")
             out.append(None)
     return out
+
+
+def _checkpointing(recs: list[dict[str, Any]], predictor: Any, warn: Callable[[str], None]) -> list[str]:
+    """Each step measured plain and with its repeated blocks checkpointed (checkpoint_*.jsonl,
+    ``scripts/device_checkpoint.sh``) beside what the shipped models say of both: the measured and
+    predicted cost of the recomputation, the checkpointed step's GPU time and energy and its
+    peak memory.  Why: the question checkpointing answers is whether a larger batch fits and at
+    what cost, so the cost and the memory are what is checked."""
+    from gpurec.catalog import short_name
+    from gpurec.validate.compare import predicted_fields
+
+    pairs: dict[tuple[Any, ...], dict[bool, tuple[dict[str, Any], dict[str, Any] | None]]] = {}
+    for r in recs:
+        try:
+            est = predicted_fields(predictor, r)
+        except Exception as exc:  # shown as "—", never dropped
+            warn(f"{_label(r)} b{r['batch_size']} {r['mode']} checkpointed={bool(r.get('checkpoint_blocks'))}: {exc}")
+            est = None
+        key = (r["_file"], r["gpu"], _label(r), r["batch_size"], r["mode"])
+        pairs.setdefault(key, {})[bool(r.get("checkpoint_blocks"))] = (r, est)
+    rows, over_err, errs = [], [], {"time": [], "energy": [], "memory": []}
+    for (_, gpu, label, batch, mode), both in pairs.items():
+        plain, ck = both.get(False), both.get(True)
+        cells = [short_name(gpu), label, batch, mode]
+        if plain is None or ck is None:
+            rows.append(cells + ["plain only" if ck is None else "checkpointed only"] + ["—"] * 6)
+            continue
+        (pr, pe), (cr, ce) = plain, ck
+        meas = cr["measured_gpu_time_ms"] / pr["measured_gpu_time_ms"] - 1
+        pred = None if pe is None or ce is None else ce["predicted_gpu_time_ms"] / pe["predicted_gpu_time_ms"] - 1
+        t_err = None if ce is None else _err(ce["predicted_gpu_time_ms"], cr["measured_gpu_time_ms"])
+        e_err = None if ce is None else _err(ce["predicted_gpu_energy_mj"], cr.get("measured_gpu_energy_mj"))
+        m_err = None if ce is None else ce.get("peak_memory_error_pct")
+        if pred is not None:
+            over_err.append(100 * (pred - meas))
+        for k, v in (("time", t_err), ("energy", e_err), ("memory", m_err)):
+            if v is not None:
+                errs[k].append(abs(v))
+        rows.append(cells + [f"{pr['measured_gpu_time_ms']:.2f} -> {cr['measured_gpu_time_ms']:.2f}",
+                             f"{100 * meas:+.0f}%", "—" if pred is None else f"{100 * pred:+.0f}%",
+                             _pct(t_err), _pct(e_err),
+                             f"{pr.get('measured_peak_memory_gb', float('nan')):.2f} -> "
+                             f"{cr.get('measured_peak_memory_gb', float('nan')):.2f}",
+                             "—" if ce is None or "predicted_peak_memory_gb" not in ce
+                             else f"{ce['predicted_peak_memory_gb']:.2f} ({_pct(m_err)})"])
+    header = ["GPU", "model", "batch", "mode", "GPU ms plain -> checkpointed", "measured cost", "predicted cost",
+              "checkpointed GPU time error", "checkpointed GPU energy error", "peak GB plain -> checkpointed",
+              "checkpointed peak GB predicted"]
+    lines = ["Each step measured plain and then with every repeated block inside `torch.utils.checkpoint` "
+             "(`gpurec validate --checkpoint-blocks`, `scripts/device_checkpoint.sh`), one after the other on the "
+             f"same card ({', '.join(sorted({r['_file'] for r in recs}))}).  Cost = checkpointed / plain host-free "
+             "GPU time − 1; the predictions are the shipped models' for the same network with the same blocks "
+             "checkpointed (`gpurec predict --checkpoint-blocks`).  A step measured plain only: its checkpointed run "
+             "failed on the GPU (the run's log beside the records, `checkpoint_run_*.txt.gz`, says why).", "",
+             table(header, rows), ""]
+    if over_err:
+        lines += [f"Over {len(over_err)} pairs: the predicted cost is off by {statistics.fmean(map(abs, over_err)):.1f} "
+                  f"points on average ({statistics.fmean(over_err):+.1f} mean, signed); the checkpointed step's "
+                  f"MAPE is {statistics.fmean(errs['time']):.1f}% in GPU time, {statistics.fmean(errs['energy']):.1f}% "
+                  f"in GPU energy and {statistics.fmean(errs['memory']):.1f}% in peak memory.", ""]
+    return lines
 
 
 def _field_table(recs: list[dict[str, Any]], ests: list[Any]) -> list[str]:
@@ -389,7 +448,11 @@ def generate(root: Path | str = ".", warn: Callable[[str], None] | None = None) 
     if not recs:
         raise FileNotFoundError(f"no {val_dir}/live_*.jsonl: run scripts/device_validate.sh on a GPU, then "
                                 "`gpurec validate --complete LOG`")
-    ests = _predict(recs, root / "models", warn)
+    from gpurec.model import load_predictor
+
+    predictor = load_predictor(root / "models", data_root=root / "datasets")
+    ests = _predict(recs, predictor, warn)
+    checkpointed = _records(val_dir, "checkpoint_*.jsonl")
     manifest = json.loads((root / "models" / "manifest.json").read_text())
     new = [(r, e) for r, e in zip(recs, ests, strict=True) if r.get("measured_gpu_time_ms")]
     old = [(r, e) for r, e in zip(recs, ests, strict=True) if not r.get("measured_gpu_time_ms")]
@@ -439,6 +502,8 @@ def generate(root: Path | str = ".", warn: Callable[[str], None] | None = None) 
                   "The host-free rows of the dataset (each operation captured and replayed alone) summed with "
                   "multiplicity, against the live graph time of the whole step; shown where every operation of "
                   "the set is measured on this GPU.", "", *_op_sums(new_r, root)]
+    if checkpointed:
+        lines += ["## Activation checkpointing, measured", "", *_checkpointing(checkpointed, predictor, warn)]
     if old:
         lines += ["## Eager-only records (before host-free validation)", "",
                   "Measured by an earlier `gpurec validate` that timed the eager step only and recorded no host "
