@@ -639,7 +639,8 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
                    rnn: tuple[list[int], list[int], list[int], list[int]] | None = None,
                    param_keys: Sequence[str | None] | None = None,
                    bwd_scratch: Sequence[int] | None = None,
-                   recompute_at: dict[str, int] | None = None) -> tuple[int, int]:
+                   recompute_at: dict[str, int] | None = None,
+                   internal_recompute_at: dict[int, int] | None = None) -> tuple[int, int]:
     """The largest memory alive at once over a training step's forward and backward.
 
     Why: parameter gradients appear while backward frees the saved activations, so the peak is
@@ -651,7 +652,10 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
     the backward of its last user to that of its maker, each parameter gradient from the
     backward of its last call on, each operation's own saved buffers until its backward.
     ``recompute_at`` (activation checkpointing): saved tensors that forward frees after their last
-    use, made again when the backward of the given operation (their region's last) starts.
+    use, made again when the backward of the given operation (their region's last) starts;
+    ``internal_recompute_at``: likewise for what an operation keeps inside itself (masks,
+    attention internals, autograd's copies), index -> its region's last operation: inside a
+    checkpoint that lives only while the operation runs in forward.
 
     ``rnn`` (cuDNN RNNs only): per operation the copies PyTorch makes during its forward and
     during its backward, cuDNN's workspace (during both) and reserve space (forward to
@@ -664,6 +668,7 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
     if out is not None and out not in inputs:
         base += 2 * size_of.get(out, 0)  # the result and its gradient, made before the step
     recompute_at = recompute_at or {}
+    inside = internal_recompute_at or {}
     fwd = [0] * (n + 1)
     for root, size in size_of.items():
         if root in inputs or root == out:
@@ -674,9 +679,9 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
         fwd[max(end, start) + 1] -= size
     peak = live = with_rnn = kept = 0
     for i in range(n):
-        live += fwd[i] + internal[i]
+        live += fwd[i] + (0 if i in inside else internal[i])
         kept += reserve[i]
-        now = base + live + fwd_copy[i]
+        now = base + live + fwd_copy[i] + (internal[i] if i in inside else 0)
         if now > peak:
             peak = now
         now += kept + workspace[i]
@@ -685,7 +690,9 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
     # backward, operation n - 1 down to 0: alloc[i] appears as operation i's backward starts,
     # free[i] goes once it ends
     alloc, free = [0] * n, [0] * n
-    live = sum(internal)
+    live = sum(x for i, x in enumerate(internal) if i not in inside)
+    for i, at in inside.items():
+        alloc[at] += internal[i]
     for root, size in size_of.items():
         if root in inputs or root == out:
             continue
@@ -714,17 +721,37 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
     return peak, max(with_rnn, peak)
 
 
-def _recompute_at(ops: Sequence[Any], recomputed: dict[str, int]) -> dict[str, int] | None:
-    """Each recomputed storage -> the index of its checkpoint region's last operation (whose
-    backward runs the region's forward again); None without checkpointing."""
-    if not recomputed:
-        return None
+def _region_ends(ops: Sequence[Any]) -> dict[int, int]:
+    """Each checkpoint region -> the index of its last operation (whose backward runs the
+    region's forward again)."""
     last: dict[int, int] = {}
     for i, op in enumerate(ops):
         region = getattr(op, "checkpoint_region", 0)
         if region:
             last[region] = i
+    return last
+
+
+def _recompute_at(ops: Sequence[Any], recomputed: dict[str, int]) -> dict[str, int] | None:
+    """Each recomputed storage -> the index of its checkpoint region's last operation; None
+    without checkpointing."""
+    if not recomputed:
+        return None
+    last = _region_ends(ops)
     return {root: last[region] for root, region in recomputed.items()}
+
+
+def _internal_recompute_at(ops: Sequence[Any], internal: Sequence[int]) -> dict[int, int] | None:
+    """Each operation inside a checkpoint region that keeps something inside itself -> its
+    region's last operation: the checkpoint's forward keeps nothing for backward, so the masks
+    and internals come back only when backward runs the region again (a ViT's attention
+    internals, counted from forward on, put its checkpointed step 66% over the measured peak).
+    None without checkpointing."""
+    last = _region_ends(ops)
+    if not last:
+        return None
+    return {i: last[op.checkpoint_region] for i, op in enumerate(ops)
+            if getattr(op, "checkpoint_region", 0) and internal[i]}
 
 
 def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
@@ -901,7 +928,8 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
         peak, with_rnn = _training_peak(ops, params, size_of, born, last_use, released, internal, needs_grad,
                                         inputs, storage_of.get(ops[-1].node, ops[-1].node) if ops else None,
                                         (fwd_copy, bwd_copy, rnn_during, rnn_reserve) if last_rnn >= 0 else None,
-                                        param_keys, bwd_scratch, _recompute_at(ops, recomputed))
+                                        param_keys, bwd_scratch, _recompute_at(ops, recomputed),
+                                        _internal_recompute_at(ops, internal))
         return MemoryTerms(mode, params, params, max(peak - 2 * params, 0), largest, conv_io, matmul_io, rnn,
                            saved, rnn_excess_bytes=with_rnn - peak)
     # Liveness: a tensor holds memory from the operation that makes it to its last user.
