@@ -6,7 +6,7 @@
 # --checkpoint-blocks` says.  Held-out architectures stay out.  Records go to their own log,
 # $OUT/checkpoint_<gpu>.jsonl (docs/validation.md reads live_*.jsonl only); without xgboost on the
 # GPU machine they are completed here: `gpurec validate --complete datasets/validation/checkpoint_<gpu>.jsonl`.
-# Usage (repository root, GPU machine): bash scripts/device_checkpoint.sh [BUDGET_S]
+# Usage (repository root, GPU machine): [CHECKPOINT_SPECS="MODEL BATCH [flags];..."] bash scripts/device_checkpoint.sh [BUDGET_S]
 set -u
 BUDGET_S="${1:-500}"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -26,6 +26,8 @@ SPECS=(
   "mobilenet_v2 64" "densenet121 32" "gpt_d1024 4 --seq-len 512" "resnet50 128 --precision bf16-mixed"
   "convnext_tiny 32"
 )
+# CHECKPOINT_SPECS="spec;spec": measure those alone (session 53: the two whose checkpointed run failed)
+if [ -n "${CHECKPOINT_SPECS:-}" ]; then IFS=';' read -r -a SPECS <<< "$CHECKPOINT_SPECS"; fi
 for spec in "${SPECS[@]}"; do
   for ckpt in "" "--checkpoint-blocks"; do
     set -- $spec
