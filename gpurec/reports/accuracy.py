@@ -313,11 +313,17 @@ def repeatability_section(data_root: Path | None = None, gpus: list[Any] | None 
             if pairs.empty:
                 continue
             pairs = pairs.dropna(subset=["time_ms_orig"])
+
+            def spread(d: Any) -> str:
+                # no pair with both readings (operations are measured host-free: no eager power): "—", not "nan%"
+                d = d.dropna()
+                return "—" if d.empty else f"{d.mean():.1f}% / {d.median():.1f}%"
+
             for item, part in pairs.groupby("item"):
                 et = np.abs(part["time_ms_rep"] / part["time_ms_orig"] - 1) * 100
                 ep = np.abs(part["power_w_rep"] / part["power_w_orig"] - 1) * 100
                 lines.append(row([short(g.name), "operation" if item == "op" else str(item), len(part),
-                                  f"{et.mean():.1f}% / {et.median():.1f}%", f"{ep.mean():.1f}% / {ep.median():.1f}%"]))
+                                  spread(et), spread(ep)]))
         if not lines:
             return []
         return ["## Measurement repeatability (noise floor)", "",
