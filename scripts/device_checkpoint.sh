@@ -4,7 +4,7 @@
 # gpurec.ops.checkpointing), one after the other on the same card, so the measured cost of the
 # recomputation (time, energy) and the memory it saves stand beside what `predict
 # --checkpoint-blocks` says.  Held-out architectures stay out.  Records go to their own log,
-# $OUT/checkpoint_<gpu>.jsonl (docs/validation.md reads live_*.jsonl only); without xgboost on the
+# $OUT/checkpoint_<gpu>.jsonl (docs/validation.md, "Activation checkpointing, measured"); without xgboost on the
 # GPU machine they are completed here: `gpurec validate --complete datasets/validation/checkpoint_<gpu>.jsonl`.
 # Usage (repository root, GPU machine): [CHECKPOINT_SPECS="MODEL BATCH [flags];..."] bash scripts/device_checkpoint.sh [BUDGET_S]
 set -u
