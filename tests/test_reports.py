@@ -504,3 +504,23 @@ def test_the_checkpointing_section_pairs_plain_and_checkpointed_steps_and_scores
     # cost off by |20 - 30| and |30 - 20| points; checkpointed MAPEs over the two pairs
     assert "Over 2 pairs: the predicted cost is off by 10.0 points on average (+0.0 mean, signed)" in text
     assert "MAPE is 8.0% in GPU time, 10.0% in GPU energy and 30.0% in peak memory" in text
+
+
+def test_the_noise_floor_table_says_dash_where_no_repeat_pair_has_power(tmp_path: Path) -> None:
+    """Operation rows measured host-free carry no eager power: their power cell is '—', not 'nan%';
+    networks' pairs keep their figures."""
+    import pandas as pd
+
+    from gpurec.reports.accuracy import repeatability_section
+    from gpurec.reports.dataset import GpuData
+
+    gpu = "NVIDIA H100 80GB HBM3"
+    base = {"gpu": gpu, "status": "ok", "mode": "inference", "run_id": "r"}
+    ops = pd.DataFrame([{**base, "id": "op:a:inference", "item": "op", "time_ms": 1.0}])
+    nets = pd.DataFrame([{**base, "id": "network:n", "item": "network", "time_ms": 10.0, "power_w": 400.0}])
+    reps = pd.DataFrame([{**base, "id": "op:a:inference:rep", "item": "op", "time_ms": 1.1},
+                         {**base, "id": "network:n:rep", "item": "network", "time_ms": 12.0, "power_w": 440.0}])
+    g = GpuData(tag="h100", path=tmp_path, tables={"operations": ops, "networks": nets, "repeats": reps})
+    text = "\n".join(repeatability_section(gpus=[g]))
+    assert "| H100 | network | 1 | 20.0% / 20.0% | 10.0% / 10.0% |" in text
+    assert "| H100 | operation | 1 | 10.0% / 10.0% | — |" in text and "nan" not in text
