@@ -721,37 +721,18 @@ def _training_peak(ops: Sequence[Any], params: int, size_of: dict[str, int], bor
     return peak, max(with_rnn, peak)
 
 
-def _region_ends(ops: Sequence[Any]) -> dict[int, int]:
-    """Each checkpoint region -> the index of its last operation (whose backward runs the
-    region's forward again)."""
-    last: dict[int, int] = {}
-    for i, op in enumerate(ops):
-        region = getattr(op, "checkpoint_region", 0)
-        if region:
-            last[region] = i
-    return last
-
-
-def _recompute_at(ops: Sequence[Any], recomputed: dict[str, int]) -> dict[str, int] | None:
-    """Each recomputed storage -> the index of its checkpoint region's last operation; None
-    without checkpointing."""
-    if not recomputed:
-        return None
-    last = _region_ends(ops)
-    return {root: last[region] for root, region in recomputed.items()}
-
-
-def _internal_recompute_at(ops: Sequence[Any], internal: Sequence[int]) -> dict[int, int] | None:
-    """Each operation inside a checkpoint region that keeps something inside itself -> its
-    region's last operation: the checkpoint's forward keeps nothing for backward, so the masks
-    and internals come back only when backward runs the region again (a ViT's attention
-    internals, counted from forward on, put its checkpointed step 66% over the measured peak).
-    None without checkpointing."""
-    last = _region_ends(ops)
-    if not last:
-        return None
-    return {i: last[op.checkpoint_region] for i, op in enumerate(ops)
-            if getattr(op, "checkpoint_region", 0) and internal[i]}
+def _recompute_at(recomputed: dict[str, int], region_of: dict[int, int], region_end: dict[int, int],
+                  internal: Sequence[int]) -> tuple[dict[str, int] | None, dict[int, int] | None]:
+    """Where backward makes a checkpoint region's tensors again: each recomputed storage, and each
+    operation of a region that keeps something inside itself (``region_of``: operation index ->
+    region), -> the index of its region's last operation (``region_end``), whose backward runs the
+    region's forward again.  The checkpoint's forward keeps nothing for backward, so masks and
+    internals come back only then (a ViT's attention internals, counted from forward on, put its
+    checkpointed step 66% over the measured peak).  None, None without checkpointing."""
+    if not region_end:
+        return None, None
+    return ({root: region_end[region] for root, region in recomputed.items()} or None,
+            {i: region_end[region] for i, region in region_of.items() if internal[i]} or None)
 
 
 def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
@@ -788,10 +769,14 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
     # and the saved ones among them -> their region, whose backward makes them again
     made_in_region: dict[str, int] = {}
     recomputed: dict[str, int] = {}
+    region_of: dict[int, int] = {}  # operation index -> its region
+    region_end: dict[int, int] = {}  # region -> its last operation's index
     first_reader = -1  # the first operation that reads a tensor: the step's inputs are what it reads
     for i, op in enumerate(ops):
         kind, nodes = op.kind, op.input_nodes
         region = getattr(op, "checkpoint_region", 0) if training else 0
+        if region:
+            region_of[i], region_end[region] = region, i
         if nodes and first_reader < 0:
             # under autocast the step opens with weight casts that read no activation
             # (``conv1.cast0``), so the input arrives at the operation after them; taking the
@@ -928,8 +913,8 @@ def memory_terms(ops: Sequence[Any], mode: str | None = None) -> MemoryTerms:
         peak, with_rnn = _training_peak(ops, params, size_of, born, last_use, released, internal, needs_grad,
                                         inputs, storage_of.get(ops[-1].node, ops[-1].node) if ops else None,
                                         (fwd_copy, bwd_copy, rnn_during, rnn_reserve) if last_rnn >= 0 else None,
-                                        param_keys, bwd_scratch, _recompute_at(ops, recomputed),
-                                        _internal_recompute_at(ops, internal))
+                                        param_keys, bwd_scratch,
+                                        *_recompute_at(recomputed, region_of, region_end, internal))
         return MemoryTerms(mode, params, params, max(peak - 2 * params, 0), largest, conv_io, matmul_io, rnn,
                            saved, rnn_excess_bytes=with_rnn - peak)
     # Liveness: a tensor holds memory from the operation that makes it to its last user.
