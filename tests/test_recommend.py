@@ -170,6 +170,48 @@ def test_host_bound_advice_with_numbers_and_the_gpu_bound_batch_size() -> None:
     assert gpu_bound.advice is None and gpu_bound.best.bound == "gpu"
 
 
+@dataclass
+class WarningPredictor(FakePredictor):
+    """Warns as the real predictor does when fewer than 90% of the FLOPs are covered, which here
+    happens from batch size ``covered_up_to`` on; ``warn=False`` leaves the warning out."""
+
+    covered_up_to: int = 256
+
+    def predict(self, model: Any, input_shape: Any, mode: str = "inference", gpu: str = "H100",
+                host: Any = None, dtype: Any = None, warn: bool = True) -> FakeEstimate:
+        import warnings
+
+        import gpurec
+
+        est = super().predict(model, input_shape, mode, gpu, host, dtype)
+        est.coverage = 1.0 if input_shape[0] < self.covered_up_to else 0.55
+        if warn and est.coverage < 0.9:
+            warnings.warn(f"{model} {tuple(input_shape)}: only 55.0% of the FLOPs", gpurec.LowCoverageWarning,
+                          stacklevel=2)
+        return est
+
+
+def test_batch_search_says_when_its_answer_rests_on_untrained_operations() -> None:
+    """An LSTM at bf16-mixed printed eleven LowCoverageWarnings, one per probed batch size, and
+    then "it becomes GPU-bound from batch size 515" as if that were as sound as the ranking."""
+    import warnings
+
+    import gpurec
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gpurec.LowCoverageWarning)  # no probe may warn
+        r = recommend("resnet18", (32, 3, 224, 224), objective="time", gpus=["H100"], predictor=WarningPredictor())
+    a = r.advice
+    assert a is not None and a.gpu_bound_batch_size == 417 and a.answer_coverage == pytest.approx(0.55)
+    assert "an extrapolation: at that batch size only 55% of the FLOPs" in a.sentence()
+    assert r.to_dict()["host_bound"]["answer_coverage"] == pytest.approx(0.55)
+    sound = recommend("resnet18", (32, 3, 224, 224), objective="time", gpus=["H100"],
+                      predictor=WarningPredictor(covered_up_to=4096)).advice
+    assert sound is not None and sound.answer_coverage == 1.0 and "extrapolation" not in sound.sentence()
+    with pytest.warns(gpurec.LowCoverageWarning):  # the step the user asked about still warns
+        recommend("resnet18", (512, 3, 224, 224), objective="time", gpus=["H100"], predictor=WarningPredictor())
+
+
 def test_estimate_fields_are_the_estimates_own() -> None:
     from gpurec.model.predictor import Estimate
 
@@ -220,6 +262,22 @@ def test_low_coverage_warns_with_a_filterable_class() -> None:
         lstm = p.predict(nn.LSTM(256, 512, 2, batch_first=True), (32, 50, 256), mode="training", gpu="H100",
                          dtype=torch.float32)
     assert lstm.coverage > 0.9 and lstm.n_ops == 1
+
+
+def test_predict_leaves_its_warnings_out_when_asked() -> None:
+    """warn=False (the batch search's probes) drops the warnings, not the coverage they report."""
+    import warnings
+
+    from torch import nn
+
+    import gpurec
+
+    p = gpurec.load_predictor()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est = p.predict(nn.Sequential(nn.Conv3d(3, 64, 3), nn.ReLU()), (2, 3, 16, 32, 32), gpu="H100", warn=False)
+        many = p.predict_many([(nn.Conv3d(3, 8, 3), (1, 3, 8, 8, 8))], gpu="H100", warn=False)
+    assert est.coverage < 0.9 and many[0].coverage < 0.9
 
 
 def test_cli_warns_prominently_on_low_coverage(capsys: pytest.CaptureFixture[str]) -> None:

@@ -654,7 +654,7 @@ class Predictor:
     # -- prediction -------------------------------------------------------------------------------
     def predict(self, model: str | nn.Module, input_shape: Sequence[int] | None = None, mode: str = "inference",
                 gpu: str = "H100", host: HostProfile | str | Path | None = None, dtype: Any = None,
-                example_inputs: Any = None, precision: str | None = None) -> Estimate:
+                example_inputs: Any = None, precision: str | None = None, warn: bool = True) -> Estimate:
         """Estimate one network (a torchvision model name, a gpurec.sets sequence architecture or
         an nn.Module) on one GPU.
 
@@ -670,16 +670,19 @@ class Predictor:
 
         ``precision`` (gpurec.ops.precision.PRECISIONS): None = fp32, or bf16/fp16 for a module
         whose parameters are; a precision contradicting them raises PrecisionMismatch.  Warns
-        (UnmeasuredPrecisionWarning) when the training data held no rows at that precision."""
+        (UnmeasuredPrecisionWarning) when the training data held no rows at that precision.
+        ``warn=False`` leaves both warnings out, for callers that read ``coverage`` and
+        ``precision_measured`` themselves (a search over batch sizes that reports them once)."""
         item = (model, input_shape) if example_inputs is None else (model, checked_example_inputs(example_inputs))
-        out = self.predict_many([item], mode=mode, gpu=gpu, host=host, dtype=dtype, precision=precision)[0]
+        out = self.predict_many([item], mode=mode, gpu=gpu, host=host, dtype=dtype, precision=precision, warn=warn)[0]
         if isinstance(out, CandidateError):
             raise out.exception
         return out
 
     def predict_many(self, candidates: Iterable[Any], mode: str = "inference", gpu: str = "H100",
                      host: HostProfile | str | Path | None = None, dtype: Any = None,
-                     example_inputs: Any = None, precision: str | None = None) -> list[Estimate | CandidateError]:
+                     example_inputs: Any = None, precision: str | None = None,
+                     warn: bool = True) -> list[Estimate | CandidateError]:
         """Estimate many networks at once (NAS loops): items are a model, (model, input_shape) or
         (model, example inputs: a tensor, a tuple of tensors or a dict of them by keyword); ``example_inputs`` applies to
         every item that gives neither.
@@ -688,7 +691,7 @@ class Predictor:
         reason) for a candidate that cannot be estimated; the others are still answered.  An
         unknown ``gpu``, ``mode`` or ``host`` raises.  All operations of all candidates go
         through each booster in a single call.  Safe to call from several threads (they take
-        turns on this predictor).
+        turns on this predictor).  ``warn``: as in predict.
         """
         mode = _check_mode(mode)
         with self._lock:
@@ -704,11 +707,11 @@ class Predictor:
                     self._answer(candidates, mode, dtype, example_inputs, precision, entries, results, young_collection)
                 finally:
                     self._sessions = None
-            estimates = self._estimate(entries, mode, nvml, hw, profile)
+            estimates = self._estimate(entries, mode, nvml, hw, profile, warn)
             again = [i for i, (e, _) in enumerate(entries) if e.recompute is not None]
             if again:  # activation checkpointing: backward runs those forwards again
                 forwards = self._estimate([(entries[i][0].recompute, entries[i][1]) for i in again], "inference",
-                                          nvml, hw, profile)
+                                          nvml, hw, profile, warn=False)  # the step itself warned
                 for i, forward in zip(again, forwards, strict=True):
                     estimates[i] = _with_recomputation(estimates[i], forward)
             answers = iter(estimates)
@@ -734,7 +737,7 @@ class Predictor:
         return 1.0 if host is self.reference_host else host.dispatch_scale(self.reference_host)
 
     def _estimate(self, entries: list[tuple[_OpsEntry, tuple[int, ...]]], mode: str, nvml: str, hw: np.ndarray,
-                  host: HostProfile) -> list[Estimate]:
+                  host: HostProfile, warn: bool = True) -> list[Estimate]:
         if not entries:
             return []
         block = entries[0][0].block if len(entries) == 1 else OpBlock.concat([e.block for e, _ in entries])
@@ -790,9 +793,10 @@ class Predictor:
             covered = e.covered | hit[a:b]  # a measured operation needs no model
             ft = e.flops.sum()
             cov = float(e.flops[covered].sum() / ft) if ft > 0 else float(covered.mean() if len(covered) else 1)
-            warn_if_low(f"{e.label} {tuple(shape)} {mode}", cov, stacklevel=4)
+            if warn:
+                warn_if_low(f"{e.label} {tuple(shape)} {mode}", cov, stacklevel=4)
             precision_measured = e.precision in self.precisions_measured
-            if not precision_measured:
+            if warn and not precision_measured:
                 warn_unmeasured_precision(f"{e.label} {tuple(shape)} {mode}", e.precision, self.precisions_measured,
                                           stacklevel=4)
             g_t = float(tl.gpu_time_ms[i])

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpurec.ops.coverage import LOW_COVERAGE
 from gpurec.recommend.evidence import (
     EAGER,
     PUBLIC,
@@ -165,12 +166,18 @@ class BoundAdvice:
     gpu_choice_pct: float  # eager time of the slowest fitting GPU vs the fastest, in percent
     gpu_bound_batch_size: int | None  # smallest batch size that is GPU-bound on the best GPU (None: not found)
     searched_up_to: int  # the largest batch size tried (at most what fits the best GPU's memory)
+    # share of the FLOPs in operations the models were trained on, at the batch size the answer
+    # names (gpu_bound_batch_size, else searched_up_to); None: not searched or not known
+    answer_coverage: float | None = None
 
     def sentence(self) -> str:
         batch = (f"it becomes GPU-bound from batch size {self.gpu_bound_batch_size}"
                  if self.gpu_bound_batch_size is not None
                  else f"it stays host-bound up to batch size {self.searched_up_to}, as far as was searched "
                       "within the best GPU's memory")
+        if self.answer_coverage is not None and self.answer_coverage < LOW_COVERAGE:
+            batch += (f" (an extrapolation: at that batch size only {self.answer_coverage * 100:.0f}% of the FLOPs "
+                      "are in operations the models were trained on)")
         spread = (f"; across the GPUs that hold the step, the eager step differs by {self.gpu_choice_pct:.0f}% "
                   "from fastest to slowest" if math.isfinite(self.gpu_choice_pct) else "")
         return (f"Host-bound on {', '.join(self.gpus)}: the host's issue time, not the GPU, sets the eager step "
@@ -302,16 +309,21 @@ def bands_tie(a: tuple[float, float], b: tuple[float, float], share: float = TIE
 
 
 def predict_step(predictor: Any, model: Any, shape: Sequence[int], mode: str, gpu: str, host: Any = None,
-                 dtype: Any = None, example_inputs: Any = None, precision: str | None = None) -> Any:
+                 dtype: Any = None, example_inputs: Any = None, precision: str | None = None,
+                 warn: bool = True) -> Any:
     """``predictor.predict``, passing ``host``, ``dtype``, ``example_inputs`` and ``precision``
-    only when given (and supported)."""
+    only when given (and supported); ``warn=False`` asks it to leave its coverage and precision
+    warnings out where it can (the caller reads the estimate's ``coverage`` instead)."""
     kwargs: dict[str, Any] = {"input_shape": tuple(shape), "mode": mode, "gpu": gpu}
+    params = inspect.signature(predictor.predict).parameters
     for name, value in (("host", host), ("dtype", dtype), ("example_inputs", example_inputs),
                         ("precision", precision)):
         if value is not None:
-            if name not in inspect.signature(predictor.predict).parameters:
+            if name not in params:
                 raise ValueError(f"these predictors take no '{name}' argument: update gpurec and retrain")
             kwargs[name] = value
+    if not warn and "warn" in params:
+        kwargs["warn"] = False
     return predictor.predict(model, **kwargs)
 
 
@@ -587,30 +599,38 @@ def _bound_advice(ranked: list[RankedGPU], predictor: Any, model: Any, shape: tu
     host_bound = tuple(r.short_name for r in ranked if r.bound == "host" and (r is best or r.tie_with_best))
     times = [r.time_ms for r in fitting]
     choice = (max(times) / min(times) - 1.0) * 100.0 if min(times) > 0 else math.nan
-    found, tried = None, shape[0]
+    found, tried, coverage = None, shape[0], None
     if batch_search:
         limit = min(MAX_BATCH_SEARCH, largest_fitting_batch(memory, shape[0], best.memory_capacity_gb))
+        seen: dict[int, float] = {}
         found, tried = smallest_gpu_bound_batch(predictor, model, shape, mode, best.gpu, host, dtype, say, limit,
-                                                precision)
+                                                precision, coverage=seen)
+        coverage = seen.get(found if found is not None else tried)
     return BoundAdvice(gpus=host_bound, time_ms=best.time_ms, gpu_time_ms=best.gpu_time_ms, gpu_choice_pct=choice,
-                       gpu_bound_batch_size=found, searched_up_to=tried)
+                       gpu_bound_batch_size=found, searched_up_to=tried, answer_coverage=coverage)
 
 
 def smallest_gpu_bound_batch(predictor: Any, model: Any, shape: tuple[int, ...], mode: str, gpu: str, host: Any,
                              dtype: Any = None, say: Callable[[str], None] | None = None,
-                             limit: int = MAX_BATCH_SEARCH, precision: str | None = None) -> tuple[int | None, int]:
+                             limit: int = MAX_BATCH_SEARCH, precision: str | None = None,
+                             coverage: dict[int, float] | None = None) -> tuple[int | None, int]:
     """(smallest batch size whose step is GPU-bound on ``gpu``, largest batch size tried).
 
     Doubles the batch size until the predictor says "gpu", then bisects (about 2 log2(B)
     predictions); None when ``limit`` is still host-bound. Assumes the verdict changes once
     as the batch grows, which the step timeline makes true: GPU work grows with the batch,
-    host work barely does.
+    host work barely does.  The probes do not warn about coverage (a dozen warnings for one
+    question); ``coverage``, when given, receives each tried batch size's estimate coverage, so
+    the caller can say whether the answer rests on trained operations.
     """
     say = say or (lambda _msg: None)
 
     def gpu_bound(batch: int) -> bool:
         say(f"batch size {batch}")
-        est = predict_step(predictor, model, (batch, *shape[1:]), mode, gpu, host, dtype, precision=precision)
+        est = predict_step(predictor, model, (batch, *shape[1:]), mode, gpu, host, dtype, precision=precision,
+                           warn=False)
+        if coverage is not None and getattr(est, "coverage", None) is not None:
+            coverage[batch] = float(est.coverage)
         return estimate_fields(est)["bound"] == "gpu"
 
     lo, hi = shape[0], shape[0] * 2
