@@ -900,6 +900,46 @@ def test_a_two_operand_einsum_is_the_bmm_aten_runs(mode: str) -> None:
     assert listed.kind == "bmm" and listed.input_shapes == [[2, 3, 4], [2, 4, 5]]
 
 
+class _ScoresProduct(nn.Module):
+    """Attention scores as Megatron and BLOOM write them (torch.baddbmm into a preallocated
+    buffer, scaled by alpha) or as the bmm that cuBLAS runs for them."""
+
+    def __init__(self, as_bmm: bool, beta: float = 0.0) -> None:
+        super().__init__()
+        self.qk = nn.Linear(32, 64)
+        self.as_bmm, self.beta = as_bmm, beta
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k = self.qk(x).chunk(2, -1)
+        if self.as_bmm:
+            return torch.bmm(q, k.transpose(1, 2)).softmax(-1)
+        scores = torch.zeros(x.shape[0], x.shape[1], x.shape[1], device=x.device)
+        return torch.baddbmm(scores, q, k.transpose(1, 2), beta=self.beta, alpha=0.125).softmax(-1)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_baddbmm_is_the_bmm_cublas_runs(mode: str, precision: str) -> None:
+    """baddbmm was a kind of its own that no row covers (a LowCoverageWarning for an attention
+    written the Megatron way); it is the bmm of its two products' operands, with bmm's signature
+    and feature row (beta 0), and keeps the bytes it reads."""
+    from gpurec.ops.features import operation_feature_row
+
+    def product(as_bmm: bool, beta: float = 0.0) -> Any:
+        ops = extract_operations(_ScoresProduct(as_bmm, beta), (2, 10, 32), mode=mode, precision=precision)
+        (op,) = [op for op in ops if op.kind in ("bmm", "baddbmm")]
+        return op
+
+    fused, plain = product(False), product(True)
+    assert fused.kind == "bmm" and fused.input_shapes == plain.input_shapes == [[2, 10, 32], [2, 32, 10]]
+    assert (fused.signature, operation_feature_row(fused), fused.flops, fused.flops_bwd, fused.output_shapes) == \
+        (plain.signature, operation_feature_row(plain), plain.flops, plain.flops_bwd, plain.output_shapes)
+    assert len(fused.input_requires_grad) == len(fused.input_nodes) == 2
+    added = product(False, beta=1.0)  # then cuBLAS reads the buffer it adds into as well
+    assert added.kind == "bmm" and added.signature == plain.signature
+    assert added.bytes_read == plain.bytes_read + 2 * 10 * 10 * (4 if precision == "fp32" else 2)
+
+
 class _Einsum(nn.Module):
     def __init__(self, equation: str, listed: bool = False) -> None:
         super().__init__()

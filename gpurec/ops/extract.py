@@ -1091,6 +1091,29 @@ def _einsum_as_product(op: Operation) -> None:
     op.output_shapes = [[batch, rows, columns]]
 
 
+def _baddbmm_as_bmm(op: Operation) -> None:
+    """``torch.baddbmm(c, a, b)`` made the bmm of ``a`` (batch, rows, contracted) by ``b`` (batch,
+    contracted, columns) that cuBLAS runs it as (one batched GEMM that also reads ``c`` unless beta
+    is 0), so bmm's rows predict it (attention scores in Megatron- and BLOOM-style code, a kind no
+    row covers).  FLOPs stay as counted, bytes too but for ``c`` with beta 0; ``c`` leaves the
+    operation's activation lists, which hold the product's operands.  Any other call is left as it is."""
+    if op.params or len(op.input_shapes) != 3:
+        return
+    c, a, b = op.input_shapes
+    if len(a) != 3 or len(b) != 3 or a[0] != b[0] or a[2] != b[1]:
+        return
+    if (op.settings.get("kwargs") or {}).get("beta", 1) == 0:
+        dtype = getattr(torch, (op.input_dtypes or [op.dtype])[0], torch.float32)
+        op.bytes_read = max(0, op.bytes_read - math.prod(c) * _element_size(dtype))
+    op.kind = "bmm"
+    op.settings = {"args": ["$0", "$1"], "kwargs": {}}
+    op.input_shapes = [a, b]
+    for name in ("input_requires_grad", "input_nodes", "input_dtypes"):
+        values = getattr(op, name)
+        if values and len(values) == 3:
+            setattr(op, name, values[1:])
+
+
 def _module_twin(kind: str, args: Any) -> str:
     """The torch.nn module kind a functional call runs as (its own name where none)."""
     if kind == "batch_norm" and args and _is_tensor(args[0]):
@@ -2082,6 +2105,8 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
             explicit = node.op == "call_method" and node.target in _EXPLICIT_CASTS
             ops.extend(_apply_precision(op, precise, counter, split, modules[node.target] if node.op == "call_module"
                                         else None, out_tensors, explicit, keep_sources))
+        if kind == "baddbmm":  # after the precision pass, which reads the call's activation lists
+            _baddbmm_as_bmm(op)
         if record_key is not None:
             _remember_record(record_key, op, grad[node.name], _LEAF_MEMO.get(leaf_key))
         ops.append(op)
