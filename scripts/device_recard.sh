@@ -6,8 +6,8 @@
 # H200 the language-model head sweep (datasets/plans/lm_heads.json, which the H200 has not measured:
 # the wide half-precision product model is fitted on the H100's rows alone) runs first, through
 # scripts/device_round2.sh (resumable; a finished plan returns at once), and the re-card gets the rest.
-# On an H100 (every round-2 H100 plan complete since session 53) the two checkpointed steps that
-# failed in session 53 are measured once per machine (scripts/device_checkpoint.sh), then the re-card.
+# On an H100 (every round-2 H100 plan complete since session 53) the re-card gets the whole budget
+# (the two checkpointed steps that failed in session 53 were measured in session 54).
 #   bash scripts/device_recard.sh BUDGET_S
 set -u
 BUDGET_S="${1:-440}"
@@ -15,18 +15,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$NAME" in
-  *H100*)
-    # every H100 plan is complete since session 53: the two checkpointed steps that failed then
-    # (fixed since), once per machine, then the re-card plan below, so H100 cards are told apart too
-    # (datasets/h100/cards/README.md)
-    START=$(date +%s)
-    if [ ! -e out/.checkpoint_retried ]; then
-      CHECKPOINT_SPECS="bert_d1024_pre 8 --seq-len 256;densenet121 32" \
-        bash scripts/device_checkpoint.sh 200 > "$OUT/checkpoint_run.txt" 2>&1
-      mkdir -p out && touch out/.checkpoint_retried
-    fi
-    BUDGET_S=$(( BUDGET_S - ( $(date +%s) - START ) - 20 ))
-    [ "$BUDGET_S" -lt 120 ] && { ls -la "$OUT"; exit 0; } ;;
+  *H100*) ;;  # every H100 plan is complete: the re-card plan below, so H100 cards are told apart too
   *H200*)
     START=$(date +%s)
     PLANS_H200="datasets/plans/lm_heads.json" bash scripts/device_round2.sh "$BUDGET_S"
