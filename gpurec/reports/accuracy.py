@@ -299,6 +299,13 @@ def _datasets(data_root: Path | None, gpus: list[Any] | None) -> list[Any]:
     return load_all(data_root or default_root())
 
 
+def _mean_median(differences: Any) -> str:
+    """"mean / median" of percent differences; "—" where no pair has both readings (operations are
+    measured host-free, so their repeats carry no eager power), not "nan%"."""
+    d = differences.dropna()
+    return "—" if d.empty else f"{pct(d.mean())} / {pct(d.median())}"
+
+
 def repeatability_section(data_root: Path | None = None, gpus: list[Any] | None = None) -> list[str]:
     """Measurement noise floor: re-measured rows (datasets/*/repeats.parquet) against their first
     value, paired as the dataset report pairs them (``gpurec.reports.dataset.repeat_pairs``)."""
@@ -313,17 +320,11 @@ def repeatability_section(data_root: Path | None = None, gpus: list[Any] | None 
             if pairs.empty:
                 continue
             pairs = pairs.dropna(subset=["time_ms_orig"])
-
-            def spread(d: Any) -> str:
-                # no pair with both readings (operations are measured host-free: no eager power): "—", not "nan%"
-                d = d.dropna()
-                return "—" if d.empty else f"{d.mean():.1f}% / {d.median():.1f}%"
-
             for item, part in pairs.groupby("item"):
                 et = np.abs(part["time_ms_rep"] / part["time_ms_orig"] - 1) * 100
                 ep = np.abs(part["power_w_rep"] / part["power_w_orig"] - 1) * 100
                 lines.append(row([short(g.name), "operation" if item == "op" else str(item), len(part),
-                                  spread(et), spread(ep)]))
+                                  _mean_median(et), _mean_median(ep)]))
         if not lines:
             return []
         return ["## Measurement repeatability (noise floor)", "",
