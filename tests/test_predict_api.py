@@ -232,6 +232,19 @@ def test_a_compiled_module_is_estimated_as_its_eager_module(p) -> None:  # noqa:
         assert est.gpu_time_ms == pytest.approx(p.predict(eager, (32, 64), gpu="H100").gpu_time_ms, rel=1e-9)
 
 
+def test_a_torchscript_module_is_refused_with_what_to_pass_instead(p) -> None:  # noqa: ANN001
+    """A scripted module has no Python forward to trace: the error names TorchScript and the fix,
+    not torch.fx's internals."""
+    eager = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch deprecates TorchScript; users still have scripted modules
+        scripted, traced = torch.jit.script(eager), torch.jit.trace(eager, torch.randn(32, 64))
+    with _quiet(), pytest.raises(ExtractionError, match="TorchScript module.*pass the nn.Module you scripted"):
+        p.predict(scripted, (32, 64), gpu="H100")
+    with _quiet(), pytest.raises(ExtractionError, match="TorchScript module"):
+        p.predict(traced, (32, 64), gpu="H100")
+
+
 def test_recommend_searches_the_gpu_bound_batch_at_the_precision_asked(p) -> None:  # noqa: ANN001
     """A host-bound bf16-mixed step sends recommend looking for the batch where it turns GPU-bound;
     that search predicted with the precision passed as example inputs and raised."""

@@ -1656,7 +1656,13 @@ def extract_at_resolved_precision(model: str | nn.Module, input_shape: Sequence[
 def _uncompiled(model: str | nn.Module) -> str | nn.Module:
     """The module ``torch.compile`` wrapped, with a warning: neither torch.fx nor a run on meta
     tensors goes through the compiled wrapper, and the estimate is of the eager step (the fusions
-    a compiler makes are not modelled)."""
+    a compiler makes are not modelled).  A TorchScript module is refused with what to pass instead:
+    its forward is no longer Python to trace."""
+    if isinstance(model, torch.jit.ScriptModule):
+        raise ExtractionError(f"{type(model).__name__} is a TorchScript module (torch.jit.script or torch.jit.trace): "
+                              "its Python forward is gone, so neither torch.fx nor a run on meta tensors can see its "
+                              "operations; pass the nn.Module you scripted instead (estimated as its eager step, as "
+                              "a torch.compile'd module is)")
     inner = getattr(model, "_orig_mod", None)
     if isinstance(model, nn.Module) and type(model).__name__ == "OptimizedModule" and isinstance(inner, nn.Module):
         warnings.warn(f"{type(inner).__name__} is a torch.compile'd module: estimated as its eager step (the "
