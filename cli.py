@@ -59,8 +59,8 @@ def _check_format(fmt: str, allowed: tuple[str, ...] = FORMATS) -> str:
 
 
 MODEL_HELP = ("a torchvision classifier, one of gpurec's sequence models (`gpurec ops --list-models`), or your own "
-              "network as FILE.py:NAME (a module class or a function returning one; it takes the image batch, or "
-              "token ids with --seq-len)")
+              "network as FILE.py:NAME (a module the file makes, a module class or a function returning one; it takes "
+              "the image batch, or token ids with --seq-len)")
 SEQ_LEN_HELP = ("tokens per sequence, for gpurec's sequence models (BERT-, GPT-, LSTM- and GRU-like; "
                 "`gpurec ops --list-models`); default 128")
 DEFAULT_SEQ_LEN = 128

@@ -332,6 +332,9 @@ def lm():
 class NeedsWidth(nn.Module):
     def __init__(self, width):
         super().__init__()
+
+
+made = Net()  # a module the file makes itself, as scripts and notebooks do
 '''
 
 
@@ -353,6 +356,9 @@ def test_your_own_network_from_a_python_file(tmp_path: Path, monkeypatch: pytest
 
     est = gpurec.load_predictor().predict(load_user_module(f"{path}:Net"), (4, 3, 32, 32), gpu="H100")
     assert data["input_shape"] == [4, 3, 32, 32] and data["gpu_time_ms"] == pytest.approx(est.gpu_time_ms)
+    made = run("predict", "--model", f"{path}:made", "-b", "4", "-r", "32", "--gpu", "H100", "--format", "json")
+    assert made.exit_code == 0, made.output  # the instance itself, not called with no input
+    assert json.loads(made.stdout)["gpu_time_ms"] == pytest.approx(est.gpu_time_ms)
     lm = json.loads(run("predict", "--model", f"{path}:lm", "-b", "2", "-s", "16", "--format", "json").stdout)
     assert lm["input_shape"] == [2, 16] and lm["gpu_time_ms"] > 0  # an Embedding takes only integer ids
     ops = json.loads(run("ops", "--model", f"{path}:lm", "-b", "2", "-s", "16", "--format", "json").stdout)
@@ -360,7 +366,7 @@ def test_your_own_network_from_a_python_file(tmp_path: Path, monkeypatch: pytest
     ranked = json.loads(run("recommend", "--model", f"{path}:Net", "-b", "4", "-r", "32", "--gpus", "H100,L4",
                             "--format", "json").stdout)
     assert {r["short_name"] for r in ranked["ranking"]} == {"H100", "L4"}
-    for spec, needle in ((f"{path}:Nope", "callables defined there: NeedsWidth, Net, lm"),
+    for spec, needle in ((f"{path}:Nope", "callables defined there: NeedsWidth, Net, lm, made"),
                          (f"{path}:NeedsWidth", "needs no arguments"),
                          (f"{tmp_path}/missing.py:Net", "does not exist")):
         bad = run("predict", "--model", spec)

@@ -3,8 +3,9 @@
 Why: the Python API takes any ``nn.Module``, but `gpurec predict`, `recommend` and `validate`
 took only names of torchvision classifiers and gpurec's sequence models, so a network of your own
 could not be ranked or validated from the shell.  ``NAME`` is an ``nn.Module`` subclass or a
-function, called without arguments, that returns the module; its input is the command's image
-batch, or with ``--seq-len`` token ids.
+function, called without arguments, that returns the module, or a module the file made already
+(``model = Net()``, as scripts and notebooks write it); its input is the command's image batch,
+or with ``--seq-len`` token ids.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def is_user_module(model: str) -> bool:
 def load_user_module(spec: str) -> Any:
     """The nn.Module ``FILE.py:NAME`` builds: the file imported as a module of its own (its
     directory first on ``sys.path`` while it imports, so its neighbours import), then ``NAME``
-    called without arguments.  Raises UserModuleError (or what the file itself raises)."""
+    itself if it is a module, else ``NAME`` called without arguments.  Raises UserModuleError (or
+    what the file itself raises)."""
     from torch import nn
 
     m = _SPEC.match(spec)
@@ -55,12 +57,14 @@ def load_user_module(spec: str) -> Any:
             sys.path.remove(folder)
     factory = getattr(code, name, None)
     if factory is None:
-        found = sorted(k for k, v in vars(code).items() if callable(v) and not k.startswith("_")
-                       and getattr(v, "__module__", None) == module_name)
+        found = sorted(k for k, v in vars(code).items() if not k.startswith("_") and (
+            isinstance(v, nn.Module) or (callable(v) and getattr(v, "__module__", None) == module_name)))
         raise UserModuleError(f"{path} defines no {name!r}; callables defined there: {', '.join(found) or 'none'}")
+    if isinstance(factory, nn.Module):  # ``model = Net()`` at the file's top level: the module itself
+        return factory
     if not callable(factory):
-        raise UserModuleError(f"{spec}: {name} is a {type(factory).__name__}, not a module class or a function "
-                              "that returns one")
+        raise UserModuleError(f"{spec}: {name} is a {type(factory).__name__}, not a module, a module class or a "
+                              "function that returns one")
     try:
         module = factory()
     except TypeError as exc:
