@@ -940,6 +940,38 @@ def test_baddbmm_is_the_bmm_cublas_runs(mode: str, precision: str) -> None:
     assert added.bytes_read == plain.bytes_read + 2 * 10 * 10 * (4 if precision == "fp32" else 2)
 
 
+class _Centred(nn.Module):
+    """x minus (or plus) its mean over the last dimension, as a hand-written norm centres it."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = x.mean(-1, keepdim=True)
+        return {"sub": lambda: x - m, "torch.sub": lambda: torch.sub(x, m), "add": lambda: x + m}[self.how]()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_a_difference_is_add_in_inference_only(precision: str) -> None:
+    """ATen runs ``a - b`` as add with alpha -1, so in inference it takes add's signature and rows
+    (it was a kind without rows); in training its backward negates a gradient in a kernel of its
+    own, so it stays ``sub`` there."""
+    from gpurec.ops.features import operation_feature_row
+
+    def last(how: str, mode: str) -> Any:
+        return extract_operations(_Centred(how), (4, 16, 64), mode=mode, precision=precision)[-1]
+
+    plain = last("add", "inference")
+    for how in ("sub", "torch.sub"):
+        diff = last(how, "inference")
+        assert diff.kind == "add", how
+        assert (diff.signature, operation_feature_row(diff), diff.flops, diff.bytes_read) == \
+            (plain.signature, operation_feature_row(plain), plain.flops, plain.bytes_read)
+        trained = last(how, "training")
+        assert trained.kind == "sub" and trained.signature != last("add", "training").signature
+
+
 class _Einsum(nn.Module):
     def __init__(self, equation: str, listed: bool = False) -> None:
         super().__init__()
