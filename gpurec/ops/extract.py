@@ -2015,6 +2015,11 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
                 grad[node.name] = in_grad(node)  # returns its input: no kernel
                 continue
             kind = _module_twin(_function_kind(node), args)
+            if kind == "sub" and not training:
+                # ATen runs ``a - b`` as ``add`` with alpha -1: the same kernel, so add's rows predict
+                # it (a hand-written norm's ``x - mean``).  Not in training: its backward negates the
+                # gradient of ``b`` in a kernel of its own, where add's passes it through.
+                kind = "add"
         # Split the arguments into activation inputs, parameters and constants.
         split = _ArgSplitter(env, training)
         backend = _sdpa_backend_of(args, kwargs, training) if kind == "scaled_dot_product_attention" else ""
@@ -2113,11 +2118,6 @@ def _interpret(traced: _Traced, inputs: list[torch.Tensor], dtype: torch.dtype, 
                                         else None, out_tensors, explicit, keep_sources))
         if kind == "baddbmm":  # after the precision pass, which reads the call's activation lists
             _baddbmm_as_bmm(op)
-        elif kind == "sub" and not training:
-            # ATen runs ``a - b`` as ``add`` with alpha -1: the same kernel, so add's rows predict it
-            # (a hand-written norm's ``x - mean``).  Not in training: its backward negates the
-            # gradient of ``b`` in a kernel of its own, where add's passes it through.
-            op.kind = "add"
         if record_key is not None:
             _remember_record(record_key, op, grad[node.name], _LEAF_MEMO.get(leaf_key))
         ops.append(op)
